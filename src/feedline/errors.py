@@ -16,6 +16,7 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "UnavailableError",
+    "UnknownError",
     "WorkerDiedError",
 ]
 
@@ -72,6 +73,11 @@ class PermissionDeniedError(FeedlineError, PermissionError):
 
 class UnavailableError(FeedlineError, ConnectionError):
     """A service, worker or peer cannot be reached right now; retrying may help."""
+
+
+class UnknownError(FeedlineError, RuntimeError):
+    """An error raised elsewhere (a data service worker running the pipeline) whose type has no
+    counterpart here; the message carries the original type and traceback."""
 
 
 class WorkerDiedError(UnavailableError):

@@ -209,6 +209,11 @@ def _rebuild(
     return done[id(root)]
 
 
+#: ``_rebuild`` under a public name, for graph rewrites made outside this module (the data
+#: service's dynamic sharding replaces a dataset's source with it).
+rebuild_graph = _rebuild
+
+
 def _over(node: Dataset, inputs: tuple[Dataset, ...]) -> Dataset:
     """``node`` over ``inputs``: itself where they are its inputs, else a rewritten copy."""
     if all(new is old for new, old in zip(inputs, node.inputs, strict=True)):

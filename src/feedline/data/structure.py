@@ -429,3 +429,9 @@ def read_only(leaf: Any) -> Any:
 def empty_like_spec(spec: Any) -> Element:
     """A batch of zero rows for ``spec``; unknown dimensions past the first become 0."""
     return map_spec(lambda s: zeros((0, *(d or 0 for d in s.shape[1:])), s.dtype), spec)
+
+
+def spec_structure(spec: Any) -> optree.PyTreeSpec:
+    """The structure of a ``TensorSpec`` structure: ``unflatten`` with it rebuilds an element
+    from the leaves ``flatten`` gave of an element of that spec."""
+    return optree.tree_structure(spec, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)

@@ -1,0 +1,303 @@
+"""gRPC plumbing shared by the dispatcher, the workers and the client.
+
+Every RPC is unary and carries one frame of ``_wire`` (a JSON header and raw buffers), so the
+services need no generated code and the data plane moves NumPy buffers without protobuf copies.
+This module owns what every call has in common:
+
+- addresses: ``"[grpc://]host:port"`` or ``("grpc", "host:port")``;
+- the shared secret: sent as the ``feedline-token`` metadata, checked before anything is decoded;
+  a call without it is refused with PERMISSION_DENIED;
+- request limits: a request over ``max_request_bytes`` or a malformed frame is refused with
+  INVALID_ARGUMENT and the server keeps serving;
+- errors: a feedline error raised by a handler travels as the matching status code, with its
+  type in the ``feedline-error-type`` trailing metadata, and is raised again by the caller as
+  the same type (``_ERRORS``); any other exception is reported with its type name and traceback.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hmac
+import logging
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from feedline import errors
+from feedline.service._wire import decode_frame, encode_frame
+
+__all__ = [
+    "TOKEN_ENV",
+    "Handler",
+    "RpcClient",
+    "field",
+    "parse_service",
+    "resolve_token",
+    "start_server",
+]
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "FEEDLINE_SERVICE_TOKEN"
+_TOKEN_KEY = "feedline-token"
+_ERROR_TYPE_KEY = "feedline-error-type"
+_PROTOCOLS = ("grpc",)
+# Requests larger than this are refused (a registered dataset is the largest request).
+DEFAULT_MAX_REQUEST_BYTES = 256 << 20
+
+#: A handler takes the request's header and buffers and returns a reply frame, or a header and
+#: buffers to frame.
+Handler = Callable[
+    [dict[str, Any], list[memoryview]], "bytes | tuple[dict[str, Any], Sequence[Any]]"
+]
+
+_STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
+    (errors.DataLossError, grpc.StatusCode.DATA_LOSS),
+]
+_ERRORS: dict[grpc.StatusCode, type[errors.FeedlineError]] = {
+    code: error for error, code in _STATUS_OF
+}
+
+
+def parse_service(service: Any) -> str:
+    """The ``host:port`` of a service given as ``"[protocol://]host:port"`` or a
+    ``(protocol, address)`` tuple.
+
+    Raises:
+      InvalidArgumentError: another type, an empty address, or a protocol other than grpc.
+    """
+    if isinstance(service, tuple):
+        if len(service) != 2 or not all(isinstance(part, str) for part in service):
+            raise errors.InvalidArgumentError(
+                f"service must be a (protocol, address) tuple of strings, got {service!r}"
+            )
+        protocol, address = service
+    elif isinstance(service, str):
+        protocol, _, address = service.rpartition("://")
+    else:
+        raise errors.InvalidArgumentError(
+            "service must be a string '[protocol://]host:port' or a (protocol, address) tuple, "
+            f"got {type(service).__name__}"
+        )
+    if protocol and protocol not in _PROTOCOLS:
+        raise errors.InvalidArgumentError(
+            f"service protocol {protocol!r} is not supported; use one of {list(_PROTOCOLS)}"
+        )
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise errors.InvalidArgumentError(
+            f"service address must be 'host:port', got {address!r} (from {service!r})"
+        )
+    return address
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``token``, else ``$FEEDLINE_SERVICE_TOKEN``, else None (no secret)."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and not isinstance(token, str):
+        raise errors.InvalidArgumentError(f"the service token must be a string, got {token!r}")
+    return token
+
+
+# -- server -----------------------------------------------------------------------------------
+
+
+def start_server(
+    service_name: str,
+    handlers: dict[str, Handler],
+    *,
+    bind: str,
+    port: int,
+    token: str | None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_workers: int = 32,
+) -> tuple[grpc.Server, int]:
+    """A started gRPC server of ``handlers`` on ``bind:port`` and the port it bound.
+
+    Raises:
+      UnavailableError: the address cannot be bound.
+    """
+    methods = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _guarded(service_name, name, handler, token, max_request_bytes)
+        )
+        for name, handler in handlers.items()
+    }
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=service_name),
+        handlers=[grpc.method_handlers_generic_handler(service_name, methods)],
+        options=[
+            # Past our own limit a little, so that our handler sees an oversized request and
+            # answers INVALID_ARGUMENT; far past it gRPC refuses it with RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", 2 * max_request_bytes + (1 << 20)),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    try:
+        bound = server.add_insecure_port(f"{bind}:{port}")
+    except RuntimeError as error:
+        raise errors.UnavailableError(f"cannot bind {bind}:{port}: {error}") from error
+    if bound == 0:
+        raise errors.UnavailableError(f"cannot bind {bind}:{port} for {service_name}")
+    server.start()
+    return server, bound
+
+
+def _guarded(
+    service_name: str, method: str, handler: Handler, token: str | None, max_request_bytes: int
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+        if token is not None:
+            sent = dict(context.invocation_metadata()).get(_TOKEN_KEY, "")
+            if not hmac.compare_digest(str(sent).encode(), token.encode()):
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{service_name}/{method}: missing or wrong service token (set "
+                    f"{TOKEN_ENV} or the config's token to the cluster's secret)",
+                )
+        if len(request) > max_request_bytes:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{service_name}/{method}: request of {len(request)} bytes is over the limit of "
+                f"{max_request_bytes} bytes",
+            )
+        try:
+            header, buffers = decode_frame(request)
+            reply = handler(header, buffers)
+        except Exception as error:
+            _abort(context, service_name, method, error)
+        if isinstance(reply, bytes):
+            return reply
+        return encode_frame(*reply)
+
+    return call
+
+
+def _abort(
+    context: grpc.ServicerContext, service_name: str, method: str, error: BaseException
+) -> None:
+    for kind, code in _STATUS_OF:
+        if isinstance(error, kind):
+            context.set_trailing_metadata(((_ERROR_TYPE_KEY, type(error).__name__),))
+            context.abort(code, str(error))
+    logger.exception("%s/%s failed", service_name, method)
+    context.set_trailing_metadata(((_ERROR_TYPE_KEY, type(error).__name__),))
+    context.abort(
+        grpc.StatusCode.UNKNOWN,
+        f"{type(error).__name__}: {error}\n\nRemote traceback:\n{traceback.format_exc()}",
+    )
+
+
+def field(
+    header: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...
+) -> Any:
+    """``header[name]`` checked to be of ``kind``; a missing or mistyped field of a request is
+    an ``InvalidArgumentError`` (what a malformed request gets)."""
+    if name not in header:
+        if default is ...:
+            raise errors.InvalidArgumentError(f"malformed request: field {name!r} is missing")
+        return default
+    value = header[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise errors.InvalidArgumentError(
+            f"malformed request: field {name!r} must be {kind}, got {type(value).__name__}"
+        )
+    return value
+
+
+# -- client -----------------------------------------------------------------------------------
+
+
+class RpcClient:
+    """Calls the methods of one service at one address. Thread-safe (gRPC channels are)."""
+
+    def __init__(self, address: str, service_name: str, token: str | None = None) -> None:
+        self.address = address
+        self._service_name = service_name
+        self._metadata = ((_TOKEN_KEY, token),) if token else ()
+        self._channel = grpc.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", -1),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        self._stubs: dict[str, Any] = {}
+
+    def call(
+        self,
+        method: str,
+        header: dict[str, Any],
+        buffers: Sequence[Any] = (),
+        *,
+        timeout: float,
+        wait_for_ready: bool = False,
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        """Sends one request and returns the reply's header and buffers.
+
+        Raises:
+          the feedline error matching the status (``UnavailableError`` when the server cannot
+          be reached within ``timeout``).
+        """
+        return decode_frame(
+            self.call_frame(
+                method,
+                encode_frame(header, buffers),
+                timeout=timeout,
+                wait_for_ready=wait_for_ready,
+            )
+        )
+
+    def call_frame(
+        self, method: str, frame: bytes, *, timeout: float, wait_for_ready: bool = False
+    ) -> bytes:
+        stub = self._stubs.get(method)
+        if stub is None:
+            stub = self._stubs[method] = self._channel.unary_unary(
+                f"/{self._service_name}/{method}"
+            )
+        try:
+            return stub(
+                frame, timeout=timeout, metadata=self._metadata, wait_for_ready=wait_for_ready
+            )
+        except grpc.RpcError as error:
+            raise _error_of(error, f"{self._service_name}/{method} at {self.address}") from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _error_of(error: grpc.RpcError, where: str) -> Exception:
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    trailing = dict(error.trailing_metadata() or ()) if isinstance(error, grpc.Call) else {}
+    name = trailing.get(_ERROR_TYPE_KEY)
+    kind = getattr(errors, name, None) if isinstance(name, str) else None
+    if isinstance(kind, type) and issubclass(kind, errors.FeedlineError):
+        return kind(details)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return errors.UnavailableError(f"{where}: {code.name}: {details}")
+    if code in _ERRORS:
+        return _ERRORS[code](details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.InvalidArgumentError(f"{where}: {details}")
+    builtin = getattr(builtins, name, None) if isinstance(name, str) else None
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        try:
+            return builtin(details)
+        except TypeError:
+            pass
+    return errors.UnknownError(f"{where}: {details}")

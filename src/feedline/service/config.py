@@ -1,0 +1,234 @@
+"""Configuration of the data service: ``ShardingPolicy``, ``DispatcherConfig``, ``WorkerConfig``.
+
+Both configs are frozen dataclasses validated when made, with TensorFlow's field names; fields
+left ``None`` take the documented defaults. feedline adds ``bind`` (servers listen on loopback
+unless told otherwise) and ``token`` (a shared secret; ``$FEEDLINE_SERVICE_TOKEN`` when None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from feedline.errors import InvalidArgumentError
+
+__all__ = ["DispatcherConfig", "ShardingPolicy", "WorkerConfig"]
+
+
+class ShardingPolicy(enum.IntEnum):
+    """How a job's work is split across the service's workers.
+
+    ============  ===========================================================================
+    OFF           every worker runs the whole dataset (``"parallel_epochs"``)
+    DYNAMIC       the dispatcher hands out splits of the source; each element once per epoch
+                  (``"distributed_epoch"``)
+    FILE          worker ``i`` of the ``worker_addresses`` list reads its share of the files
+    DATA          worker ``i`` keeps every ``n``-th element, starting at ``i``
+    FILE_OR_DATA  FILE where the dataset reads files, DATA otherwise
+    HINT          ``shard(SHARD_HINT, SHARD_HINT)`` becomes ``shard(n, i)``
+    ============  ===========================================================================
+    """
+
+    OFF = 0
+    DYNAMIC = 1
+    FILE = 2
+    DATA = 3
+    FILE_OR_DATA = 4
+    HINT = 5
+
+    @property
+    def is_static(self) -> bool:
+        """Whether the policy shards by worker index over a fixed list of workers."""
+        return self not in (ShardingPolicy.OFF, ShardingPolicy.DYNAMIC)
+
+    @classmethod
+    def parse(cls, mode: Any) -> ShardingPolicy:
+        """A policy from a ``ShardingPolicy`` or the strings ``"parallel_epochs"`` (OFF) and
+        ``"distributed_epoch"`` (DYNAMIC)."""
+        if isinstance(mode, ShardingPolicy):
+            return mode
+        if mode == "parallel_epochs":
+            return cls.OFF
+        if mode == "distributed_epoch":
+            return cls.DYNAMIC
+        if isinstance(mode, str) and mode.upper() in cls.__members__:
+            return cls[mode.upper()]
+        raise InvalidArgumentError(
+            f"processing_mode must be a ShardingPolicy ({', '.join(cls.__members__)}) or "
+            f"'parallel_epochs' / 'distributed_epoch', got {mode!r}"
+        )
+
+
+_PROTOCOLS = ("grpc",)
+
+
+def _check_port(port: Any, what: str) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"{what}.port must be an int in [0, 65535], got {port!r}")
+
+
+def _check_protocol(protocol: Any, what: str, field: str = "protocol") -> None:
+    if protocol not in _PROTOCOLS:
+        raise InvalidArgumentError(f"{what}.{field} must be one of {_PROTOCOLS}, got {protocol!r}")
+
+
+def _check_ms(value: Any, what: str, field: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgumentError(f"{what}.{field} must be a positive int (ms), got {value!r}")
+
+
+def _check_token(token: Any, what: str) -> None:
+    if token is not None and (not isinstance(token, str) or not token):
+        raise InvalidArgumentError(f"{what}.token must be a non-empty string or None")
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherConfig:
+    """Configuration of a ``DispatchServer``.
+
+    Attributes:
+      port: the port to listen on; 0 picks a free one.
+      protocol: the transport, ``"grpc"``.
+      work_dir: a folder for the dispatcher's journal (needed by ``fault_tolerant_mode``).
+      fault_tolerant_mode: journal every state change under ``work_dir`` so that a restarted
+        dispatcher resumes its datasets, jobs and split cursors.
+      worker_addresses: the fixed list of worker addresses that static sharding (FILE, DATA,
+        FILE_OR_DATA, HINT) needs; worker ``i`` is ``worker_addresses[i]``.
+      job_gc_check_interval_ms: how often unused jobs are looked for (default 1000).
+      job_gc_timeout_ms: a job no consumer has read for this long is released (default 300000).
+      worker_timeout_ms: a worker without a heartbeat for this long is dropped (default 10000).
+      client_timeout_ms: a consumer without a heartbeat for this long is released (default 10000).
+      bind: the interface to listen on; loopback unless told otherwise.
+      token: the shared secret every request must carry; ``$FEEDLINE_SERVICE_TOKEN`` when None.
+    """
+
+    port: int = 0
+    protocol: str = "grpc"
+    work_dir: str | None = None
+    fault_tolerant_mode: bool = False
+    worker_addresses: tuple[str, ...] | None = None
+    job_gc_check_interval_ms: int | None = None
+    job_gc_timeout_ms: int | None = None
+    worker_timeout_ms: int | None = None
+    client_timeout_ms: int | None = None
+    bind: str = "127.0.0.1"
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_port(self.port, "DispatcherConfig")
+        _check_protocol(self.protocol, "DispatcherConfig")
+        for name in (
+            "job_gc_check_interval_ms",
+            "job_gc_timeout_ms",
+            "worker_timeout_ms",
+            "client_timeout_ms",
+        ):
+            _check_ms(getattr(self, name), "DispatcherConfig", name)
+        if self.work_dir is not None and not isinstance(self.work_dir, str):
+            raise InvalidArgumentError(
+                f"DispatcherConfig.work_dir must be a path string, got {self.work_dir!r}"
+            )
+        if self.fault_tolerant_mode and self.work_dir is None:
+            raise InvalidArgumentError(
+                "DispatcherConfig.fault_tolerant_mode needs a work_dir to keep its journal in"
+            )
+        if self.worker_addresses is not None:
+            addresses = self.worker_addresses
+            if isinstance(addresses, str) or not all(isinstance(a, str) for a in addresses):
+                raise InvalidArgumentError(
+                    "DispatcherConfig.worker_addresses must be a list of 'host:port' strings, "
+                    f"got {addresses!r}"
+                )
+            if len(set(addresses)) != len(addresses) or not addresses:
+                raise InvalidArgumentError(
+                    "DispatcherConfig.worker_addresses must be non-empty and without duplicates, "
+                    f"got {addresses!r}"
+                )
+            object.__setattr__(self, "worker_addresses", tuple(addresses))
+        if not isinstance(self.bind, str) or not self.bind:
+            raise InvalidArgumentError(f"DispatcherConfig.bind must be a host, got {self.bind!r}")
+        _check_token(self.token, "DispatcherConfig")
+
+    @property
+    def gc_check_interval_s(self) -> float:
+        return (self.job_gc_check_interval_ms or 1000) / 1000
+
+    @property
+    def gc_timeout_s(self) -> float:
+        return (self.job_gc_timeout_ms or 300_000) / 1000
+
+    @property
+    def worker_timeout_s(self) -> float:
+        return (self.worker_timeout_ms or 10_000) / 1000
+
+    @property
+    def client_timeout_s(self) -> float:
+        return (self.client_timeout_ms or 10_000) / 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """Configuration of a ``WorkerServer``.
+
+    Attributes:
+      dispatcher_address: the dispatcher's ``host:port`` (a ``grpc://`` prefix is accepted).
+      worker_address: the address consumers reach this worker at; ``%port%`` is replaced by
+        the bound port. Default ``"<bind>:%port%"`` (``localhost:%port%`` for a wildcard bind).
+      port: the port to listen on; 0 picks a free one.
+      protocol: the transport to the dispatcher, ``"grpc"``.
+      heartbeat_interval_ms: the longest time between heartbeats (default 1000). A heartbeat
+        waits at the dispatcher for new tasks, so new jobs start at once regardless.
+      dispatcher_timeout_ms: how long to keep trying to reach the dispatcher (default 60000).
+      data_transfer_protocol: the protocol consumers read elements with; ``None`` or ``"grpc"``.
+      worker_tags: tags reported to the dispatcher.
+      bind: the interface to listen on; loopback unless told otherwise.
+      token: the shared secret; ``$FEEDLINE_SERVICE_TOKEN`` when None.
+    """
+
+    dispatcher_address: str
+    worker_address: str | None = None
+    port: int = 0
+    protocol: str = "grpc"
+    heartbeat_interval_ms: int | None = None
+    dispatcher_timeout_ms: int | None = None
+    data_transfer_protocol: str | None = None
+    worker_tags: tuple[str, ...] = ()
+    bind: str = "127.0.0.1"
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
+            raise InvalidArgumentError(
+                "WorkerConfig.dispatcher_address must be 'host:port', got "
+                f"{self.dispatcher_address!r}"
+            )
+        _check_port(self.port, "WorkerConfig")
+        _check_protocol(self.protocol, "WorkerConfig")
+        if self.data_transfer_protocol is not None:
+            _check_protocol(self.data_transfer_protocol, "WorkerConfig", "data_transfer_protocol")
+        _check_ms(self.heartbeat_interval_ms, "WorkerConfig", "heartbeat_interval_ms")
+        _check_ms(self.dispatcher_timeout_ms, "WorkerConfig", "dispatcher_timeout_ms")
+        tags = self.worker_tags
+        if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags):
+            raise InvalidArgumentError(
+                f"WorkerConfig.worker_tags must be a list of strings, got {tags!r}"
+            )
+        object.__setattr__(self, "worker_tags", tuple(tags))
+        if self.worker_address is not None and not isinstance(self.worker_address, str):
+            raise InvalidArgumentError(
+                f"WorkerConfig.worker_address must be a string, got {self.worker_address!r}"
+            )
+        if not isinstance(self.bind, str) or not self.bind:
+            raise InvalidArgumentError(f"WorkerConfig.bind must be a host, got {self.bind!r}")
+        _check_token(self.token, "WorkerConfig")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return (self.heartbeat_interval_ms or 1000) / 1000
+
+    @property
+    def dispatcher_timeout_s(self) -> float:
+        return (self.dispatcher_timeout_ms or 60_000) / 1000
