@@ -4,6 +4,10 @@ feedline demo [--epochs N] [--replicas R] [--data-dir D] [--checkpoint-dir C] [-
     the custom training tutorial with MirroredStrategy (the main job)
 feedline pipeline-demo [--examples N] [--batch-size B]
     a tour of feedline.data: rates and a mid-epoch checkpoint
+feedline dispatcher [--port 5050] [--bind ADDR] [--work-dir DIR] [--worker-addresses A,B]
+    a data service dispatcher, until SIGTERM or SIGINT
+feedline worker --dispatcher HOST:PORT [--port 0] [--bind ADDR] [--worker-address A]
+    a data service worker, until SIGTERM or SIGINT
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="feedline", description="feedline command line")
-    parser.add_argument("command", choices=["demo", "pipeline-demo"], help="what to run")
+    parser.add_argument(
+        "command", choices=["demo", "pipeline-demo", "dispatcher", "worker"], help="what to run"
+    )
     args, rest = parser.parse_known_args(argv)
+    if args.command in ("dispatcher", "worker"):
+        from feedline.service import _cli
+
+        main = _cli.dispatcher_main if args.command == "dispatcher" else _cli.worker_main
+        return main(rest)
     if args.command == "demo":
         from feedline.examples import custom_training
 

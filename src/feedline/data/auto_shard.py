@@ -36,7 +36,9 @@ Policies (``options().experimental_distribute.auto_shard_policy``, AUTO by defau
 - OFF: no sharding. HINT: every ``shard(SHARD_HINT, SHARD_HINT)`` becomes
   ``shard(num_workers, worker_index)``; a dataset without a hint is not sharded (mode OFF).
 
-With one worker nothing is sharded (mode OFF), whatever the policy.
+With one worker nothing is sharded (mode OFF), whatever the policy, and neither is a dataset that
+reads a data service job shared by name (``distribute(..., job_name=...)``): the job already
+splits the data among its consumers.
 
 Example:
   >>> from feedline.data import Dataset
@@ -119,6 +121,8 @@ def auto_shard(
     if not isinstance(dataset, Dataset):
         raise InvalidArgumentError(f"auto_shard expects a Dataset, got {type(dataset).__name__}")
     policy = _resolve_policy(dataset, policy)
+    if any(node._is_sharded_elsewhere() for node in walk(dataset)):
+        return dataset, ShardMode.OFF  # a shared data service job splits the data already
     if num_workers == 1 or policy == AutoShardPolicy.OFF:
         return dataset, ShardMode.OFF
     if policy == AutoShardPolicy.DATA:

@@ -257,6 +257,11 @@ class Dataset:
         self.__dict__["_options_cache"] = merged
         return merged
 
+    def _is_sharded_elsewhere(self) -> bool:
+        """Whether this source's data is already split among the workers that read it (a
+        data service job shared by name), so that auto-sharding must leave the dataset whole."""
+        return False
+
     def _random_access(self) -> RandomAccess | None:
         """Row access by index where this dataset supports it (sources, caches)."""
         return None

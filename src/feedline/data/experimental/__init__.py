@@ -24,4 +24,15 @@ __all__ = [
     "auto_shard",
     "choose_from_datasets",
     "sample_from_datasets",
+    "service",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # ``feedline.data.experimental.service`` is the data service, a layer above feedline.data:
+    # imported on first use only.
+    if name == "service":
+        import importlib
+
+        return importlib.import_module("feedline.service")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
