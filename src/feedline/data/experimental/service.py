@@ -6,8 +6,8 @@ round: this module is only an alias, imported when asked for).
 
 from feedline.service import (
     DataServiceDataset,
-    DispatchServer,
     DispatcherConfig,
+    DispatchServer,
     ShardingPolicy,
     WorkerConfig,
     WorkerServer,
