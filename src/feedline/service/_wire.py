@@ -66,7 +66,8 @@ class Compressor:
     regions (doubling after each further failure, up to 256) are sent without trying; a success
     resets the wait to 16. Only regions of at least ``MIN_SIZE`` bytes count as calls here.
 
-    The state is not locked: use one compressor from one producer thread.
+    The state is not locked. Use it from one producer thread; concurrent calls still give right
+    results, but the skip counting (and ``attempts``) becomes approximate.
 
     Args:
       mode: ``"AUTO"`` or ``None``.
@@ -95,7 +96,7 @@ class Compressor:
         size = memoryview(region).nbytes
         if self.mode is None or size < self.MIN_SIZE or size > _MAX_RAW_SIZE:
             return None, region
-        if self._skip:
+        if self._skip > 0:
             self._skip -= 1
             return None, region
         self.attempts += 1
