@@ -291,6 +291,7 @@ def _dispatcher(address: str) -> _rpc.RpcClient:
 def _register(
     address: str, dataset: Dataset, compression: str | None, dataset_id: str | None
 ) -> str:
+    spec = cloudpickle.dumps(dataset.element_spec)  # before the dataset: it may cache its spec
     try:
         plan = split_plan(dataset).to_json()
     except InvalidArgumentError:
@@ -308,7 +309,6 @@ def _register(
             f"the dataset cannot be sent to the service: pickling it failed with {error!r}; "
             "every function in the pipeline must be picklable by cloudpickle"
         ) from error
-    spec = cloudpickle.dumps(dataset.element_spec)
     reply, _ = _dispatcher(address).call(
         "RegisterDataset", header, (payload, spec), timeout=_RPC_TIMEOUT_S, wait_for_ready=True
     )
@@ -605,6 +605,7 @@ class _ServiceIterator(DatasetIterator):
                 if self._error is not None:
                     raise self._error
                 if self._finished():
+                    self._release()
                     raise StopIteration
                 self._cond.wait(1.0)
             element, size = self._results.popleft()
@@ -623,6 +624,12 @@ class _ServiceIterator(DatasetIterator):
         self._get_state()
 
     def _close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
