@@ -25,6 +25,7 @@ GetSplit            the next split of a DYNAMIC job's repetition, or none
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import threading
@@ -101,6 +102,8 @@ class DispatchServer:
         self._worker_seen: dict[str, float] = {}
         self._client_seen: dict[int, float] = {}
         self._job_idle_since: dict[int, float] = {}
+        # Workers and consumers whose heartbeat is waiting here right now: alive by definition.
+        self._waiting: collections.Counter[str | int] = collections.Counter()
         self._server: Any = None
         self._port: int | None = None
         self._stopped = threading.Event()
@@ -171,6 +174,16 @@ class DispatchServer:
         """Applies ``update`` (call under the lock); the one place state changes."""
         self._state.apply(update)
         self._lock.notify_all()
+
+    def _wait(self, who: str | int, seconds: float) -> None:
+        """Waits (under the lock) for a state change, ``who`` counting as alive meanwhile."""
+        self._waiting[who] += 1
+        try:
+            self._lock.wait(seconds)
+        finally:
+            self._waiting[who] -= 1
+            if not self._waiting[who]:
+                del self._waiting[who]
 
     # -- datasets ---------------------------------------------------------------------------
     def _register_dataset(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
@@ -359,7 +372,7 @@ class DispatchServer:
                 remaining = deadline - time.monotonic()
                 if changed or job.finished or remaining <= 0 or self._stopped.is_set():
                     return {"tasks": tasks, "finished": job.finished}, ()
-                self._lock.wait(remaining)
+                self._wait(client_id, remaining)
 
     def _release_client(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
         with self._lock:
@@ -418,7 +431,7 @@ class DispatchServer:
                 remaining = deadline - time.monotonic()
                 if new or delete or remaining <= 0 or self._stopped.is_set():
                     return {"new_tasks": new, "delete_tasks": delete}, ()
-                self._lock.wait(remaining)
+                self._wait(address, remaining)
 
     def _assign_running_jobs(self, address: str) -> None:
         """Gives a newly registered worker a task of every running OFF or DYNAMIC job (jobs of
@@ -489,7 +502,7 @@ class DispatchServer:
         with self._lock:
             state = self._state
             for address, seen in list(self._worker_seen.items()):
-                if now - seen > config.worker_timeout_s:
+                if now - seen > config.worker_timeout_s and address not in self._waiting:
                     logger.warning(
                         "worker %s missed heartbeats for %.1f s; dropping it and its tasks",
                         address,
@@ -501,7 +514,7 @@ class DispatchServer:
                     for job_id in sorted(jobs):
                         self._finish_job_if_done(state.jobs[job_id])
             for client_id, seen in list(self._client_seen.items()):
-                if now - seen > config.client_timeout_s:
+                if now - seen > config.client_timeout_s and client_id not in self._waiting:
                     logger.warning("consumer %d missed heartbeats; releasing it", client_id)
                     self._release(client_id, state.jobs[state.clients[client_id].job_id])
             for job_id, since in list(self._job_idle_since.items()):

@@ -1,0 +1,188 @@
+"""Tests of feedline/service/dispatcher.py: security, bad requests, liveness and garbage collection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from feedline import errors, service
+from feedline.data import Dataset
+from feedline.service import _rpc
+from feedline.service._wire import encode_frame
+from feedline.service.dispatcher import SERVICE_NAME
+
+TOKEN = "s3cret-token"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("the condition did not hold in time")
+        time.sleep(0.05)
+
+
+def test_target_and_lifecycle() -> None:
+    dispatcher = service.DispatchServer(start=False)
+    with pytest.raises(errors.FailedPreconditionError, match="start"):
+        _ = dispatcher.target
+    dispatcher.start()
+    dispatcher.start()  # idempotent
+    assert dispatcher.target.startswith("grpc://127.0.0.1:")
+    dispatcher.stop()
+    dispatcher.stop()
+
+
+def test_a_token_guards_every_rpc(make_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_rpc.TOKEN_ENV, TOKEN)
+    cluster = make_cluster(1, token=TOKEN)  # the worker takes the token from the environment
+    monkeypatch.delenv(_rpc.TOKEN_ENV)
+    dataset = Dataset.range(4).apply(service.distribute("parallel_epochs", cluster.target))
+    with pytest.raises(errors.PermissionDeniedError, match="token"):
+        list(dataset)
+    assert cluster.dispatcher._state.datasets == {}  # nothing was registered
+    with pytest.raises(errors.PermissionDeniedError):
+        cluster.add_worker(token="wrong")
+    monkeypatch.setenv(_rpc.TOKEN_ENV, TOKEN)
+    assert sorted(int(x) for x in dataset) == [0, 1, 2, 3]
+
+
+def test_a_worker_needs_the_token_too(make_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = make_cluster(0, token=TOKEN)
+    worker = cluster.add_worker(token=TOKEN)
+    monkeypatch.setenv(_rpc.TOKEN_ENV, TOKEN)
+    dataset = Dataset.range(3).apply(service.distribute("parallel_epochs", cluster.target))
+    assert sorted(int(x) for x in dataset) == [0, 1, 2]
+    monkeypatch.delenv(_rpc.TOKEN_ENV)
+    reader = _rpc.RpcClient(worker.worker_address, "feedline.service.Worker")
+    with pytest.raises(errors.PermissionDeniedError):
+        reader.call("GetElements", {"task_id": 1}, timeout=5)
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "frame"),
+    [
+        ("RegisterDataset", b"not a frame at all"),
+        ("RegisterDataset", encode_frame({"compression": "AUTO"})),
+        ("GetOrCreateJob", encode_frame({"dataset_id": 7, "mode": 0})),
+        ("ClientHeartbeat", encode_frame({"client_id": "one"})),
+        ("WorkerHeartbeat", encode_frame({"address": ["x"]})),
+        ("GetSplit", encode_frame({"job_id": 1})),
+    ],
+)
+def test_malformed_requests_are_refused_and_the_server_keeps_serving(
+    make_cluster: Any, method: str, frame: bytes
+) -> None:
+    cluster = make_cluster(1)
+    raw = _rpc.RpcClient(cluster.address, SERVICE_NAME)
+    with pytest.raises(errors.InvalidArgumentError):
+        raw.call_frame(method, frame, timeout=5)
+    raw.close()
+    dataset = Dataset.range(3).apply(service.distribute("parallel_epochs", cluster.target))
+    assert sorted(int(x) for x in dataset) == [0, 1, 2]
+
+
+def test_unknown_ids_are_not_found(make_cluster: Any) -> None:
+    cluster = make_cluster(0)
+    raw = _rpc.RpcClient(cluster.address, SERVICE_NAME)
+    with pytest.raises(errors.NotFoundError):
+        raw.call("GetDatasetDef", {"dataset_id": "missing"}, timeout=5)
+    with pytest.raises(errors.NotFoundError):
+        raw.call("ClientHeartbeat", {"client_id": 12345}, timeout=5)
+    raw.close()
+
+
+def test_a_worker_that_stops_heartbeating_is_dropped(make_cluster: Any) -> None:
+    cluster = make_cluster(2, worker_timeout_ms=300, job_gc_check_interval_ms=50)
+    state = cluster.dispatcher._state
+    assert len(state.workers) == 2
+    gone = cluster.workers[0]
+    gone.stop()
+    wait_until(lambda: gone.worker_address not in state.workers)
+    assert cluster.workers[1].worker_address in state.workers
+    dataset = Dataset.range(6).apply(service.distribute("parallel_epochs", cluster.target))
+    assert sorted(int(x) for x in dataset) == list(range(6))  # only the live worker has a task
+
+
+def test_a_consumer_that_vanishes_is_released_and_its_job_ends(make_cluster: Any) -> None:
+    cluster = make_cluster(1, client_timeout_ms=300, job_gc_check_interval_ms=50)
+    dataset_id = service.register_dataset(cluster.target, Dataset.range(10).repeat())
+    raw = _rpc.RpcClient(cluster.address, SERVICE_NAME)
+    reply, _ = raw.call(
+        "GetOrCreateJob",
+        {
+            "dataset_id": dataset_id,
+            "mode": 0,
+            "job_name": None,
+            "iteration": 0,
+            "num_consumers": None,
+            "target_workers": "ANY",
+        },
+        timeout=5,
+    )
+    raw.close()  # ... and it never heartbeats
+    state = cluster.dispatcher._state
+    wait_until(lambda: state.clients[reply["client_id"]].released)
+    wait_until(lambda: state.jobs[reply["job_id"]].finished)
+    worker = cluster.workers[0]
+    wait_until(lambda: not worker._tasks)  # the worker stopped the job's infinite task
+
+
+def test_a_named_job_without_consumers_is_collected_after_the_timeout(make_cluster: Any) -> None:
+    cluster = make_cluster(1, job_gc_timeout_ms=200, job_gc_check_interval_ms=50)
+    dataset = (
+        Dataset.range(10)
+        .repeat()
+        .apply(service.distribute("parallel_epochs", cluster.target, job_name="idle"))
+    )
+    iterator = iter(dataset)
+    next(iterator)
+    iterator.close()
+    state = cluster.dispatcher._state
+    (job,) = state.jobs.values()
+    assert job.job_name == "idle"
+    wait_until(lambda: job.finished)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"port": -1}, "port"),
+        ({"protocol": "http"}, "protocol"),
+        ({"fault_tolerant_mode": True}, "work_dir"),
+        ({"worker_addresses": "a:1"}, "worker_addresses"),
+        ({"worker_addresses": ["a:1", "a:1"]}, "duplicates"),
+        ({"job_gc_timeout_ms": 0}, "job_gc_timeout_ms"),
+        ({"token": ""}, "token"),
+    ],
+)
+def test_dispatcher_config_is_validated(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        service.DispatcherConfig(**config)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"dispatcher_address": ""}, "dispatcher_address"),
+        ({"dispatcher_address": "h:1", "port": 70000}, "port"),
+        ({"dispatcher_address": "h:1", "heartbeat_interval_ms": -5}, "heartbeat"),
+        ({"dispatcher_address": "h:1", "worker_tags": "gpu"}, "worker_tags"),
+        ({"dispatcher_address": "h:1", "data_transfer_protocol": "udp"}, "data_transfer"),
+    ],
+)
+def test_worker_config_is_validated(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=match):
+        service.WorkerConfig(**config)
+
+
+def test_sharding_policy_strings() -> None:
+    parse = service.ShardingPolicy.parse
+    assert parse("parallel_epochs") is service.ShardingPolicy.OFF
+    assert parse("distributed_epoch") is service.ShardingPolicy.DYNAMIC
+    assert parse(service.ShardingPolicy.HINT) is service.ShardingPolicy.HINT
+    assert [p.is_static for p in service.ShardingPolicy] == [False, False, True, True, True, True]

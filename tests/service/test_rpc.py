@@ -1,0 +1,137 @@
+"""Tests of feedline/service/_rpc.py: addresses, limits and how errors travel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from feedline import errors
+from feedline.service import _rpc
+from feedline.service._wire import encode_frame
+
+
+class Custom(Exception):
+    pass
+
+
+def _handlers() -> dict[str, _rpc.Handler]:
+    def echo(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        return {"got": header, "sizes": [b.nbytes for b in buffers]}, [bytes(b) for b in buffers]
+
+    def not_found(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        raise errors.NotFoundError("no such thing")
+
+    def key_error(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        raise KeyError("missing")
+
+    def custom(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        raise Custom("very custom")
+
+    def typed(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        return {"n": _rpc.field(header, "n", int)}, ()
+
+    return {
+        "Echo": echo,
+        "NotFound": not_found,
+        "KeyError": key_error,
+        "Custom": custom,
+        "Typed": typed,
+    }
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    grpc_server, port = _rpc.start_server(
+        "test.Service",
+        _handlers(),
+        bind="127.0.0.1",
+        port=0,
+        token=None,
+        max_request_bytes=1 << 16,
+    )
+    yield f"127.0.0.1:{port}"
+    grpc_server.stop(0)
+
+
+def test_round_trip_with_buffers(server: str) -> None:
+    client = _rpc.RpcClient(server, "test.Service")
+    header, buffers = client.call("Echo", {"a": [1, 2]}, [b"xyz", b""], timeout=5)
+    assert header == {"got": {"a": [1, 2]}, "sizes": [3, 0]}
+    assert [bytes(b) for b in buffers] == [b"xyz", b""]
+    client.close()
+
+
+def test_errors_keep_their_type(server: str) -> None:
+    client = _rpc.RpcClient(server, "test.Service")
+    with pytest.raises(errors.NotFoundError, match="no such thing"):
+        client.call("NotFound", {}, timeout=5)
+    with pytest.raises(KeyError):
+        client.call("KeyError", {}, timeout=5)
+    with pytest.raises(errors.UnknownError, match="Custom: very custom"):
+        client.call("Custom", {}, timeout=5)
+    with pytest.raises(errors.InvalidArgumentError, match="'n'"):
+        client.call("Typed", {"n": "three"}, timeout=5)
+    with pytest.raises(errors.InvalidArgumentError, match="'n'"):
+        client.call("Typed", {"n": True}, timeout=5)
+    assert client.call("Typed", {"n": 3}, timeout=5)[0] == {"n": 3}
+    client.close()
+
+
+def test_oversized_and_malformed_requests_are_invalid_and_serving_goes_on(server: str) -> None:
+    client = _rpc.RpcClient(server, "test.Service")
+    with pytest.raises(errors.InvalidArgumentError, match="over the limit"):
+        client.call("Echo", {}, [b"x" * (1 << 17)], timeout=5)
+    with pytest.raises(errors.InvalidArgumentError):
+        client.call_frame("Echo", b"\x00garbage", timeout=5)
+    with pytest.raises(errors.InvalidArgumentError):
+        client.call_frame("Echo", encode_frame({"a": 1})[:-2], timeout=5)
+    assert client.call("Echo", {"a": 1}, timeout=5)[0]["got"] == {"a": 1}
+    client.close()
+
+
+def test_an_unreachable_server_is_unavailable() -> None:
+    client = _rpc.RpcClient("127.0.0.1:1", "test.Service")
+    with pytest.raises(errors.UnavailableError):
+        client.call("Echo", {}, timeout=1)
+    client.close()
+
+
+def test_a_token_is_checked_before_anything_else() -> None:
+    grpc_server, port = _rpc.start_server(
+        "test.Service", _handlers(), bind="127.0.0.1", port=0, token="secret"
+    )
+    try:
+        address = f"127.0.0.1:{port}"
+        for token in (None, "wrong"):
+            client = _rpc.RpcClient(address, "test.Service", token)
+            with pytest.raises(errors.PermissionDeniedError):
+                client.call_frame("Echo", b"garbage", timeout=5)
+            client.close()
+        client = _rpc.RpcClient(address, "test.Service", "secret")
+        assert client.call("Echo", {"x": 1}, timeout=5)[0]["got"] == {"x": 1}
+        client.close()
+    finally:
+        grpc_server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("service", "address"),
+    [
+        ("grpc://h:1", "h:1"),
+        ("h:1", "h:1"),
+        (("grpc", "h:1"), "h:1"),
+        ("grpc://[::1]:50", "[::1]:50"),
+    ],
+)
+def test_parse_service(service: Any, address: str) -> None:
+    assert _rpc.parse_service(service) == address
+
+
+def test_resolve_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_rpc.TOKEN_ENV, "from-env")
+    assert _rpc.resolve_token(None) == "from-env"
+    assert _rpc.resolve_token("given") == "given"
+    monkeypatch.delenv(_rpc.TOKEN_ENV)
+    assert _rpc.resolve_token(None) is None
