@@ -1,4 +1,4 @@
-"""Tests of feedline/service/dispatcher.py: security, bad requests, liveness and garbage collection."""
+"""Tests of feedline/service/dispatcher.py: security, bad requests, liveness, collection."""
 
 from __future__ import annotations
 
