@@ -535,3 +535,35 @@ def test_from_an_unknown_id(make_cluster: Any) -> None:
     cluster = make_cluster(1)
     with pytest.raises(errors.NotFoundError, match="not registered"):
         service.from_dataset_id("parallel_epochs", cluster.target, "nope")
+
+
+def test_strategies_do_not_auto_shard_a_shared_job(make_cluster: Any) -> None:
+    pytest.importorskip("torch")
+    from feedline.data import Options
+    from feedline.distribute.experimental.worker import distribute_dataset_for_worker
+
+    cluster = make_cluster(1)
+    options = Options()
+    options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA
+
+    def training_worker(index: int, job_name: str | None) -> Any:
+        # Each training worker builds its own dataset, as separate processes would.
+        dataset = Dataset.range(16).apply(
+            service.distribute(
+                "parallel_epochs", cluster.target, job_name=job_name, max_outstanding_requests=2
+            )
+        )
+        return iter(
+            distribute_dataset_for_worker(
+                dataset.batch(4).with_options(options), num_workers=2, worker_index=index
+            )
+        )
+
+    shared = [training_worker(i, "train") for i in range(2)]
+    rows = [np.asarray(batch).tolist() for it in shared for batch in it]
+    # The shared job splits the data between the workers; nothing is dropped by sharding.
+    assert sorted(x for row in rows for x in row) == list(range(16))
+    own = [training_worker(i, None) for i in range(2)]
+    halves = [[x for batch in it for x in np.asarray(batch).tolist()] for it in own]
+    # Without a job name each worker reads a whole epoch of its own and DATA keeps its half.
+    assert halves == [[0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]]

@@ -491,7 +491,7 @@ class _ServiceIterator(DatasetIterator):
 
     def _fail(self, error: BaseException) -> None:
         with self._cond:
-            if self._error is None:
+            if self._error is None and not self._stopping.is_set():
                 self._error = error
             self._cond.notify_all()
 
