@@ -5,6 +5,7 @@ The seed's examples are tests with their printed outputs.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
@@ -353,9 +354,10 @@ def test_max_outstanding_requests_bounds_what_the_consumer_holds(make_cluster: A
     iterator = iter(dataset)
     seen = [float(next(iterator)[0])]
     time.sleep(0.5)  # time for the fetchers to fill whatever room there is
-    with iterator._cond:  # type: ignore[attr-defined]
-        held = len(iterator._results)  # type: ignore[attr-defined]
-        credits = iterator._credits  # type: ignore[attr-defined]
+    reader = iterator._reader  # type: ignore[attr-defined]
+    with reader._cond:
+        held = len(reader._results)
+        credits = reader._credits
     assert held <= 3 and credits >= 0
     seen += [float(e[0]) for e in iterator]
     assert sorted(seen) == sorted([float(x) for x in range(200)] * 2)
@@ -445,10 +447,26 @@ def test_a_consumer_that_stops_reading_does_not_stall_the_others(make_cluster: A
     idle = iter(shared())
     taken = [int(next(idle))]  # then it never reads again, and never closes
     rest = [int(x) for x in iter(shared())]
-    with idle._cond:  # type: ignore[attr-defined]
-        held = [int(e) for e, _ in idle._results]  # type: ignore[attr-defined]
+    reader = idle._reader  # type: ignore[attr-defined]
+    with reader._cond:
+        held = [int(e) for e, _ in reader._results]
     assert len(held) <= 4
     assert sorted(taken + held + rest) == list(range(300))
+
+
+def test_an_iterator_dropped_unclosed_releases_its_job(make_cluster: Any) -> None:
+    cluster = make_cluster(1)
+    dataset = Dataset.range(10**6).apply(
+        service.distribute("parallel_epochs", cluster.target, job_name="dropped")
+    )
+    for _ in dataset:
+        break  # the loop's iterator is dropped here, unclosed
+    gc.collect()
+    state = cluster.dispatcher._state
+    deadline = time.monotonic() + 10
+    while not all(client.released for client in state.clients.values()):
+        assert time.monotonic() < deadline, "the dropped iterator's consumer was not released"
+        time.sleep(0.05)
 
 
 def test_service_iterators_cannot_be_checkpointed(make_cluster: Any) -> None:

@@ -383,10 +383,35 @@ class DataServiceDataset(Dataset):
 
 
 class _ServiceIterator(DatasetIterator):
-    """One job's elements. Single-threaded API; its fetch and heartbeat threads fill a buffer."""
+    """One job's elements. Single-threaded API. The reading happens in a ``_JobReader``, whose
+    threads do not hold the iterator: an iterator dropped unclosed is collected, and closing it
+    releases the job."""
 
     def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:
         super().__init__(dataset, ctx)
+        self._reader = _JobReader(dataset, iteration)
+
+    def _next(self) -> Any:
+        return self._reader.next()
+
+    def _get_state(self) -> dict[str, Any]:
+        raise FailedPreconditionError(
+            "an iterator over the data service cannot be checkpointed: its elements come from "
+            "a shared job on remote workers. Checkpoint the model and start a new job instead"
+        )
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self._get_state()
+
+    def _close(self) -> None:
+        self._reader.release()
+
+
+class _JobReader:
+    """Joins a job and reads it: a heartbeat thread follows the job's tasks, fetch threads fill
+    a bounded buffer, ``next`` takes from it."""
+
+    def __init__(self, dataset: DataServiceDataset, iteration: int) -> None:
         params = self._params = dataset._params
         self._dispatcher = _dispatcher(params.address)
         self._treespec = structure.spec_structure(dataset.element_spec)
@@ -577,6 +602,7 @@ class _ServiceIterator(DatasetIterator):
                     "round": round_index // len(tasks),
                     "wait_ms": _POLL_MS,
                 }
+                reply = None
                 while not self._stopping.is_set():
                     reply = self._worker_call(address, request)
                     if reply is not None and (reply["elements"] or reply["eos"]):
@@ -599,13 +625,13 @@ class _ServiceIterator(DatasetIterator):
             return True
         return bool(self._tasks) and self._done_tasks >= set(self._tasks)
 
-    def _next(self) -> Any:
+    def next(self) -> Any:
         with self._cond:
             while not self._results:
                 if self._error is not None:
                     raise self._error
                 if self._finished():
-                    self._release()
+                    self.release()
                     raise StopIteration
                 self._cond.wait(1.0)
             element, size = self._results.popleft()
@@ -614,19 +640,7 @@ class _ServiceIterator(DatasetIterator):
             self._cond.notify_all()
         return element
 
-    def _get_state(self) -> dict[str, Any]:
-        raise FailedPreconditionError(
-            "an iterator over the data service cannot be checkpointed: its elements come from "
-            "a shared job on remote workers. Checkpoint the model and start a new job instead"
-        )
-
-    def _set_state(self, state: dict[str, Any]) -> None:
-        self._get_state()
-
-    def _close(self) -> None:
-        self._release()
-
-    def _release(self) -> None:
+    def release(self) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
         if self._stopping.is_set():
             return

@@ -98,7 +98,7 @@ class WorkerServer:
             _rpc.parse_service(config.dispatcher_address), DISPATCHER_SERVICE, self._token
         )
         self._tasks: dict[int, _Task] = {}
-        self._finished: set[int] = set()
+        self._deleted: set[int] = set()
         self._datasets: dict[str, tuple[Dataset, str | None]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -209,6 +209,7 @@ class WorkerServer:
         for task_id in reply["delete_tasks"]:
             with self._lock:
                 task = self._tasks.pop(task_id, None)
+                self._deleted.add(task_id)
             if task is not None:
                 task.stop()
         for task_def in reply["new_tasks"]:
@@ -238,9 +239,13 @@ class WorkerServer:
         task_id = field(header, "task_id", int)
         with self._lock:
             task = self._tasks.get(task_id)
+            deleted = task_id in self._deleted
         if task is None:
-            # Deleted tasks belong to finished jobs: nothing more will come from them.
-            return encode_frame({"eos": True})
+            # A deleted task belonged to a finished job: nothing more comes from it. Another
+            # one is on its way here (the consumer heard of it first): nothing yet.
+            if not deleted:
+                time.sleep(0.01)
+            return encode_frame({"eos": deleted})
         return task.get_elements(header)
 
 
