@@ -52,7 +52,7 @@ def server() -> Iterator[str]:
         max_request_bytes=1 << 16,
     )
     yield f"127.0.0.1:{port}"
-    grpc_server.stop(0)
+    grpc_server.stop(0.0)
 
 
 def test_round_trip_with_buffers(server: str) -> None:
@@ -113,7 +113,7 @@ def test_a_token_is_checked_before_anything_else() -> None:
         assert client.call("Echo", {"x": 1}, timeout=5)[0]["got"] == {"x": 1}
         client.close()
     finally:
-        grpc_server.stop(0)
+        grpc_server.stop(0.0)
 
 
 @pytest.mark.parametrize(

@@ -72,11 +72,20 @@ def _serve(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    try:
-        server = make()
-    except FeedlineError as error:
-        print(f"error: {error}", flush=True)
+    # Start on a helper thread: a worker may wait long for its dispatcher inside gRPC, where
+    # this thread would not see a signal.
+    started: list[DispatchServer | WorkerServer | BaseException] = []
+    starter = threading.Thread(target=_start, args=(make, started), daemon=True)
+    starter.start()
+    while starter.is_alive():
+        if stop.wait(0.1):
+            return 0
+    (server,) = started
+    if isinstance(server, FeedlineError):
+        print(f"error: {server}", flush=True)
         return 2
+    if isinstance(server, BaseException):
+        raise server
     print(banner(server), flush=True)
     try:
         while not stop.wait(1.0):
@@ -84,3 +93,13 @@ def _serve(
     finally:
         server.stop()
     return 0
+
+
+def _start(
+    make: Callable[[], DispatchServer | WorkerServer],
+    started: list[DispatchServer | WorkerServer | BaseException],
+) -> None:
+    try:
+        started.append(make())
+    except BaseException as error:
+        started.append(error)

@@ -21,6 +21,7 @@ import hmac
 import logging
 import os
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "TOKEN_ENV",
     "Handler",
     "RpcClient",
+    "Server",
     "field",
     "parse_service",
     "resolve_token",
@@ -113,6 +115,29 @@ def resolve_token(token: str | None) -> str | None:
 # -- server -----------------------------------------------------------------------------------
 
 
+class Server:
+    """A started gRPC server and its thread pool, stopped together (at the latest when the
+    process exits)."""
+
+    def __init__(self, server: grpc.Server, executor: futures.ThreadPoolExecutor) -> None:
+        self._server = server
+        self._executor = executor
+        self._finalizer = weakref.finalize(self, _stop, server, executor, 0.0)
+
+    def stop(self, grace: float) -> None:
+        """Stops serving (waiting up to ``grace`` s for calls in flight); idempotent."""
+        self._finalizer.detach()
+        _stop(self._server, self._executor, grace)
+
+    def wait_for_termination(self) -> None:
+        self._server.wait_for_termination()
+
+
+def _stop(server: grpc.Server, executor: futures.ThreadPoolExecutor, grace: float) -> None:
+    server.stop(grace).wait(grace + 5)
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
 def start_server(
     service_name: str,
     handlers: dict[str, Handler],
@@ -122,7 +147,7 @@ def start_server(
     token: str | None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_workers: int = 32,
-) -> tuple[grpc.Server, int]:
+) -> tuple[Server, int]:
     """A started gRPC server of ``handlers`` on ``bind:port`` and the port it bound.
 
     Raises:
@@ -134,8 +159,9 @@ def start_server(
         )
         for name, handler in handlers.items()
     }
+    executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=service_name)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=service_name),
+        executor,
         handlers=[grpc.method_handlers_generic_handler(service_name, methods)],
         options=[
             # Past our own limit a little, so that our handler sees an oversized request and
@@ -152,7 +178,7 @@ def start_server(
     if bound == 0:
         raise errors.UnavailableError(f"cannot bind {bind}:{port} for {service_name}")
     server.start()
-    return server, bound
+    return Server(server, executor), bound
 
 
 def _guarded(

@@ -540,6 +540,11 @@ class _JobReader:
         items = []
         for leaves in elements:
             size = sum(leaf.nbytes for leaf in leaves)
+            # 0-d numbers come back as NumPy scalars, as feedline.data's sources give them.
+            leaves = [
+                leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
+                for leaf in leaves
+            ]
             items.append((structure.unflatten(treespec, leaves), size))
         with self._cond:
             self._results.extend(items)

@@ -159,7 +159,7 @@ class DispatchServer:
         """Stops serving; idempotent."""
         self._stopped.set()
         if self._server is not None:
-            self._server.stop(grace=0.5).wait(5)
+            self._server.stop(grace=0.5)
         with self._lock:
             self._lock.notify_all()
 

@@ -158,7 +158,7 @@ class WorkerServer:
         with _local_lock:
             _local_addresses.discard(self._address or "")
         if self._server is not None:
-            self._server.stop(grace=0.2).wait(5)
+            self._server.stop(grace=0.2)
         with self._lock:
             tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:

@@ -1,0 +1,242 @@
+"""``feedline dispatcher`` and ``feedline worker`` as real processes on loopback.
+
+Each test starts its servers with ``python -m feedline.cli``, learns their ports from the banner
+line they print, reads from them in this process, and stops them with a signal. Every read of a
+process's output and every wait has a timeout, and every process is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from feedline.data import Dataset
+from feedline.errors import PermissionDeniedError
+from feedline.service import ShardingPolicy, distribute
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN_ENV = "FEEDLINE_SERVICE_TOKEN"
+BANNER_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 10.0
+
+
+class Server:
+    """One ``feedline`` server process; a daemon thread reads its stdout into a queue."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "feedline.cli", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # the servers log to stderr; keep it with the banner
+            text=True,
+            env=env,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, name=f"read-{args[0]}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def wait_for_line(self, prefix: str, timeout: float = BANNER_TIMEOUT_S) -> str:
+        """The first line of output starting with ``prefix`` (waiting for it); fails after
+        ``timeout`` seconds or when the process ends without printing it."""
+        for line in self.output:
+            if line.startswith(prefix):
+                return line
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(
+                    f"`feedline {' '.join(self.args)}` printed no {prefix!r} line in "
+                    f"{timeout} s; output so far: {self.output}"
+                )
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                pytest.fail(
+                    f"`feedline {' '.join(self.args)}` ended (exit code "
+                    f"{self.process.wait(EXIT_TIMEOUT_S)}) before printing {prefix!r}; "
+                    f"output: {self.output}"
+                )
+            self.output.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def address(self) -> str:
+        """``host:port`` from the banner, ``feedline ROLE serving at [grpc://]HOST:PORT``."""
+        line = self.wait_for_line(f"feedline {self.args[0]} serving at ")
+        return line.rsplit(" ", 1)[-1].split("://")[-1]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(EXIT_TIMEOUT_S)
+        self._reader.join(EXIT_TIMEOUT_S)  # it reaches the end of the output once none is left
+        if self.process.stdout is not None and not self._reader.is_alive():
+            self.process.stdout.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start without a shared secret, whatever the environment running them holds."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Server]]:
+    """``spawn(*args, token=None)`` starts ``feedline ARGS``; all are killed at teardown."""
+    servers: list[Server] = []
+
+    def start(*args: str, token: str | None = None) -> Server:
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        if token is not None:
+            env[TOKEN_ENV] = token
+        server = Server(list(args), env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.kill()
+
+
+def _cluster(
+    spawn: Callable[..., Server], num_workers: int, token: str | None = None
+) -> tuple[Server, str, list[Server]]:
+    """A dispatcher and ``num_workers`` workers; returns (dispatcher, target, workers)."""
+    dispatcher = spawn("dispatcher", "--port", "0", token=token)
+    address = dispatcher.address()
+    workers = [
+        spawn("worker", "--dispatcher", address, "--port", "0", token=token)
+        for _ in range(num_workers)
+    ]
+    for worker in workers:
+        worker.address()
+    return dispatcher, f"grpc://{address}", workers
+
+
+def _read(dataset: Dataset) -> list[int]:
+    return sorted(int(x) for x in dataset)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_banners_name_the_addresses(spawn: Callable[..., Server]) -> None:
+    dispatcher = spawn("dispatcher", "--port", "0")
+    line = dispatcher.wait_for_line("feedline dispatcher serving at ")
+    assert line.startswith("feedline dispatcher serving at grpc://127.0.0.1:")
+    worker = spawn("worker", "--dispatcher", dispatcher.address(), "--port", "0")
+    line = worker.wait_for_line("feedline worker serving at ")
+    assert line.startswith("feedline worker serving at 127.0.0.1:")
+
+
+def test_distributed_epoch_reads_each_element_once(spawn: Callable[..., Server]) -> None:
+    _, target, _ = _cluster(spawn, num_workers=2)
+    dataset = (
+        Dataset.range(20)
+        .map(lambda x: x * 3)  # runs in the worker processes
+        .apply(distribute("distributed_epoch", target))
+    )
+    assert _read(dataset) == [3 * i for i in range(20)]
+
+
+def test_parallel_epochs_on_two_workers_reads_each_element_twice(
+    spawn: Callable[..., Server],
+) -> None:
+    _, target, _ = _cluster(spawn, num_workers=2)
+    dataset = Dataset.range(10).map(lambda x: x + 100).apply(distribute("parallel_epochs", target))
+    assert _read(dataset) == sorted(2 * [100 + i for i in range(10)])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_stops_both_servers_cleanly(spawn: Callable[..., Server], signum: int) -> None:
+    dispatcher, target, (worker,) = _cluster(spawn, num_workers=1)
+    assert _read(Dataset.range(5).apply(distribute("parallel_epochs", target))) == [0, 1, 2, 3, 4]
+    worker.process.send_signal(signum)
+    dispatcher.process.send_signal(signum)
+    assert worker.process.wait(EXIT_TIMEOUT_S) == 0
+    assert dispatcher.process.wait(EXIT_TIMEOUT_S) == 0
+
+
+def test_fixed_worker_list_shards_by_data(spawn: Callable[..., Server]) -> None:
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    dispatcher = spawn("dispatcher", "--port", "0", "--worker-addresses", ",".join(addresses))
+    dispatcher_address = dispatcher.address()
+    for address in addresses:
+        worker = spawn(
+            "worker",
+            "--dispatcher",
+            dispatcher_address,
+            "--port",
+            address.rsplit(":", 1)[1],
+            "--worker-address",
+            address,
+        )
+        assert worker.address() == address
+    dataset = Dataset.range(12).apply(
+        distribute(ShardingPolicy.DATA, f"grpc://{dispatcher_address}")
+    )
+    # Worker i keeps elements i, i + 2, ...: together, each element once.
+    assert _read(dataset) == list(range(12))
+
+
+def test_worker_outside_the_fixed_list_exits_with_an_error(spawn: Callable[..., Server]) -> None:
+    dispatcher = spawn("dispatcher", "--port", "0", "--worker-addresses", "127.0.0.1:1")
+    worker = spawn("worker", "--dispatcher", dispatcher.address(), "--port", "0")
+    line = worker.wait_for_line("error: ")
+    assert "not in the dispatcher's worker_addresses" in line
+    assert worker.process.wait(EXIT_TIMEOUT_S) == 2
+
+
+def test_bad_arguments_exit_with_code_2(spawn: Callable[..., Server]) -> None:
+    dispatcher = spawn("dispatcher", "--port", "70000")
+    assert "DispatcherConfig.port" in dispatcher.wait_for_line("error: ")
+    assert dispatcher.process.wait(EXIT_TIMEOUT_S) == 2
+    worker = spawn("worker")  # --dispatcher is required
+    assert "--dispatcher" in worker.wait_for_line("feedline worker: error:")
+    assert worker.process.wait(EXIT_TIMEOUT_S) == 2
+
+
+def test_token_from_the_environment(
+    spawn: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, target, _ = _cluster(spawn, num_workers=1, token="s3cret")
+    dataset = Dataset.range(6).apply(distribute("distributed_epoch", target))
+    with pytest.raises(PermissionDeniedError):
+        _read(dataset)
+    monkeypatch.setenv(TOKEN_ENV, "wrong")
+    with pytest.raises(PermissionDeniedError):
+        _read(dataset)
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    assert _read(dataset) == list(range(6))
+
+
+def test_worker_without_the_token_is_refused(spawn: Callable[..., Server]) -> None:
+    dispatcher = spawn("dispatcher", "--port", "0", token="s3cret")
+    worker = spawn("worker", "--dispatcher", dispatcher.address(), "--port", "0")
+    assert "token" in worker.wait_for_line("error: ")
+    assert worker.process.wait(EXIT_TIMEOUT_S) == 2
