@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import cloudpickle
@@ -270,7 +271,7 @@ def from_dataset_id(
 # -- connections ------------------------------------------------------------------------------
 
 _clients_lock = threading.Lock()
-_clients: dict[tuple[str, str], _rpc.RpcClient] = {}
+_clients: dict[tuple[str, str, str], _rpc.RpcClient] = {}
 
 
 def _client(address: str, service_name: str) -> _rpc.RpcClient:
@@ -278,9 +279,9 @@ def _client(address: str, service_name: str) -> _rpc.RpcClient:
     token = _rpc.resolve_token(None)
     key = (address, service_name, token or "")
     with _clients_lock:
-        client = _clients.get(key)  # type: ignore[arg-type]
+        client = _clients.get(key)
         if client is None:
-            client = _clients[key] = _rpc.RpcClient(address, service_name, token)  # type: ignore[index]
+            client = _clients[key] = _rpc.RpcClient(address, service_name, token)
         return client
 
 
@@ -449,6 +450,7 @@ class _JobReader:
     # -- the dispatcher ---------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
         wait_ms = 0
+        unreachable_since = 0.0
         while not self._stopping.is_set():
             try:
                 reply, _ = self._dispatcher.call(
@@ -461,13 +463,18 @@ class _JobReader:
                     timeout=_RPC_TIMEOUT_S,
                 )
             except UnavailableError as error:
-                logger.warning("consumer %d: dispatcher unreachable (%s)", self._client_id, error)
+                if not unreachable_since:
+                    unreachable_since = time.monotonic()
+                    logger.warning(
+                        "consumer %d: dispatcher unreachable, retrying (%s)", self._client_id, error
+                    )
                 self._stopping.wait(0.5)
                 continue
             except BaseException as error:
                 self._fail(error)
                 return
             wait_ms = 1000
+            unreachable_since = 0.0
             self._update_tasks(reply["tasks"], bool(reply["finished"]))
 
     def _running_tasks(self) -> list[int]:
