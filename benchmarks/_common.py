@@ -8,11 +8,14 @@ from the same seed, the same per-element work, and the same way of timing it. It
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import pathlib
+import platform
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -219,3 +222,23 @@ def run_tf_script(script: pathlib.Path, args: list[str], what: str) -> dict[str,
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         return f"{what} failed (exit code {done.returncode}): {tail}"
     return json.loads(lines[-1])
+
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def write_results(name: str, payload: dict[str, Any]) -> pathlib.Path:
+    """Writes ``payload`` to ``results/<name>-<stamp>.json``, after the date, the command and
+    the machine, and returns the file's path."""
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / f"{name}-{stamp}.json"
+    header = {
+        "date": stamp,
+        "command": " ".join(sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}",
+    }
+    out.write_text(json.dumps({**header, **payload}, indent=2))
+    print(f"\nresults written to {out.relative_to(RESULTS.parents[1])}")
+    return out

@@ -25,11 +25,9 @@ Workloads (x: 60000x28x28x1 uint8, y: 60000 uint8):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
@@ -42,10 +40,7 @@ import _common
 import feedline
 from feedline.data import AUTOTUNE, Dataset, Options
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TF_PYTHON = ROOT / ".venv-tf" / "bin" / "python"
 TF_PEER = pathlib.Path(__file__).resolve().parent / "_tf_peer.py"
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 TARGETS = {"B1": 3.0, "B2": 2.0, "B3": 2.0, "B4": 1.5, "B5": 1.0, "B6": 1.7}
 
@@ -391,26 +386,16 @@ def main() -> None:
 
     memory = measure_memory() if "B1" in names else None
     print_report(rows, memory, timing, data.get("busy_iterations"))
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"data_pipeline-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": stamp,
-                "command": " ".join(sys.argv),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}",
-                "timing": timing,
-                "busy_iterations": data.get("busy_iterations"),
-                "rows": rows,
-                "memory": memory,
-                **extra,
-            },
-            indent=2,
-        )
+    _common.write_results(
+        "data_pipeline",
+        {
+            "timing": timing,
+            "busy_iterations": data.get("busy_iterations"),
+            "rows": rows,
+            "memory": memory,
+            **extra,
+        },
     )
-    print(f"\nresults written to {out.relative_to(ROOT)}")
 
 
 def print_report(

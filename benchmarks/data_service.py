@@ -39,11 +39,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
-import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -56,10 +53,8 @@ import numpy as np
 
 import _common
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCHMARKS = pathlib.Path(__file__).resolve().parent
 TF_PEER = BENCHMARKS / "_tf_service_peer.py"
-RESULTS = BENCHMARKS / "results"
 
 SCENARIOS = ("S1", "S2", "S3", "S4")
 # float32 values per element of S1-S3.
@@ -324,21 +319,6 @@ def _feedline_cli() -> list[str]:
     return [sys.executable, "-m", "feedline.cli"]
 
 
-def _registered_workers(dispatcher: Any) -> Callable[[], int] | None:
-    """How to ask feedline's dispatcher how many workers it knows, if it says."""
-    for name in ("num_workers", "_num_workers", "worker_count"):
-        attribute = getattr(dispatcher, name, None)
-        if callable(attribute):
-            return attribute
-        if isinstance(attribute, int):
-            return lambda name=name: getattr(dispatcher, name)
-    # feedline's dispatcher keeps its workers in its (private) state; read only, to wait.
-    state = getattr(dispatcher, "_state", None)
-    if isinstance(getattr(state, "workers", None), dict):
-        return lambda: len(state.workers)
-    return None
-
-
 def feedline_session_factory(
     row: Row, kind: str, busy_iterations: int, log_dir: str
 ) -> Callable[[], contextlib.AbstractContextManager[Iterator[Any]]]:
@@ -366,13 +346,9 @@ def feedline_session_factory(
                 command = [*_feedline_cli(), "worker", "--dispatcher", address, "--port", "0"]
                 env = worker_env()
                 processes.extend(start_process(command, log, env) for _ in range(row.workers))
-                count = _registered_workers(dispatcher)
-                if count is not None:
-                    wait_until(lambda: count() >= row.workers, "feedline workers", processes, log)
-                else:  # no way to ask: give them time to start and register
-                    deadline = time.monotonic() + 3.0
-                    ready = lambda: time.monotonic() > deadline  # noqa: E731
-                    wait_until(ready, "feedline workers", processes, log)
+                # The dispatcher's (private) state knows its workers; read only, to wait.
+                registered = lambda: len(dispatcher._state.workers)  # noqa: E731
+                wait_until(lambda: registered() >= row.workers, "feedline workers", processes, log)
             else:
                 for _ in range(row.workers):
                     workers.append(
@@ -624,23 +600,13 @@ def main() -> None:
     if "S4" in scenarios:
         meta["machine_2_over_1"] = _common.process_scaling(busy, 1.0, timing["repetitions"])
     print_report(results, meta)
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"data_service-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": stamp,
-                "command": " ".join(sys.argv),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}",
-                **meta,
-                "rows": _jsonable(results),
-            },
-            indent=2,
-        )
+    _common.write_results(
+        "data_service",
+        {
+            **meta,
+            "rows": _jsonable(results),
+        },
     )
-    print(f"\nresults written to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

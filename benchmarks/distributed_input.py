@@ -31,11 +31,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
-import datetime
-import json
 import os
 import pathlib
-import platform
 import pstats
 import resource
 import statistics
@@ -50,10 +47,7 @@ import _common
 import feedline.distribute as fdist
 from feedline.data import AUTOTUNE, Dataset
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TF_PYTHON = ROOT / ".venv-tf" / "bin" / "python"
 TF_PEER = pathlib.Path(__file__).resolve().parent / "_tf_distributed_peer.py"
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 GLOBAL_BATCH = 128
 REPLICAS = ("cpu:0", "cpu:1")
@@ -443,30 +437,20 @@ def main() -> None:
         print(f"\nprofiling {profile_epochs} epochs ...", file=sys.stderr, flush=True)
         profile = profile_feedline(x, y, profile_epochs, args.top)
 
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"distributed_input-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": stamp,
-                "command": " ".join(sys.argv),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}",
-                "timing": timing,
-                "global_batch": GLOBAL_BATCH,
-                "feedline": {name: m.as_dict() for name, m in feedline.items()},
-                "overhead_us_per_step": overhead,
-                "overhead_us_per_step_by_round": paired,
-                "tf": tf,
-                "ratio": ratio,
-                "stages": stages,
-                "profile": profile,
-            },
-            indent=2,
-        )
+    _common.write_results(
+        "distributed_input",
+        {
+            "timing": timing,
+            "global_batch": GLOBAL_BATCH,
+            "feedline": {name: m.as_dict() for name, m in feedline.items()},
+            "overhead_us_per_step": overhead,
+            "overhead_us_per_step_by_round": paired,
+            "tf": tf,
+            "ratio": ratio,
+            "stages": stages,
+            "profile": profile,
+        },
     )
-    print(f"\nresults written to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

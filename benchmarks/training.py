@@ -55,11 +55,9 @@ import argparse
 import cProfile
 import ctypes.util
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
-import platform
 import pstats
 import signal
 import statistics
@@ -73,13 +71,11 @@ from typing import IO, Any
 import numpy as np
 
 import _common
+from _common import TF_PYTHON
 from _tf_training_peer import EpochBatches, serve
 from distributed_input import (
     GLOBAL_BATCH,
     REPLICAS,
-    RESULTS,
-    ROOT,
-    TF_PYTHON,
     _fmt,
     _short,
     profile_rows,
@@ -901,10 +897,6 @@ def main() -> None:
         if "feedline" in profiles and "torch" in profiles:
             summary["phases"] = print_phases(profiles)
 
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = RESULTS / f"training-{stamp}.json"
-
     def phase_dict(phase: Phase, loops: dict[str, Series]) -> dict[str, Any]:
         return {
             "steps": phase.steps,
@@ -912,25 +904,18 @@ def main() -> None:
             "loops": {k: s.as_dict() for k, s in loops.items()},
         }
 
-    out.write_text(
-        json.dumps(
-            {
-                "date": stamp,
-                "command": " ".join(sys.argv),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}",
-                "warmup_steps": warmup_steps,
-                "global_batch": GLOBAL_BATCH,
-                "fixed_malloc": FIXED_MALLOC,
-                "main": phase_dict(main_phase, series),
-                "variants": phase_dict(variant_phase, variant_series),
-                "summary": summary,
-                "profiles": profiles,
-            },
-            indent=2,
-        )
+    _common.write_results(
+        "training",
+        {
+            "warmup_steps": warmup_steps,
+            "global_batch": GLOBAL_BATCH,
+            "fixed_malloc": FIXED_MALLOC,
+            "main": phase_dict(main_phase, series),
+            "variants": phase_dict(variant_phase, variant_series),
+            "summary": summary,
+            "profiles": profiles,
+        },
     )
-    print(f"\nresults written to {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
