@@ -236,7 +236,8 @@ def field(
             raise errors.InvalidArgumentError(f"malformed request: field {name!r} is missing")
         return default
     value = header[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise errors.InvalidArgumentError(
             f"malformed request: field {name!r} must be {kind}, got {type(value).__name__}"
         )

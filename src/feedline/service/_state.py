@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import typing
 from typing import Any
 
 from feedline.errors import InvalidArgumentError
@@ -182,21 +183,7 @@ Update = (
     | ReleaseClient
     | MoveSplitCursor
 )
-_UPDATES: dict[str, type] = {
-    kind.__name__: kind
-    for kind in (
-        RegisterDataset,
-        RegisterWorker,
-        RemoveWorker,
-        CreateJob,
-        CreateTask,
-        FinishTask,
-        FinishJob,
-        AcquireClient,
-        ReleaseClient,
-        MoveSplitCursor,
-    )
-}
+_UPDATES: dict[str, type] = {kind.__name__: kind for kind in typing.get_args(Update)}
 
 
 def update_to_json(update: Update) -> dict[str, Any]:

@@ -340,7 +340,7 @@ class _Task:
             iterator = iter(self._dataset)
             for element in iterator:
                 leaves, _ = structure.flatten(element)
-                size = sum(getattr(leaf, "nbytes", 0) for leaf in leaves)
+                size = sum(leaf.nbytes for leaf in leaves)
                 with self._cond:
                     while (
                         not self._stop
@@ -403,6 +403,9 @@ class _Task:
                 if self._stop:
                     raise NotFoundError(f"task {self.task_id} was stopped")
                 return encode_frame({"eos": self._ended})
+        return self._reply(elements)
+
+    def _reply(self, elements: list[list[Any]]) -> bytes:
         meta, buffers = pack_elements(elements)
         return encode_frame({"eos": False, "meta": meta}, buffers, compressor=self._compressor)
 
@@ -444,5 +447,4 @@ class _Task:
             taken.add(consumer)
             if len(taken) == num_consumers:
                 del self._rounds[round_index], self._round_taken[round_index]
-        meta, buffers = pack_elements([element])
-        return encode_frame({"eos": False, "meta": meta}, buffers, compressor=self._compressor)
+        return self._reply([element])

@@ -4,26 +4,5 @@ The same objects as ``feedline.service`` (which depends on ``feedline.data``, no
 round: this module is only an alias, imported when asked for).
 """
 
-from feedline.service import (
-    DataServiceDataset,
-    DispatcherConfig,
-    DispatchServer,
-    ShardingPolicy,
-    WorkerConfig,
-    WorkerServer,
-    distribute,
-    from_dataset_id,
-    register_dataset,
-)
-
-__all__ = [
-    "DataServiceDataset",
-    "DispatchServer",
-    "DispatcherConfig",
-    "ShardingPolicy",
-    "WorkerConfig",
-    "WorkerServer",
-    "distribute",
-    "from_dataset_id",
-    "register_dataset",
-]
+from feedline.service import *  # noqa: F403
+from feedline.service import __all__ as __all__
