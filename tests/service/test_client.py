@@ -258,8 +258,20 @@ def _read_in_threads(datasets: list[Dataset], count: int) -> list[list[int]]:
     return results
 
 
-def test_round_robin_consumers_take_turns_within_each_round(make_cluster: Any) -> None:
-    cluster = make_cluster(1)
+@pytest.mark.parametrize(
+    ("num_workers", "first", "second"),
+    [
+        # One worker: consumer i takes element i of each round of two.
+        (1, [0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]),
+        # Two workers, each running the whole range: rounds alternate between them, and at
+        # each step both consumers read the same worker.
+        (2, [0, 0, 2, 2, 4, 4], [1, 1, 3, 3, 5, 5]),
+    ],
+)
+def test_round_robin_consumers_take_turns_within_each_round(
+    make_cluster: Any, num_workers: int, first: list[int], second: list[int]
+) -> None:
+    cluster = make_cluster(num_workers)
     datasets = [
         Dataset.range(1_000_000)
         .repeat()
@@ -270,27 +282,7 @@ def test_round_robin_consumers_take_turns_within_each_round(make_cluster: Any) -
         )
         for i in range(2)
     ]
-    first, second = _read_in_threads(datasets, 6)
-    assert first == [0, 2, 4, 6, 8, 10]
-    assert second == [1, 3, 5, 7, 9, 11]
-
-
-def test_round_robin_reads_the_same_worker_at_each_step(make_cluster: Any) -> None:
-    cluster = make_cluster(2)
-    datasets = [
-        Dataset.range(1_000_000)
-        .repeat()
-        .apply(
-            service.distribute(
-                "parallel_epochs", cluster.target, job_name="rr2", consumer_index=i, num_consumers=2
-            )
-        )
-        for i in range(2)
-    ]
-    first, second = _read_in_threads(datasets, 6)
-    # Rounds alternate between the two workers, which each run the whole range.
-    assert first == [0, 0, 2, 2, 4, 4]
-    assert second == [1, 1, 3, 3, 5, 5]
+    assert _read_in_threads(datasets, 6) == [first, second]
 
 
 def test_round_robin_needs_an_infinite_dataset(make_cluster: Any) -> None:
