@@ -1,0 +1,288 @@
+"""One launcher for every multi-process test: real processes on 127.0.0.1, always cleaned up.
+
+A test gives Python code and a list of process names with their environments (torchrun's
+variables, a ``TF_CONFIG``, or anything else); each process runs the code in a fresh interpreter
+in its own session, reports a JSON result with ``report(value)``, and is killed (with its
+children) if it outlives the timeout or the test. Every process's failure reaches the test with
+its stderr, so a rank's traceback is never lost.
+
+Example:
+  >>> results = run(
+  ...     "from tests.launcher import report; import os; report(int(os.environ['RANK']))",
+  ...     torchrun_envs(2),
+  ... )
+  >>> [results[name].result for name in sorted(results)]
+  [0, 1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+_RESULT_DIR = "FEEDLINE_TEST_RESULT_DIR"
+_NAME = "FEEDLINE_TEST_NAME"
+
+
+def report(value: Any) -> None:
+    """Called in a launched process: its result for the test, as JSON."""
+    name = os.environ.get(_NAME) or f"rank:{os.environ['RANK']}"
+    path = Path(os.environ[_RESULT_DIR]) / f"{name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports (held open together while they are chosen)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def torchrun_envs(world_size: int, port: int | None = None) -> list[tuple[str, dict[str, str]]]:
+    """Names and environments of ``world_size`` processes as torchrun starts them on one host."""
+    port = port or free_port()
+    return [
+        (
+            f"rank:{rank}",
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for rank in range(world_size)
+    ]
+
+
+def tf_config_cluster(jobs: Mapping[str, int]) -> dict[str, list[str]]:
+    """A ``TF_CONFIG`` cluster of free loopback ports, e.g. ``{"chief": 1, "worker": 2}``."""
+    ports = iter(free_ports(sum(jobs.values())))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
+
+
+def tf_config_envs(
+    jobs: Mapping[str, int] | Mapping[str, list[str]],
+) -> list[tuple[str, dict[str, str]]]:
+    """One process per task of a cluster, each with its ``TF_CONFIG``; names are ``type:index``."""
+    cluster = (
+        {job: list(tasks) for job, tasks in jobs.items()}  # type: ignore[arg-type]
+        if all(isinstance(v, list) for v in jobs.values())
+        else tf_config_cluster(jobs)  # type: ignore[arg-type]
+    )
+    return [
+        (
+            f"{job}:{index}",
+            {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})},
+        )
+        for job, tasks in cluster.items()
+        for index in range(len(tasks))
+    ]
+
+
+@dataclasses.dataclass
+class ProcessResult:
+    """How one launched process ended: exit code (None if it had to be killed), output and the
+    value it reported (None if it reported nothing)."""
+
+    name: str
+    returncode: int | None
+    stdout: str
+    stderr: str
+    result: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        how = "timed out and was killed" if self.returncode is None else f"exit {self.returncode}"
+        return (
+            f"--- {self.name} ({how}) ---\n"
+            f"stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-6000:]}"
+        )
+
+
+class Processes:
+    """Processes started together; a context manager that kills all of them on the way out.
+
+    Use ``run`` for the common case; use this directly to signal a process mid-run
+    (``send(name, signal.SIGKILL)``) or to wait for a file it writes.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        processes: Sequence[tuple[str, Mapping[str, str]]],
+        *,
+        timeout: float = 120.0,
+        argv: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="feedline-launch-")
+        self.dir = Path(self._dir.name)
+        script = self.dir / "main.py"
+        script.write_text(textwrap.dedent(code))
+        self._deadline = time.monotonic() + timeout
+        self._procs: dict[str, subprocess.Popen[str]] = {}
+        self._outputs: dict[str, tuple[Any, Any]] = {}
+        base = {k: v for k, v in os.environ.items() if k not in _CLUSTER_VARIABLES}
+        base.update(env or {})
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
+        base[_RESULT_DIR] = str(self.dir)
+        base.setdefault("OMP_NUM_THREADS", "1")
+        for name, extra in processes:
+            stdout = open(self.dir / f"{_safe(name)}.out", "w+")  # noqa: SIM115
+            stderr = open(self.dir / f"{_safe(name)}.err", "w+")  # noqa: SIM115
+            self._outputs[name] = (stdout, stderr)
+            self._procs[name] = subprocess.Popen(
+                [sys.executable, str(script), *argv],
+                cwd=ROOT,
+                env={**base, **extra, _NAME: name},
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+            )
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._procs)
+
+    def pid(self, name: str) -> int:
+        return self._procs[name].pid
+
+    def send(self, name: str, sig: int) -> None:
+        """Sends ``sig`` to process ``name`` and its children (if still running)."""
+        proc = self._procs[name]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+
+    def poll(self, name: str) -> int | None:
+        return self._procs[name].poll()
+
+    def wait_for(self, path: Path, timeout: float = 60.0) -> None:
+        """Waits until ``path`` exists, failing if a process died first or time ran out."""
+        end = min(self._deadline, time.monotonic() + timeout)
+        while not path.exists():
+            failed = [n for n, p in self._procs.items() if p.poll() not in (None, 0)]
+            if failed:
+                raise AssertionError(
+                    f"{failed} exited before {path.name} appeared:\n{self._dump()}"
+                )
+            if time.monotonic() > end:
+                raise AssertionError(f"{path.name} did not appear in time:\n{self._dump()}")
+            time.sleep(0.05)
+
+    def wait(self) -> dict[str, ProcessResult]:
+        """Waits for every process until the deadline; kills what is left; their results."""
+        codes: dict[str, int | None] = {}
+        for name, proc in self._procs.items():
+            try:
+                codes[name] = proc.wait(timeout=max(0.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        self.kill_all()
+        return {name: self._result(name, code) for name, code in codes.items()}
+
+    def kill_all(self) -> None:
+        for name, proc in self._procs.items():
+            self.send(name, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+    def _result(self, name: str, code: int | None) -> ProcessResult:
+        stdout, stderr = self._outputs[name]
+        stdout.seek(0)
+        stderr.seek(0)
+        path = self.dir / f"{name}.json"
+        value = json.loads(path.read_text()) if path.exists() else None
+        return ProcessResult(name, code, stdout.read(), stderr.read(), value)
+
+    def _dump(self) -> str:
+        return "\n".join(
+            self._result(name, proc.poll()).describe() for name, proc in self._procs.items()
+        )
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()
+        for stdout, stderr in self._outputs.values():
+            stdout.close()
+            stderr.close()
+        self._dir.cleanup()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._procs)
+
+
+def run(
+    code: str,
+    processes: Sequence[tuple[str, Mapping[str, str]]],
+    *,
+    timeout: float = 120.0,
+    argv: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> dict[str, ProcessResult]:
+    """Runs ``code`` in one process per ``(name, environment)`` and waits for all of them.
+
+    With ``check`` (the default), any process that failed, timed out or reported nothing fails
+    the test with every process's output.
+    """
+    with Processes(code, processes, timeout=timeout, argv=argv, env=env) as procs:
+        results = procs.wait()
+    if check and not all(r.ok for r in results.values()):
+        raise AssertionError("\n".join(r.describe() for r in results.values()))
+    return results
+
+
+def _safe(name: str) -> str:
+    return name.replace(":", "_").replace("/", "_")
+
+
+_CLUSTER_VARIABLES = frozenset(
+    {
+        "TF_CONFIG",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+    }
+)
