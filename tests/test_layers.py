@@ -33,3 +33,28 @@ def test_feedline_service_does_not_import_torch() -> None:
         "assert distribute is feedline.service.distribute\n"
         "assert 'torch' not in sys.modules, 'feedline.service imported torch'\n"
     )
+
+
+def test_import_feedline_imports_nothing_heavy() -> None:
+    _run(
+        "import sys, feedline\n"
+        "for name in ('torch', 'feedline.data', 'feedline.distribute', 'feedline.service'):\n"
+        "    assert name not in sys.modules, f'import feedline imported {name}'\n"
+        "assert {'data', 'distribute', 'config', 'nn', 'compat'} <= set(dir(feedline))\n"
+    )
+
+
+def test_lazy_modules_of_feedline_do_not_import_torch() -> None:
+    _run(
+        "import sys, feedline as tf\n"
+        "tf.data.Dataset.range(3), tf.data.experimental.AutoShardPolicy, tf.TensorSpec\n"
+        "tf.data.experimental.service.distribute, tf.errors.OutOfRangeError, tf.io, tf.train\n"
+        "tf.compat.v1.data.Options, tf.config.list_physical_devices('CPU')\n"
+        "tf.config.set_logical_device_configuration(\n"
+        "    tf.config.list_physical_devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()])\n"
+        "assert tf.config.list_logical_devices('CPU')[0].name == '/device:CPU:0'\n"
+        "assert 'torch' not in sys.modules, 'a torch-free module of feedline imported torch'\n"
+        "assert 'feedline.distribute' not in sys.modules\n"
+        "tf.distribute.MirroredStrategy\n"
+        "assert 'torch' in sys.modules\n"
+    )

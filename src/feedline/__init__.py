@@ -1,13 +1,22 @@
 """feedline: TensorFlow's distributed input system for PyTorch users.
 
-``feedline.data`` builds lazy, checkpointable input pipelines. Dtype names (``feedline.float32``)
-and ``TensorSpec``/``TensorShape`` are here so that tf.data code ports line by line.
+``import feedline as tf`` reaches what the TensorFlow guides use: ``tf.data``,
+``tf.distribute``, ``tf.data.experimental.service``, ``tf.config``, ``tf.nn``, ``tf.metrics``,
+``tf.train``, ``tf.errors``, ``tf.datasets``, ``tf.compat.v1``. Each is imported on first access,
+so ``import feedline`` stays light and ``feedline.data`` never imports torch. Dtype names
+(``feedline.float32``) and ``TensorSpec``/``TensorShape`` are here so that tf.data code ports line
+by line. TensorFlow names that feedline does not have (``tf.constant``, ``tf.keras``, ...) raise
+an ``AttributeError`` that names the replacement; ``docs/porting.md`` lists them.
+
+Example:
+  >>> import feedline as tf
+  >>> [b.tolist() for b in tf.data.Dataset.range(6).batch(4)]
+  [[0, 1, 2, 3], [4, 5]]
 """
 
 import numpy as _np
 
-from feedline import data, errors, io, train
-from feedline.data.structure import TensorSpec
+from feedline import _porting
 
 __version__ = "0.1.0"
 
@@ -28,12 +37,34 @@ def TensorShape(dims: "list[int | None] | tuple[int | None, ...] | None") -> tup
     return () if dims is None else tuple(None if d is None else int(d) for d in dims)
 
 
+__getattr__, __dir__ = _porting.lazy_attributes(
+    __name__,
+    {
+        "TensorSpec": "feedline.data.structure:TensorSpec",
+        "compat": "feedline.compat",
+        "config": "feedline.config",
+        "data": "feedline.data",
+        "datasets": "feedline.datasets",
+        "distribute": "feedline.distribute",
+        "errors": "feedline.errors",
+        "io": "feedline.io",
+        "metrics": "feedline.metrics",
+        "nn": "feedline.nn",
+        "service": "feedline.service",
+        "train": "feedline.train",
+    },
+)
+
 __all__ = [
     "TensorShape",
     "TensorSpec",
     "__version__",
     "bool_",
+    "compat",
+    "config",
     "data",
+    "datasets",
+    "distribute",
     "errors",
     "float16",
     "float32",
@@ -43,6 +74,9 @@ __all__ = [
     "int32",
     "int64",
     "io",
+    "metrics",
+    "nn",
+    "service",
     "string",
     "train",
     "uint8",

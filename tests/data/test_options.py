@@ -38,7 +38,9 @@ def test_options_flow_downstream_and_merge_across_inputs() -> None:
 
 def test_invalid_values_are_refused() -> None:
     options = Options()
-    with pytest.raises(InvalidArgumentError, match="auto_shard_policy must be one of"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"auto_shard_policy must be a member of AutoShardPolicy"
+    ):
         options.experimental_distribute.auto_shard_policy = 17
     with pytest.raises(InvalidArgumentError, match="deterministic must be a bool"):
         options.deterministic = "yes"
@@ -46,6 +48,34 @@ def test_invalid_values_are_refused() -> None:
         options.typo = 1
     with pytest.raises(InvalidArgumentError):
         Dataset.range(3).with_options({"deterministic": True})
+
+
+@pytest.mark.parametrize(
+    ("typed", "policy"),
+    [
+        ("DATA", AutoShardPolicy.DATA),
+        ("data", AutoShardPolicy.DATA),
+        ("OFF", AutoShardPolicy.OFF),
+        ("Hint", AutoShardPolicy.HINT),
+        (1, AutoShardPolicy.FILE),
+        (AutoShardPolicy.AUTO, AutoShardPolicy.AUTO),
+    ],
+)
+def test_auto_shard_policy_accepts_what_users_type(typed: object, policy: AutoShardPolicy) -> None:
+    options = Options()
+    options.experimental_distribute.auto_shard_policy = typed
+    assert options.experimental_distribute.auto_shard_policy is policy
+    dataset = Dataset.range(4).with_options(options)
+    assert dataset.options().experimental_distribute.auto_shard_policy is policy
+
+
+@pytest.mark.parametrize("typed", ["DAT", "AutoShardPolicy.DATA", True, 2.0])
+def test_a_wrong_policy_names_the_members(typed: object) -> None:
+    options = Options()
+    with pytest.raises(InvalidArgumentError) as caught:
+        options.experimental_distribute.auto_shard_policy = typed
+    message = str(caught.value)
+    assert "AutoShardPolicy.DATA" in message and "'OFF'" in message and repr(typed) in message
 
 
 def test_experimental_deterministic_alias() -> None:

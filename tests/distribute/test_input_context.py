@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from feedline.distribute import InputContext, InputOptions, ValueContext
+from feedline.distribute import InputContext, InputOptions, InputReplicationMode, ValueContext
 from feedline.errors import InvalidArgumentError
 
 
@@ -23,3 +23,22 @@ def test_bad_contexts_and_options() -> None:
     with pytest.raises(InvalidArgumentError, match="buffer_size must be >= 1"):
         InputOptions(experimental_per_replica_buffer_size=0)
     assert ValueContext(1, 2).replica_id_in_sync_group == 1
+
+
+@pytest.mark.parametrize(
+    ("typed", "mode"),
+    [
+        ("PER_REPLICA", InputReplicationMode.PER_REPLICA),
+        ("per_worker", InputReplicationMode.PER_WORKER),
+        (InputReplicationMode.PER_REPLICA, InputReplicationMode.PER_REPLICA),
+    ],
+)
+def test_replication_mode_accepts_its_name(typed: object, mode: InputReplicationMode) -> None:
+    options = InputOptions(experimental_replication_mode=typed)
+    assert options.experimental_replication_mode is mode
+
+
+def test_a_wrong_replication_mode_names_the_members() -> None:
+    with pytest.raises(InvalidArgumentError, match="experimental_replication_mode") as caught:
+        InputOptions(experimental_replication_mode="PER_HOST")
+    assert "InputReplicationMode.PER_WORKER, InputReplicationMode.PER_REPLICA" in str(caught.value)

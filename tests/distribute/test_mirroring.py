@@ -26,8 +26,14 @@ def _model() -> torch.nn.Module:
 
 
 def train(replicas: int, rows: int, steps: int | None = None) -> list[torch.Tensor]:
-    torch.manual_seed(0)
     strategy = fdist.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+    return train_on(strategy, rows, steps)
+
+
+def train_on(strategy: fdist.Strategy, rows: int, steps: int | None = None) -> list[torch.Tensor]:
+    """The parameters after training ``_model`` with Adam on ``rows`` rows under ``strategy``
+    (also run by the multi-worker tests in every worker process)."""
+    torch.manual_seed(0)
     with strategy.scope():
         model = _model()
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from feedline.data import TensorSpec
-from feedline.distribute import PerReplica, PerReplicaSpec, ReduceOp
+from feedline.distribute import MirroredStrategy, PerReplica, PerReplicaSpec, ReduceOp
 from feedline.distribute.values import regroup, select_replica
+from feedline.errors import InvalidArgumentError
 
 
 def test_per_replica_repr() -> None:
@@ -26,8 +27,19 @@ def test_select_and_regroup() -> None:
 
 def test_reduce_op_parsing() -> None:
     assert ReduceOp.parse("sum") is ReduceOp.SUM and ReduceOp.parse("MEAN") is ReduceOp.MEAN
-    with pytest.raises(ValueError, match="reduce_op"):
-        ReduceOp.parse("max")
+    assert ReduceOp.parse("SUM") is ReduceOp.SUM and ReduceOp.parse(ReduceOp.MEAN) is ReduceOp.MEAN
+    for wrong in ("max", "ReduceOp.SUM", 0, None):
+        with pytest.raises(InvalidArgumentError, match="reduce_op") as caught:
+            ReduceOp.parse(wrong)
+        assert "ReduceOp.SUM, ReduceOp.MEAN" in str(caught.value)
+    assert issubclass(InvalidArgumentError, ValueError)  # ``except ValueError`` still catches it
+
+
+def test_strategy_reduce_takes_the_strings_tensorflow_takes() -> None:
+    strategy = MirroredStrategy(["cpu:0", "cpu:1"])
+    losses = PerReplica([torch.tensor(1.0), torch.tensor(2.5)])
+    assert strategy.reduce("SUM", losses, axis=None).item() == 3.5
+    assert strategy.reduce("MEAN", losses, axis=None).item() == 1.75
 
 
 def test_per_replica_spec() -> None:

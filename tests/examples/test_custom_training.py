@@ -49,3 +49,27 @@ def test_model_fits_both_image_sizes() -> None:
     for size in (28, 8):
         out = custom_training.create_model(size)(torch.zeros(2, 1, size, size))
         assert out.shape == (2, 10)
+
+
+@pytest.mark.timeout(240)
+def test_demo_on_two_workers_through_torchrun(tmp_path: pathlib.Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "RANK", "WORLD_SIZE")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), FEEDLINE_DATA_DIR=str(tmp_path / "none"))
+    checkpoints = tmp_path / "ckpt"
+    result = subprocess.run(
+        [sys.executable, "-m", "feedline.cli", "demo", "--workers", "2", "--epochs", "2",
+         "--checkpoint-dir", str(checkpoints)],
+        env=env, capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout
+    assert out.count("training on scikit-learn's 8x8 digits") == 1  # the chief speaks
+    assert "Number of workers: 2" in out and "Number of devices: 2" in out
+    epochs = [line for line in out.splitlines() if line.startswith("Epoch ") and "Test" in line]
+    assert [line.split(",")[0] for line in epochs] == ["Epoch 1", "Epoch 2"]
+    assert "2 replicas on 2 workers" in out
+    assert sorted(p.name for p in checkpoints.glob("ckpt-*")) == ["ckpt-1"]  # the chief's only

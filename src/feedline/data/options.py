@@ -17,6 +17,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from feedline._enums import parse_member
 from feedline.errors import InvalidArgumentError
 
 __all__ = [
@@ -122,7 +123,7 @@ class DistributeOptions(_OptionGroup):
     """How a dataset is distributed.
 
     Attributes:
-      auto_shard_policy: an ``AutoShardPolicy`` (default AUTO).
+      auto_shard_policy: an ``AutoShardPolicy`` (default AUTO), or its name (``"DATA"``).
       num_devices: the number of devices the dataset is fed to, where known.
     """
 
@@ -131,13 +132,7 @@ class DistributeOptions(_OptionGroup):
 
     def _validate(self, name: str, value: Any) -> Any:
         if name == "auto_shard_policy":
-            try:
-                return AutoShardPolicy(value)
-            except ValueError:
-                allowed = ", ".join(p.name for p in AutoShardPolicy)
-                raise InvalidArgumentError(
-                    f"auto_shard_policy must be one of {allowed}, got {value!r}"
-                ) from None
+            return parse_member(AutoShardPolicy, value, "auto_shard_policy")
         return _positive_int("experimental_distribute", name, value)
 
 

@@ -9,13 +9,14 @@ Example:
   [(tensor([0, 1]), tensor([2, 3])), (tensor([4]), tensor([5]))]
 """
 
-from feedline.distribute import experimental
+from feedline.distribute import cluster_resolver, experimental
 from feedline.distribute.context import (
     ReplicaContext,
     get_replica_context,
     has_strategy,
     in_cross_replica_context,
 )
+from feedline.distribute.copy_mirroring import ReductionToOneDevice
 from feedline.distribute.distributed_dataset import DistributedDataset, DistributedIterator
 from feedline.distribute.input_context import (
     InputContext,
@@ -24,6 +25,7 @@ from feedline.distribute.input_context import (
     ValueContext,
 )
 from feedline.distribute.mirrored import MirroredStrategy
+from feedline.distribute.multi_worker import MultiWorkerMirroredStrategy
 from feedline.distribute.one_device import OneDeviceStrategy
 from feedline.distribute.strategy import Strategy, StrategyExtended, get_strategy
 from feedline.distribute.values import DistributedValues, PerReplica, PerReplicaSpec, ReduceOp
@@ -36,14 +38,17 @@ __all__ = [
     "InputOptions",
     "InputReplicationMode",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
     "PerReplica",
     "PerReplicaSpec",
     "ReduceOp",
+    "ReductionToOneDevice",
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",
     "ValueContext",
+    "cluster_resolver",
     "experimental",
     "get_replica_context",
     "get_strategy",

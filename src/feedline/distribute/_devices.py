@@ -12,6 +12,7 @@ import re
 
 import torch
 
+from feedline import config
 from feedline.errors import InvalidArgumentError
 
 _PATTERN = re.compile(
@@ -29,9 +30,14 @@ class ReplicaDevice:
     index: int
 
     @classmethod
-    def parse(cls, name: str | torch.device | ReplicaDevice) -> ReplicaDevice:
+    def parse(
+        cls, name: str | torch.device | config.LogicalDevice | ReplicaDevice
+    ) -> ReplicaDevice:
+        """A device from its PyTorch or TensorFlow name, or a ``feedline.config.LogicalDevice``."""
         if isinstance(name, ReplicaDevice):
             return name
+        if isinstance(name, config.LogicalDevice):
+            name = name.name
         if isinstance(name, torch.device):
             name = str(name)
         if not isinstance(name, str):
@@ -77,7 +83,7 @@ def parse_devices(devices: list[str] | tuple[str, ...]) -> tuple[ReplicaDevice, 
 
 
 def default_devices() -> tuple[ReplicaDevice, ...]:
-    """Every CUDA GPU, or one CPU replica where there is none."""
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return tuple(ReplicaDevice("cuda", i) for i in range(torch.cuda.device_count()))
-    return (ReplicaDevice("cpu", 0),)
+    """Every logical GPU, or every logical CPU where there is none (``feedline.config``): one
+    CPU replica, or as many as ``set_logical_device_configuration`` made."""
+    devices = config.list_logical_devices("GPU") or config.list_logical_devices("CPU")
+    return tuple(ReplicaDevice.parse(device) for device in devices)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from feedline._enums import parse_member
 from feedline.errors import InvalidArgumentError
 
 
@@ -65,8 +66,8 @@ class InputOptions:
     Attributes:
       experimental_fetch_to_device: move each replica's batch to its device (pinned memory and
         non-blocking copies on CUDA, prefetched ahead of the step); False keeps it on the host.
-      experimental_replication_mode: ``InputReplicationMode`` (PER_REPLICA only for
-        ``distribute_datasets_from_function``).
+      experimental_replication_mode: an ``InputReplicationMode`` or its name (``"PER_REPLICA"``);
+        PER_REPLICA only for ``distribute_datasets_from_function``.
       experimental_place_dataset_on_device: accepted for compatibility; feedline's pipelines
         always run on the host. It cannot be combined with ``experimental_fetch_to_device``.
       experimental_per_replica_buffer_size: batches each replica keeps ready on its device.
@@ -78,11 +79,12 @@ class InputOptions:
     experimental_per_replica_buffer_size: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.experimental_replication_mode, InputReplicationMode):
-            raise InvalidArgumentError(
-                "experimental_replication_mode must be an InputReplicationMode, got "
-                f"{self.experimental_replication_mode!r}"
-            )
+        mode = parse_member(
+            InputReplicationMode,
+            self.experimental_replication_mode,
+            "experimental_replication_mode",
+        )
+        object.__setattr__(self, "experimental_replication_mode", mode)
         if self.experimental_place_dataset_on_device and self.experimental_fetch_to_device:
             raise InvalidArgumentError(
                 "experimental_place_dataset_on_device and experimental_fetch_to_device cannot "

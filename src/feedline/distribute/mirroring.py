@@ -17,6 +17,9 @@ parameters, so they are identical by construction. Inside ``strategy.run``:
 
 A module with parameters made outside the scope, used inside ``run`` with several replicas, and
 a mirrored optimizer stepped outside ``run``, are errors that say how to fix them.
+
+Replicas on distinct devices (``MirroredStrategy(["cuda:0", "cuda:1"])``) each compute on their
+own copy of the parameters, under the same rules (``copy_mirroring``).
 """
 
 from __future__ import annotations
@@ -96,13 +99,17 @@ def _wrap_optimizer_init() -> None:
 class Mirroring:
     """The mirrored modules and optimizers of one strategy, and the step they take together."""
 
+    #: Whether the local replicas compute on the module's own tensors, so on one device
+    #: (``copy_mirroring.CopyMirroring`` gives each replica a copy instead).
+    shares_parameters = True
+
     def __init__(self, strategy: Strategy) -> None:
         devices = {d.torch_device for d in strategy.extended.local_devices}
-        if len(devices) > 1:
+        if self.shares_parameters and len(devices) > 1:
             raise InvalidArgumentError(
-                "mirrored training over several devices in one process "
-                f"({sorted(map(str, devices))}) is not supported: run one process per GPU, or "
-                "use logical replicas of one device"
+                f"{type(strategy).__name__} cannot mirror a model over several devices of one "
+                f"process ({sorted(map(str, devices))}): run one process per GPU, or use logical "
+                "replicas of one device; MirroredStrategy mirrors over the devices of one process"
             )
         self._strategy_ref = weakref.ref(strategy)
         self._modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -122,7 +129,7 @@ class Mirroring:
         """Mirrors ``obj`` (a module with all its submodules, or an optimizer); returns it."""
         if isinstance(obj, torch.nn.Module):
             for module in obj.modules():
-                self._modules.add(module)
+                self.add_module(module)
         elif isinstance(obj, torch.optim.Optimizer):
             self.add_optimizer(obj)
         else:

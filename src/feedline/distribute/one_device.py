@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from feedline.distribute._devices import ReplicaDevice, parse_devices
-from feedline.distribute.strategy import Strategy, StrategyExtended
+from feedline.distribute.strategy import Strategy, StrategyExtended, warn_if_in_cluster
 
 
 class OneDeviceStrategy(Strategy):
@@ -17,6 +17,7 @@ class OneDeviceStrategy(Strategy):
 
     def __init__(self, device: str) -> None:
         super().__init__(StrategyExtended(parse_devices([device])))
+        warn_if_in_cluster(self)
 
     @property
     def device(self) -> ReplicaDevice:

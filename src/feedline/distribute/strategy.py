@@ -9,12 +9,14 @@ several processes, the worker count and index.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from feedline import config
 from feedline.data.dataset import Dataset
 from feedline.distribute import context
 from feedline.distribute._devices import ReplicaDevice
@@ -29,6 +31,9 @@ from feedline.distribute.values import (
     select_replica,
 )
 from feedline.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from feedline.distribute.cluster_resolver import ClusterResolver
 
 
 class StrategyExtended:
@@ -51,12 +56,47 @@ class StrategyExtended:
         """The replica id (in the sync group) of this worker's first replica."""
         return self.worker_index * len(self.local_devices)
 
+    @property
+    def is_chief(self) -> bool:
+        """Whether this worker is the chief (the ``chief`` task, else worker 0)."""
+        return self.worker_index == 0
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this worker writes checkpoints (the chief alone, as in TensorFlow)."""
+        return self.is_chief
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this worker writes summaries (the chief alone)."""
+        return self.is_chief
+
+    @property
+    def should_init(self) -> bool:
+        """Whether this worker initialises variables (every worker: they are broadcast)."""
+        return True
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        """Whether every worker runs its own copy of the program (several processes)."""
+        return self.num_workers > 1
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self.num_workers > 1
+
 
 class Strategy:
     """Distributes computation and input over replicas (``tf.distribute.Strategy``)."""
 
     def __init__(self, extended: StrategyExtended) -> None:
         self.extended = extended
+        if not isinstance(self, _DefaultStrategy):  # logical devices are fixed from now on
+            config._mark_initialized()
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The cluster this strategy spans; None for single-worker strategies, as in TF."""
+        return None
 
     # -- replicas --------------------------------------------------------------------------
     @property
@@ -158,7 +198,7 @@ class Strategy:
         else:
             total = functools.reduce(torch.add, [p.to(target).sum(dim=axis) for p in parts])
             count = torch.tensor(float(sum(p.shape[axis] for p in parts)), device=target)
-        total, count = self._all_reduce_sum(total, count)
+        total, count = self._sum_across_workers(total), self._sum_across_workers(count)
         if op is ReduceOp.SUM:
             return total
         if not torch.is_floating_point(total):
@@ -181,11 +221,9 @@ class Strategy:
             return list(value.values)
         return [value] * self._num_local
 
-    def _all_reduce_sum(
-        self, total: torch.Tensor, count: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sums across workers; one worker has nothing to add."""
-        return total, count
+    def _sum_across_workers(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of every worker's ``value``; one worker has nothing to add."""
+        return value
 
     def _all_gather(self, local: torch.Tensor, axis: int) -> torch.Tensor:
         return local
@@ -243,6 +281,22 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} devices={list(self.extended.worker_devices)}>"
+
+
+def warn_if_in_cluster(strategy: Strategy) -> None:
+    """Warns that a single-process strategy trains alone where ``TF_CONFIG`` or torchrun's
+    environment names several workers (a ported script that forgot to switch strategy)."""
+    from feedline.distribute.cluster_resolver import multi_worker_environment
+
+    workers = multi_worker_environment()
+    if workers > 1:
+        warnings.warn(
+            f"the environment (TF_CONFIG or torchrun) names {workers} workers, but "
+            f"{type(strategy).__name__} trains in this process alone; use "
+            "feedline.distribute.MultiWorkerMirroredStrategy to train with all of them",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_dataset(dataset: Any, method: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import optree
 
+from feedline._enums import parse_member
 from feedline.data.structure import TensorSpec
 
 
@@ -19,13 +20,13 @@ class ReduceOp(enum.Enum):
 
     @classmethod
     def parse(cls, op: ReduceOp | str) -> ReduceOp:
-        if isinstance(op, ReduceOp):
-            return op
-        if isinstance(op, str) and op.upper() in cls.__members__:
-            return cls[op.upper()]
-        raise ValueError(
-            f"reduce_op must be ReduceOp.SUM, ReduceOp.MEAN, 'sum' or 'mean', got {op!r}"
-        )
+        """A member from a member or its name, as TensorFlow accepts (``"SUM"``, ``"MEAN"``;
+        any case).
+
+        Raises:
+          InvalidArgumentError: (a ``ValueError``) for anything else.
+        """
+        return parse_member(cls, op, "reduce_op")
 
 
 class DistributedValues:

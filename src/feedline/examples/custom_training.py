@@ -12,15 +12,27 @@ where the network allows). Without it, the demo trains on scikit-learn's bundled
 says so in one line.
 
     python -m feedline.examples.custom_training --epochs 10 --replicas 2
+
+On a cluster the same program trains under ``MultiWorkerMirroredStrategy``: ``--workers N``
+starts N worker processes on this machine through torchrun's launcher; started by ``torchrun``
+or with ``TF_CONFIG`` on each machine, each process is one worker. The chief (worker 0) prints,
+writes the checkpoints and evaluates the restored model; every worker trains.
+
+    python -m feedline.examples.custom_training --workers 2
+    torchrun --nnodes 2 --node-rank R --nproc-per-node 1 --master-addr HOST --master-port 29500 \
+        -m feedline.examples.custom_training --checkpoint-dir /shared/ckpt
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -60,13 +72,15 @@ def create_model(image_size: int = 28) -> torch.nn.Module:
     )
 
 
-def load(data_dir: str | None) -> tuple[str, tuple[np.ndarray, ...]]:
+def load(
+    data_dir: str | None, say: Callable[[str], None] = print
+) -> tuple[str, tuple[np.ndarray, ...]]:
     """Fashion-MNIST where its files are available, else the bundled digits."""
     try:
         (x_train, y_train), (x_test, y_test) = fashion_mnist.load_data(data_dir)
         name = "Fashion-MNIST"
     except NotFoundError:
-        print("Fashion-MNIST is not available offline; training on scikit-learn's 8x8 digits.")
+        say("Fashion-MNIST is not available offline; training on scikit-learn's 8x8 digits.")
         (x_train, y_train), (x_test, y_test) = digits.load_data()
         name = "digits"
     # As the seed: add the channel axis and scale to [0, 1]; PyTorch wants channels first.
@@ -75,10 +89,44 @@ def load(data_dir: str | None) -> tuple[str, tuple[np.ndarray, ...]]:
     return name, (x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64))
 
 
-def make_strategy(replicas: int) -> fdist.MirroredStrategy:
+def in_cluster() -> bool:
+    """Whether this process is one worker of a cluster (torchrun's environment or TF_CONFIG)."""
+    from feedline.distribute.cluster_resolver import multi_worker_environment
+
+    return multi_worker_environment() > 1
+
+
+def make_strategy(replicas: int | None) -> fdist.Strategy:
+    """MultiWorkerMirroredStrategy in a cluster (``replicas`` logical CPU replicas per worker,
+    default 1), else MirroredStrategy (every GPU, or ``replicas`` logical CPU replicas,
+    default 2)."""
+    if in_cluster():
+        cpus = None if torch.cuda.is_available() else [f"cpu:{i}" for i in range(replicas or 1)]
+        return fdist.MultiWorkerMirroredStrategy(devices=cpus)
     if torch.cuda.is_available():
         return fdist.MirroredStrategy()
-    return fdist.MirroredStrategy([f"cpu:{i}" for i in range(replicas)])
+    return fdist.MirroredStrategy([f"cpu:{i}" for i in range(replicas or 2)])
+
+
+def launch_workers(workers: int, argv: Sequence[str], timeout: float | None = None) -> int:
+    """Runs this demo as ``workers`` processes on this machine through torchrun's launcher
+    (``torch.distributed.run``); the exit code is the launcher's."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+        "--nproc-per-node", str(workers), "--master-addr", "127.0.0.1",
+        "--master-port", str(port), "-m", "feedline.examples.custom_training", *argv,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
 
 
 class _Progress:
@@ -99,21 +147,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--epochs", type=int, default=None, help="default: 10 on Fashion-MNIST, 40 on digits"
     )
-    parser.add_argument("--replicas", type=int, default=2, help="logical CPU replicas (no GPU)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="logical CPU replicas where there is no GPU: default 2, or 1 per worker",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes on this machine (torchrun)"
+    )
     parser.add_argument("--data-dir", default=None, help="folder with Fashion-MNIST's .gz files")
     parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
     parser.add_argument("--resume", action="store_true", help="go on from the latest checkpoint")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.workers > 1 and not in_cluster():
+        # Every worker must write to one checkpoint folder: choose it here, once.
+        checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="feedline-demo-")
+        forwarded = _without_option(list(sys.argv[1:] if argv is None else argv), "--workers")
+        forwarded = [*_without_option(forwarded, "--checkpoint-dir"), "--checkpoint-dir",
+                     checkpoint_dir]  # fmt: skip
+        return launch_workers(args.workers, forwarded)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
 
-    name, (train_images, train_labels, test_images, test_labels) = load(args.data_dir)
+    strategy = make_strategy(args.replicas)
+    chief = strategy.extended.should_checkpoint
+    show = print if chief else _quiet  # the chief speaks for the cluster
+    name, (train_images, train_labels, test_images, test_labels) = load(args.data_dir, show)
     if args.epochs is None:
         # The digits have 1,438 training images: 12 steps an epoch, so they need more epochs.
         args.epochs = 10 if name == "Fashion-MNIST" else 40
-    strategy = make_strategy(args.replicas)
-    print(f"Number of devices: {strategy.num_replicas_in_sync}")
+    if strategy.extended.num_workers > 1:
+        show(f"Number of workers: {strategy.extended.num_workers}")
+    show(f"Number of devices: {strategy.num_replicas_in_sync}")
 
     buffer_size = len(train_images)
     batch_size_per_replica = 64
@@ -140,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume:
         latest = feedline.train.latest_checkpoint(checkpoint_dir)
         checkpoint.restore(latest)
-        print(f"Resumed from {latest} after epoch {progress.epoch}")
+        show(f"Resumed from {latest} after epoch {progress.epoch}")
 
     loss_object = torch.nn.CrossEntropyLoss(reduction="none")
 
@@ -150,9 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             per_example_loss, global_batch_size=global_batch_size
         )
 
-    test_loss = feedline.metrics.Mean(name="test_loss")
-    train_accuracy = feedline.metrics.SparseCategoricalAccuracy(name="train_accuracy")
-    test_accuracy = feedline.metrics.SparseCategoricalAccuracy(name="test_accuracy")
+    with strategy.scope():  # metrics made in the scope read every worker's updates
+        test_loss = feedline.metrics.Mean(name="test_loss")
+        train_accuracy = feedline.metrics.SparseCategoricalAccuracy(name="train_accuracy")
+        test_accuracy = feedline.metrics.SparseCategoricalAccuracy(name="test_accuracy")
 
     def train_step(inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         images, labels = inputs
@@ -186,7 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for epoch in range(progress.epoch, args.epochs):
         total_loss, num_batches = 0.0, 0
         bar = tqdm(
-            train_dist_dataset, total=steps_per_epoch, desc=f"epoch {epoch + 1}", leave=False
+            train_dist_dataset,
+            total=steps_per_epoch,
+            desc=f"epoch {epoch + 1}",
+            leave=False,
+            disable=not chief,
         )
         for x in bar:
             total_loss += float(distributed_train_step(x))
@@ -196,24 +268,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         for x in test_dist_dataset:
             distributed_test_step(x)
         progress.epoch = epoch + 1
-        if epoch % 2 == 0:
+        if epoch % 2 == 0 and chief:
             checkpoint.save(checkpoint_prefix)
-        print(
+        # Under several workers, result() is over all of them: every worker asks, together.
+        final_test_accuracy = float(test_accuracy.result())
+        show(
             TEMPLATE.format(
                 epoch + 1,
                 train_loss,
                 float(train_accuracy.result()) * 100,
                 float(test_loss.result()),
-                float(test_accuracy.result()) * 100,
+                final_test_accuracy * 100,
             )
         )
-        final_test_accuracy = float(test_accuracy.result())
         test_loss.reset_state()
         train_accuracy.reset_state()
         test_accuracy.reset_state()
 
     # Restore the latest checkpoint into a new model, without a strategy, and evaluate it.
-    new_model = create_model(train_images.shape[-1])
+    restored_accuracy = float("nan")
+    if chief:
+        restored_accuracy = evaluate_restored(checkpoint_dir, train_images.shape[-1], test_dataset)
+        print(
+            f"Accuracy after restoring the saved model without strategy: {restored_accuracy * 100}"
+        )
+
+    # Iterating with an explicit iterator, a fixed number of steps per "epoch".
+    for _ in range(2):
+        total_loss, num_batches = 0.0, 0
+        train_iter = iter(train_dist_dataset)
+        for _ in range(10):
+            total_loss += float(distributed_train_step(next(train_iter)))
+            num_batches += 1
+        accuracy = float(train_accuracy.result()) * 100
+        show(f"Epoch {args.epochs}, Loss: {total_loss / num_batches}, Accuracy: {accuracy}")
+        train_accuracy.reset_state()
+
+    seconds = time.perf_counter() - started
+    workers = strategy.extended.num_workers
+    show(
+        f"Summary: {name}, {strategy.num_replicas_in_sync} replicas"
+        + (f" on {workers} workers" if workers > 1 else "")
+        + f", {args.epochs} epochs, test accuracy {final_test_accuracy * 100:.2f}% "
+        f"(restored without strategy: {restored_accuracy * 100:.2f}%), {seconds:.0f} s; "
+        f"checkpoints in {checkpoint_dir}"
+    )
+    return 0
+
+
+def evaluate_restored(checkpoint_dir: str, image_size: int, test_dataset: fd.Dataset) -> float:
+    """The test accuracy of the latest checkpoint restored into a new model, no strategy."""
+    new_model = create_model(image_size)
     new_optimizer = torch.optim.Adam(new_model.parameters())
     restored = feedline.train.Checkpoint(optimizer=new_optimizer, model=new_model)
     latest = feedline.train.latest_checkpoint(checkpoint_dir)
@@ -225,28 +330,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             eval_accuracy.update_state(
                 torch.from_numpy(labels), new_model(torch.from_numpy(images))
             )
-    restored_accuracy = float(eval_accuracy.result())
-    print(f"Accuracy after restoring the saved model without strategy: {restored_accuracy * 100}")
+    return float(eval_accuracy.result())
 
-    # Iterating with an explicit iterator, a fixed number of steps per "epoch".
-    for _ in range(2):
-        total_loss, num_batches = 0.0, 0
-        train_iter = iter(train_dist_dataset)
-        for _ in range(10):
-            total_loss += float(distributed_train_step(next(train_iter)))
-            num_batches += 1
-        accuracy = float(train_accuracy.result()) * 100
-        print(f"Epoch {args.epochs}, Loss: {total_loss / num_batches}, Accuracy: {accuracy}")
-        train_accuracy.reset_state()
 
-    seconds = time.perf_counter() - started
-    print(
-        f"Summary: {name}, {strategy.num_replicas_in_sync} replicas, {args.epochs} epochs, "
-        f"test accuracy {final_test_accuracy * 100:.2f}% "
-        f"(restored without strategy: {restored_accuracy * 100:.2f}%), {seconds:.0f} s; "
-        f"checkpoints in {checkpoint_dir}"
-    )
-    return 0
+def _quiet(*args: object, **kwargs: object) -> None:
+    """``print`` for workers other than the chief: nothing."""
+
+
+def _without_option(argv: list[str], name: str) -> list[str]:
+    """``argv`` without ``name VALUE`` / ``name=VALUE``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from feedline.distribute import context
 from feedline.errors import InvalidArgumentError
 from feedline.nn.losses import broadcasts_to, match_weight_rank, to_tensor
 
@@ -36,6 +37,8 @@ class Metric:
         self._lock = threading.RLock()
         self._state = torch.zeros(2, dtype=torch.float64)
         self._placed = False  # whether an update has chosen the state's device
+        # A metric made under a multi-worker strategy's scope reads the sum over workers.
+        self._strategy = context.get_strategy() if context.has_strategy() else None
 
     def update_state(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement update_state")
@@ -44,10 +47,17 @@ class Metric:
         raise NotImplementedError(f"{type(self).__name__} must implement _result")
 
     def result(self) -> torch.Tensor:
-        """The metric's value: a 0-d float32 tensor (0 before any update)."""
+        """The metric's value: a 0-d float32 tensor (0 before any update).
+
+        Made under the scope of a multi-worker strategy, the value is over every worker's
+        updates, and ``result()`` is a collective: every worker calls it at the same point.
+        """
         with self._lock:
-            total, count = self._state
-            return self._result(total, count).to(torch.float32)
+            state = self._state
+        if self._strategy is not None:
+            state = self._strategy._sum_across_workers(state)
+        total, count = state
+        return self._result(total, count).to(torch.float32)
 
     def reset_state(self) -> None:
         """Forgets every update."""
@@ -105,6 +115,7 @@ class Metric:
         with self._lock:
             state = dict(self.__dict__)
         del state["_lock"]
+        state["_strategy"] = None  # a strategy belongs to its process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

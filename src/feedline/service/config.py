@@ -11,6 +11,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from feedline._enums import parse_member
 from feedline.errors import InvalidArgumentError
 
 __all__ = ["DispatcherConfig", "ShardingPolicy", "WorkerConfig"]
@@ -44,20 +45,14 @@ class ShardingPolicy(enum.IntEnum):
 
     @classmethod
     def parse(cls, mode: Any) -> ShardingPolicy:
-        """A policy from a ``ShardingPolicy`` or the strings ``"parallel_epochs"`` (OFF) and
-        ``"distributed_epoch"`` (DYNAMIC)."""
-        if isinstance(mode, ShardingPolicy):
-            return mode
-        if mode == "parallel_epochs":
-            return cls.OFF
-        if mode == "distributed_epoch":
-            return cls.DYNAMIC
-        if isinstance(mode, str) and mode.upper() in cls.__members__:
-            return cls[mode.upper()]
-        raise InvalidArgumentError(
-            f"processing_mode must be a ShardingPolicy ({', '.join(cls.__members__)}) or "
-            f"'parallel_epochs' / 'distributed_epoch', got {mode!r}"
-        )
+        """A policy from a ``ShardingPolicy``, its name (``"DATA"``, any case) or value, or the
+        strings ``"parallel_epochs"`` (OFF) and ``"distributed_epoch"`` (DYNAMIC).
+
+        Raises:
+          InvalidArgumentError: ``mode`` names no policy; the message lists them.
+        """
+        aliases = {"parallel_epochs": cls.OFF, "distributed_epoch": cls.DYNAMIC}
+        return parse_member(cls, mode, "processing_mode", aliases)
 
 
 _PROTOCOLS = ("grpc",)

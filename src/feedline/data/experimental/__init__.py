@@ -1,5 +1,10 @@
-"""``feedline.data.experimental``: the names tf.data keeps under ``experimental``."""
+"""``feedline.data.experimental``: the names tf.data keeps under ``experimental``.
 
+``AutoShardPolicy`` and ``DistributeOptions`` are the objects of ``feedline.data``;
+``service`` is ``feedline.service``, imported on first access.
+"""
+
+from feedline import _porting
 from feedline.data._fluent import choose_from_datasets, sample_from_datasets
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Optional
@@ -27,12 +32,6 @@ __all__ = [
     "service",
 ]
 
-
-def __getattr__(name: str) -> object:
-    # ``feedline.data.experimental.service`` is the data service, a layer above feedline.data:
-    # imported on first use only.
-    if name == "service":
-        import importlib
-
-        return importlib.import_module("feedline.service")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``feedline.data.experimental.service`` is the data service, a layer above feedline.data:
+# imported on first use only.
+__getattr__, __dir__ = _porting.lazy_attributes(__name__, {"service": "feedline.service"})

@@ -1,5 +1,26 @@
-"""``feedline.distribute.experimental``."""
+"""``feedline.distribute.experimental``: the names TensorFlow keeps under ``experimental``.
 
+``ValueContext`` and ``MultiWorkerMirroredStrategy`` are the objects of ``feedline.distribute``
+(the latter resolved on first access). ``ParameterServerStrategy`` is not available in this
+version: asking for it raises an ``AttributeError`` that says so.
+"""
+
+from feedline import _porting
 from feedline.distribute.experimental.worker import distribute_dataset_for_worker
+from feedline.distribute.input_context import ValueContext
+from feedline.distribute.multi_worker import CommunicationImplementation, CommunicationOptions
 
-__all__ = ["distribute_dataset_for_worker"]
+__getattr__, __dir__ = _porting.lazy_attributes(
+    __name__,
+    {
+        "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
+        "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
+    },
+)
+
+__all__ = [
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "ValueContext",
+    "distribute_dataset_for_worker",
+]

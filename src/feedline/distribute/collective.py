@@ -1,0 +1,247 @@
+"""Collectives across worker processes, on ``torch.distributed``.
+
+``Collective`` joins (or adopts) the default process group of one synchronous cluster and offers
+the few collectives strategies need: sums, variable-size gathers, broadcasts and the end-of-data
+agreement. gloo carries CPU tensors, NCCL CUDA tensors; feedline adds no transport of its own.
+
+Nothing waits for ever: every collective honours the group's timeout, and a collective that
+fails (a peer died, stalled past the timeout or could not be reached) raises ``UnavailableError``
+naming the workers that stopped answering. Each process keeps a heartbeat key in the group's
+store (one write a second, from a daemon thread) so that a survivor can tell a dead peer from a
+slow one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from feedline.errors import FailedPreconditionError, UnavailableError
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_SECONDS = 300.0
+"""How long a collective (the end-of-data agreement included) waits for the slowest worker by
+default: well below torch's 30 minutes, so that a stalled peer surfaces as an error."""
+
+_HEARTBEAT_SECONDS = 1.0
+_STALE_SECONDS = 5.0
+
+
+class Collective:
+    """The default process group of a synchronous cluster, as one worker of it sees it.
+
+    Args:
+      rank: this worker's rank (chief 0, then workers in order).
+      world_size: the number of workers stepping together.
+      host, port: the rendezvous address (the chief's, else worker 0's).
+      backend: ``"gloo"`` or ``"nccl"``.
+      timeout_seconds: how long a rendezvous or collective may wait.
+      addresses: each rank's address as the cluster describes it, for error messages.
+      use_env: rendezvous through torchrun's environment (``env://``, its agent's store).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        host: str,
+        port: int,
+        backend: str,
+        timeout_seconds: float,
+        addresses: Sequence[str] = (),
+        use_env: bool = False,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout_seconds = timeout_seconds
+        self._rendezvous = f"{host}:{port}"
+        self._addresses = list(addresses) or [f"rank {r}" for r in range(world_size)]
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
+        self._broken: UnavailableError | None = None
+        timeout = datetime.timedelta(seconds=timeout_seconds)
+        self._adopted = dist.is_initialized()
+        if self._adopted:
+            self._adopt()
+        else:
+            init_method = "env://" if use_env else f"tcp://{host}:{port}"
+            try:
+                dist.init_process_group(
+                    backend, init_method=init_method, rank=rank, world_size=world_size,
+                    timeout=timeout,
+                )  # fmt: skip
+            except (RuntimeError, ValueError, OSError) as error:
+                raise UnavailableError(
+                    f"worker {rank} of {world_size} could not join the others at the rendezvous "
+                    f"address {self._rendezvous} within {timeout_seconds:g} s (cluster: "
+                    f"{self._describe_all()}): {error}"
+                ) from error
+        self._store = self._heartbeat_store(host, port, use_env)
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+        if self._store is not None and world_size > 1:
+            self._beater = threading.Thread(
+                target=self._beat, name=f"feedline-heartbeat-{rank}", daemon=True
+            )
+            self._beater.start()
+        atexit.register(self.close)
+
+    def _adopt(self) -> None:
+        """Uses a process group the program made itself, if it matches the cluster."""
+        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+            raise FailedPreconditionError(
+                f"a torch.distributed process group already exists with rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}, but the cluster resolver says "
+                f"rank {self.rank} of {self.world_size}; initialise it with the same cluster, or "
+                "let the strategy initialise it"
+            )
+        self.backend = str(dist.get_backend())
+
+    # -- heartbeats ------------------------------------------------------------------------
+    def _heartbeat_store(self, host: str, port: int, use_env: bool) -> dist.Store | None:
+        try:
+            store = dist.TCPStore(
+                host, port, is_master=False, timeout=datetime.timedelta(seconds=5),
+                wait_for_workers=False,
+            )  # fmt: skip
+        except (RuntimeError, ValueError, OSError):
+            return None  # heartbeats only sharpen error messages; training does not need them
+        return dist.PrefixStore("feedline/heartbeat/", store)
+
+    def _beat(self) -> None:
+        store = self._store
+        assert store is not None
+        while not self._stop.wait(_HEARTBEAT_SECONDS):
+            try:
+                store.set(str(self.rank), repr(time.time()))
+            except (RuntimeError, OSError):
+                return  # the store's host is gone; the next collective reports it
+
+    def _silent_peers(self) -> list[int] | None:
+        """Ranks whose heartbeat stopped, or None when the store itself cannot be reached
+        (its host, rank 0, is gone)."""
+        if self._store is None:
+            return []
+        now = time.time()
+        silent = []
+        try:
+            self._store.set_timeout(datetime.timedelta(seconds=2))
+            for peer in range(self.world_size):
+                if peer == self.rank:
+                    continue
+                if not self._store.check([str(peer)]):
+                    continue  # it never beat (an early failure): say nothing of it
+                if now - float(self._store.get(str(peer)).decode()) > _STALE_SECONDS:
+                    silent.append(peer)
+        except (RuntimeError, OSError, ValueError):
+            return None
+        return silent
+
+    # -- errors ----------------------------------------------------------------------------
+    def _describe(self, rank: int) -> str:
+        return f"worker {rank} ({self._addresses[rank]})"
+
+    def _describe_all(self) -> str:
+        return ", ".join(self._describe(r) for r in range(self.world_size))
+
+    def _failure(self, what: str, error: BaseException) -> UnavailableError:
+        time.sleep(min(_STALE_SECONDS + _HEARTBEAT_SECONDS, self.timeout_seconds / 2))
+        silent = self._silent_peers()
+        if silent is None:
+            who = f"the rendezvous host {self._describe(0)} is unreachable: it has probably stopped"
+        elif silent:
+            who = "stopped answering: " + ", ".join(self._describe(r) for r in silent)
+        else:
+            who = (
+                "no peer's process stopped; one stalled past the timeout of "
+                f"{self.timeout_seconds:g} s or lost its connection (cluster: "
+                f"{self._describe_all()})"
+            )
+        return UnavailableError(
+            f"worker {self.rank}: {what} across {self.world_size} workers failed; {who}. "
+            f"Cause: {error}"
+        )
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return fn()
+        except (RuntimeError, OSError) as error:  # DistBackendError and DistNetworkError
+            self._broken = self._failure(what, error)
+            raise self._broken from error
+
+    # -- collectives -----------------------------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over workers (a new tensor on ``tensor``'s device)."""
+        work = tensor.detach().to(self.device, copy=True)
+        self._call("an all-reduce", lambda: dist.all_reduce(work))
+        return work.to(tensor.device)
+
+    def all_reduce_async(self, tensor: torch.Tensor) -> dist.Work:
+        """Starts summing ``tensor`` in place over workers; ``wait(work)`` finishes it."""
+        return self._call("an all-reduce", lambda: dist.all_reduce(tensor, async_op=True))
+
+    def wait(self, work: dist.Work) -> None:
+        self._call("an all-reduce", work.wait)
+
+    def agree(self, local_has_data: bool) -> bool:
+        """Whether any worker still has data: one small all-reduce, the same answer everywhere."""
+        flag = torch.tensor([1 if local_has_data else 0], dtype=torch.int32, device=self.device)
+        self._call("the end-of-data agreement", lambda: dist.all_reduce(flag))
+        return bool(flag.item())
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Copies ``tensors`` from rank ``src`` into every worker's tensors, in place."""
+        for tensor in tensors:
+            if tensor.device == self.device:
+                self._call("a broadcast", lambda t=tensor: dist.broadcast(t, src))
+            else:
+                staged = tensor.detach().to(self.device)
+                self._call("a broadcast", lambda t=staged: dist.broadcast(t, src))
+                with torch.no_grad():
+                    tensor.copy_(staged)
+
+    def all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Every worker's ``tensor`` concatenated along ``axis`` in rank order; sizes along
+        ``axis`` may differ (empty batches included)."""
+        local = tensor.detach().to(self.device)
+        size = torch.tensor([local.shape[axis]], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        self._call("an all-gather", lambda: dist.all_gather(sizes, size))
+        counts = [int(s.item()) for s in sizes]
+        longest = max(counts)
+        pad = list(local.shape)
+        pad[axis] = longest - local.shape[axis]
+        padded = torch.cat([local, local.new_zeros(pad)], dim=axis).contiguous()
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        self._call("an all-gather", lambda: dist.all_gather(parts, padded))
+        trimmed = [p.narrow(axis, 0, n) for p, n in zip(parts, counts, strict=True)]
+        return torch.cat(trimmed, dim=axis).to(tensor.device)
+
+    def barrier(self) -> None:
+        self._call("a barrier", lambda: dist.barrier())
+
+    def close(self) -> None:
+        """Stops the heartbeat and destroys the process group if this object made it (at exit
+        too: a store or a gloo pair torn down during interpreter shutdown aborts the process)."""
+        atexit.unregister(self.close)
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=2 * _HEARTBEAT_SECONDS)
+        self._store = None
+        if not self._adopted and dist.is_initialized():
+            dist.destroy_process_group()

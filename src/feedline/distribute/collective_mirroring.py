@@ -1,0 +1,241 @@
+"""Mirrored models and optimizers across worker processes (``MultiWorkerMirroredStrategy``).
+
+Everything ``Mirroring`` does for the replicas of one process holds, and across processes:
+
+* **Identical parameters.** Before the first ``strategy.run`` that uses them, the parameters and
+  buffers of every module made under the scope are broadcast from the chief, so every worker
+  starts from the chief's initialisation (or restored checkpoint).
+* **Gradients summed over all replicas of all workers, overlapped with backward.** Parameters
+  are grouped into buckets (``CommunicationOptions.bytes_per_pack``, 25 MiB by default), in
+  reverse order of creation, roughly the order backward produces gradients, as DDP's reducer
+  does. During the backward of the last local replica, a bucket whose gradients are all
+  accumulated starts its all-reduce at once, while backward goes on with the rest; buckets
+  always start in the same order on every worker. Once every replica has run, the remaining
+  buckets start, the reduced gradients are written back, and the deferred ``optimizer.step()``
+  runs: one identical update everywhere.
+* **Buffers** follow the Mirrored rule across workers: floating-point buffers are averaged over
+  all replicas, integer buffers take the chief's first replica's value.
+
+Rules, as for DDP: every worker creates the same modules under the scope, in the same order;
+each replica calls ``backward`` at most once per step; a run that calls ``backward`` also calls
+``optimizer.step()`` (gradient accumulation across runs is not supported across workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from feedline.distribute.collective import Collective
+from feedline.distribute.mirroring import Mirroring
+from feedline.errors import FailedPreconditionError
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from feedline.distribute.strategy import Strategy
+
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+@dataclasses.dataclass(eq=False)
+class _Bucket:
+    """Parameters whose gradients travel in one all-reduce."""
+
+    params: list[torch.nn.Parameter]
+    waiting: int = 0  # gradients not yet accumulated in this step
+    flat: torch.Tensor | None = None
+    work: dist.Work | None = None
+
+    def reset(self) -> None:
+        self.waiting = len(self.params)
+        self.flat = None
+        self.work = None
+
+
+class CollectiveMirroring(Mirroring):
+    """The mirrored modules and optimizers of a multi-worker strategy."""
+
+    def __init__(self, strategy: Strategy, collective: Collective, bucket_bytes: int) -> None:
+        super().__init__(strategy)
+        self._collective = collective
+        self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
+        self._num_local = len(strategy.extended.local_devices)
+        self._order: list[weakref.ref[torch.nn.Module]] = []
+        self._synced: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._bucket_key: tuple[int, ...] = ()
+        self._hooks: list[Any] = []
+        self._armed = False
+        self._launched = 0  # buckets started this step, always a prefix of self._buckets
+        self._late_gradient: str | None = None
+
+    def add_module(self, module: torch.nn.Module) -> None:
+        if not self.owns_module(module):
+            self._order.append(weakref.ref(module))
+        super().add_module(module)
+
+    def _modules_in_order(self) -> list[torch.nn.Module]:
+        alive = [ref() for ref in self._order]
+        self._order = [ref for ref, m in zip(self._order, alive, strict=True) if m is not None]
+        return [m for m in alive if m is not None]
+
+    # -- the step --------------------------------------------------------------------------
+    def before_replica(self, local_replica: int) -> None:
+        if local_replica == 0:
+            modules = self._modules_in_order()
+            self._broadcast_new(modules)
+            self._prepare_buckets(modules)
+        super().before_replica(local_replica)
+        self._armed = local_replica == self._num_local - 1
+
+    def after_run(self) -> None:
+        self._armed = False
+        if self._pending or self._launched:
+            if not self._pending:
+                self._finish_buckets()
+                raise FailedPreconditionError(
+                    "backward ran in strategy.run but no mirrored optimizer stepped: under "
+                    "MultiWorkerMirroredStrategy each run that computes gradients must call "
+                    "optimizer.step() (gradient accumulation across runs is not supported)"
+                )
+            self._finish_buckets()
+        super().after_run()
+        self._sync_buffers()
+
+    # -- parameters ------------------------------------------------------------------------
+    def _broadcast_new(self, modules: list[torch.nn.Module]) -> None:
+        """Gives modules not yet seen the chief's parameters and buffers."""
+        fresh = [m for m in modules if m not in self._synced]
+        if not fresh:
+            return
+        tensors = [
+            t.data for m in fresh for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+        ]
+        self._collective.broadcast(tensors, src=0)
+        for module in fresh:
+            self._synced.add(module)
+
+    def _prepare_buckets(self, modules: list[torch.nn.Module]) -> None:
+        """(Re)builds the buckets when the set of trainable parameters changed."""
+        seen: set[int] = set()
+        params: list[torch.nn.Parameter] = []
+        for module in modules:
+            for param in module.parameters(recurse=False):
+                if param.requires_grad and id(param) not in seen:
+                    seen.add(id(param))
+                    params.append(param)
+        key = tuple(id(p) for p in params)
+        if key != self._bucket_key:
+            self._build_buckets(params)
+            self._bucket_key = key
+        for bucket in self._buckets:
+            bucket.reset()
+        self._launched = 0
+        self._late_gradient = None
+
+    def _build_buckets(self, params: list[torch.nn.Parameter]) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._buckets, self._bucket_of = [], {}
+        current: list[torch.nn.Parameter] = []
+        size = 0
+        for param in reversed(params):
+            nbytes = param.numel() * param.element_size()
+            kind = (param.dtype, param.device)
+            if current and (
+                size + nbytes > self._bucket_bytes or (current[0].dtype, current[0].device) != kind
+            ):
+                self._buckets.append(_Bucket(current))
+                current, size = [], 0
+            current.append(param)
+            size += nbytes
+        if current:
+            self._buckets.append(_Bucket(current))
+        for bucket in self._buckets:
+            for param in bucket.params:
+                self._bucket_of[id(param)] = bucket
+                self._hooks.append(param.register_post_accumulate_grad_hook(self._on_gradient))
+
+    # -- gradients -------------------------------------------------------------------------
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        """A parameter's gradient is accumulated; start the buckets that are now complete."""
+        if not self._armed:
+            return
+        bucket = self._bucket_of.get(id(param))
+        if bucket is None:
+            return
+        if bucket.work is not None:
+            self._late_gradient = (
+                f"a gradient of a {tuple(param.shape)} parameter arrived after its bucket was "
+                "sent: call backward at most once per replica in each strategy.run"
+            )
+            return
+        bucket.waiting -= 1
+        while self._launched < len(self._buckets) and self._buckets[self._launched].waiting <= 0:
+            self._launch(self._buckets[self._launched])
+            self._launched += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        parts = []
+        present = []
+        for param in bucket.params:
+            grad = param.grad
+            present.append(0.0 if grad is None else 1.0)
+            parts.append((torch.zeros_like(param) if grad is None else grad.detach()).reshape(-1))
+        parts.append(torch.tensor(present, dtype=bucket.params[0].dtype, device=parts[0].device))
+        bucket.flat = torch.cat(parts)
+        bucket.work = self._collective.all_reduce_async(bucket.flat)
+
+    def _finish_buckets(self) -> None:
+        """Starts the buckets not started yet, in order; writes the sums back as gradients."""
+        while self._launched < len(self._buckets):
+            self._launch(self._buckets[self._launched])
+            self._launched += 1
+        for bucket in self._buckets:
+            assert bucket.work is not None and bucket.flat is not None
+            self._collective.wait(bucket.work)
+            flat, offset = bucket.flat, 0
+            present = flat[-len(bucket.params) :]
+            with torch.no_grad():
+                for param, has in zip(bucket.params, present.tolist(), strict=True):
+                    n = param.numel()
+                    if has > 0:
+                        total = flat[offset : offset + n].view_as(param)
+                        if param.grad is None:
+                            param.grad = total.clone()
+                        else:
+                            param.grad.copy_(total)
+                    else:
+                        param.grad = None
+                    offset += n
+            bucket.reset()
+        self._launched = 0
+        if self._late_gradient is not None:
+            message, self._late_gradient = self._late_gradient, None
+            raise FailedPreconditionError(message)
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _sync_buffers(self) -> None:
+        """Floating-point buffers: the mean over workers; integer buffers: the chief's."""
+        buffers = [b for m in self._modules_in_order() for b in m.buffers(recurse=False)]
+        if not buffers:
+            return
+        floating = [b for b in buffers if b.is_floating_point()]
+        if floating:
+            flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in floating])
+            mean = self._collective.all_reduce_sum(flat) / self._collective.world_size
+            offset = 0
+            with torch.no_grad():
+                for buffer in floating:
+                    n = buffer.numel()
+                    buffer.copy_(mean[offset : offset + n].view_as(buffer))
+                    offset += n
+        integer = [b for b in buffers if not b.is_floating_point()]
+        if integer:
+            self._collective.broadcast(integer, src=0)
