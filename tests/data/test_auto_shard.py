@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import pathlib
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from feedline.data import AutoShardPolicy, Dataset, Options, TextLineDataset, TFRecordDataset
 from feedline.data.dataset import walk
 from feedline.data.experimental import SHARD_HINT, ShardMode, auto_shard
+from feedline.data.ops.flat_map import SAMPLE_FILE_NAME
 from feedline.data.ops.shard import ShardDataset
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.io import TFRecordWriter
@@ -185,6 +187,145 @@ def test_checkpointing_works_on_the_rewritten_dataset(tmp_path: pathlib.Path) ->
     assert sorted(int(x) for b in make() for x in b) == sorted(
         [10 * k + j for k in (1, 3) for j in range(5)]
     )
+    assert_checkpointing(make)
+
+
+# -- FILE: readers made inside interleave / flat_map functions ----------------------------------
+
+
+def _names_interleave(paths: list[str]) -> Dataset:
+    """The seed's two files read through ``interleave`` over ``from_tensor_slices`` of names."""
+    names = Dataset.from_tensor_slices(paths)
+    return names.interleave(lambda path: TextLineDataset(path), cycle_length=1)
+
+
+@pytest.mark.parametrize("policy", [AutoShardPolicy.FILE, AutoShardPolicy.AUTO])
+def test_seed_file_table_names_interleave(tmp_path: pathlib.Path, policy: AutoShardPolicy) -> None:
+    # TF 2.21, 2 workers x 1 replica, global batch 4:
+    #   worker 0: [0, 1], [2, 3], [4], [5]     worker 1: [6, 7], [8, 9], [10], [11]
+    ds = _with_policy(_names_interleave(_text_files(tmp_path, FILES)).batch(GLOBAL_BATCH), policy)
+    for worker, expected in SEED_FILE_TABLE.items():
+        sharded, mode = auto_shard(ds, NUM_WORKERS, worker)
+        assert mode == ShardMode.FILES
+        (shard,) = [n for n in walk(sharded) if isinstance(n, ShardDataset)]
+        assert (shard.num_shards, shard.index) == (NUM_WORKERS, worker)
+        assert _worker_batches(ds, worker) == expected
+
+
+@pytest.mark.parametrize("policy", [AutoShardPolicy.FILE, AutoShardPolicy.AUTO])
+def test_seed_file_table_list_files_interleave_tfrecord(
+    tmp_path: pathlib.Path, policy: AutoShardPolicy
+) -> None:
+    _record_files(tmp_path, FILES)
+    ds = Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False)
+    ds = _with_policy(ds.interleave(TFRecordDataset).batch(GLOBAL_BATCH), policy)
+    assert [_worker_batches(ds, w) for w in range(2)] == [SEED_FILE_TABLE[0], SEED_FILE_TABLE[1]]
+
+
+def test_readers_made_by_any_kind_of_function_are_found(tmp_path: pathlib.Path) -> None:
+    paths = _text_files(tmp_path, [[10 * k, 10 * k + 1] for k in range(4)])
+    names = Dataset.from_tensor_slices(paths)
+    by_file = [[0, 1, 20, 21], [10, 11, 30, 31]]  # worker 0: files 0, 2; worker 1: files 1, 3
+    made = {
+        "flat_map(class)": (names.flat_map(TextLineDataset), by_file),
+        "interleave(partial)": (
+            names.interleave(functools.partial(TextLineDataset, buffer_size=4096), cycle_length=1),
+            by_file,
+        ),
+        "reader inside a pipeline": (
+            names.flat_map(lambda path: TextLineDataset(path).map(lambda line: line).skip(0)),
+            by_file,
+        ),
+        "names with a label": (
+            Dataset.zip((names, Dataset.range(4))).flat_map(lambda path, _: TextLineDataset(path)),
+            by_file,
+        ),
+        "indices into the list": (
+            Dataset.range(4).flat_map(lambda i: TextLineDataset(paths[i])),
+            by_file,
+        ),
+        "nested flat_map over pairs of names": (  # pairs are shared out: files 0-1 / 2-3
+            names.batch(2).flat_map(
+                lambda pair: Dataset.from_tensor_slices(pair).flat_map(TextLineDataset)
+            ),
+            [[0, 1, 10, 11], [20, 21, 30, 31]],
+        ),
+    }
+    for name, (ds, expected) in made.items():
+        shares = [_ints(list(auto_shard(ds, 2, w, AutoShardPolicy.FILE)[0])) for w in range(2)]
+        assert shares == expected, name
+        assert auto_shard(ds, 2, 0)[1] == ShardMode.FILES, name
+
+
+def test_a_function_that_builds_no_reader_is_not_a_file_source(tmp_path: pathlib.Path) -> None:
+    # TF: "Found an unshardable source dataset" under FILE; AUTO falls back to DATA.
+    paths = _text_files(tmp_path, FILES)
+    ds = Dataset.from_tensor_slices(paths).interleave(Dataset.from_tensors, cycle_length=1)
+    with pytest.raises(NotFoundError, match="unshardable source dataset, TensorSliceDataset"):
+        auto_shard(ds, 2, 0, AutoShardPolicy.FILE)
+    assert auto_shard(ds, 2, 1) == (ds, ShardMode.DATA)
+
+
+def test_every_path_must_reach_a_file_source(tmp_path: pathlib.Path) -> None:
+    reader = TextLineDataset(_text_files(tmp_path, FILES))
+    mixed = Dataset.zip((reader, Dataset.range(12)))
+    with pytest.raises(NotFoundError, match="unshardable source dataset, RangeDataset") as error:
+        auto_shard(mixed, 2, 0, AutoShardPolicy.FILE)
+    assert error.value.name == "RangeDataset"
+    assert auto_shard(mixed, 2, 0) == (mixed, ShardMode.DATA)
+
+
+def test_the_function_is_traced_once_on_a_sample_name_reading_nothing(
+    tmp_path: pathlib.Path,
+) -> None:
+    paths = _text_files(tmp_path, FILES)
+    calls: list[str] = []
+
+    def read(path: Any) -> Dataset:
+        calls.append(str(np.asarray(path).item()))
+        return TextLineDataset(path)
+
+    ds = Dataset.from_tensor_slices(paths).interleave(read, cycle_length=1)
+    calls.clear()  # what learning the element spec called
+    for worker in range(2):
+        auto_shard(ds, 2, worker, AutoShardPolicy.FILE)
+    assert calls == [SAMPLE_FILE_NAME]
+
+
+def test_a_function_that_fails_on_the_sample_is_traced_on_the_first_name(
+    tmp_path: pathlib.Path,
+) -> None:
+    paths = _text_files(tmp_path, FILES)
+
+    def read_checked(path: Any) -> Dataset:
+        name = str(np.asarray(path).item())
+        with open(name) as file:  # fails on the sample name: no such directory
+            file.read(1)
+        return TextLineDataset(name)
+
+    ds = Dataset.from_tensor_slices(paths).flat_map(read_checked)
+    shares = [_ints(list(auto_shard(ds, 2, w, AutoShardPolicy.FILE)[0])) for w in range(2)]
+    assert shares == FILES
+
+
+def test_fewer_names_than_workers_through_interleave(tmp_path: pathlib.Path) -> None:
+    ds = _names_interleave(_text_files(tmp_path, FILES))
+    with pytest.raises(InvalidArgumentError, match="2 file"):
+        auto_shard(ds, 3, 0, AutoShardPolicy.FILE)
+
+
+def test_checkpointing_the_names_interleave_rewrite(tmp_path: pathlib.Path) -> None:
+    paths = _text_files(tmp_path, [[10 * k + j for j in range(5)] for k in range(4)])
+
+    def make() -> Dataset:
+        ds = Dataset.from_tensor_slices(paths).interleave(
+            lambda path: TextLineDataset(path), cycle_length=2, block_length=2
+        )
+        return auto_shard(ds.batch(3), 2, 1, AutoShardPolicy.FILE)[0]
+
+    assert sorted(int(x) for b in make() for x in b) == [
+        10 * k + j for k in (1, 3) for j in range(5)
+    ]
     assert_checkpointing(make)
 
 

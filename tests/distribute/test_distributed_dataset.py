@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +19,9 @@ from feedline.distribute import (
     PerReplica,
     PerReplicaSpec,
 )
+from feedline.distribute.experimental import distribute_dataset_for_worker
 from feedline.errors import InvalidArgumentError, OutOfRangeError
+from feedline.io import TFRecordWriter
 
 
 def strategy(n: int) -> MirroredStrategy:
@@ -94,6 +98,56 @@ def test_element_spec() -> None:
     )
     iterator = iter(strategy(2).experimental_distribute_dataset(dataset))
     assert iterator.element_spec == spec
+
+
+def test_element_spec_keeps_exact_static_per_replica_batch() -> None:
+    # TF 2.21 prints these for range(8).batch(4, drop_remainder=True):
+    #   1 replica:  TensorSpec(shape=(4,), dtype=tf.int64)
+    #   2 replicas: PerReplicaSpec(TensorSpec(shape=(2,), ...), TensorSpec(shape=(2,), ...))
+    #   3 replicas: PerReplicaSpec(TensorSpec(shape=(None,), ...) x 3)  (4 rows do not divide)
+    exact = fd.Dataset.range(8).batch(4, drop_remainder=True)
+    spec = {n: strategy(n).experimental_distribute_dataset(exact).element_spec for n in (1, 2, 3)}
+    assert spec[1] == fd.TensorSpec((4,), np.int64)
+    assert spec[2] == PerReplicaSpec(*[fd.TensorSpec((2,), np.int64)] * 2)
+    assert spec[3] == PerReplicaSpec(*[fd.TensorSpec((None,), np.int64)] * 3)
+    unknown = strategy(2).experimental_distribute_dataset(fd.Dataset.range(8).batch(4))
+    assert unknown.element_spec == PerReplicaSpec(*[fd.TensorSpec((None,), np.int64)] * 2)
+    steps = [[t.tolist() for t in step.values] for step in strategy(2).distribute_dataset(exact)]
+    assert steps == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+
+
+def test_element_spec_of_the_seed_from_generator_is_static() -> None:
+    # The seed's from_generator, its elements of shape [4] split over 2 replicas: TF 2.21 gives
+    # PerReplicaSpec(TensorSpec(shape=(2,), dtype=tf.float32), TensorSpec(shape=(2,), ...)).
+    def input_gen():
+        while True:
+            yield np.random.rand(4).astype(np.float32)
+
+    dataset = fd.Dataset.from_generator(input_gen, output_signature=fd.TensorSpec([4], np.float32))
+    dist = strategy(2).experimental_distribute_dataset(dataset)
+    assert dist.element_spec == PerReplicaSpec(*[fd.TensorSpec((2,), np.float32)] * 2)
+    assert [tuple(t.shape) for t in next(iter(dist)).values] == [(2,), (2,)]
+
+
+def test_element_spec_over_workers_splits_by_all_replicas() -> None:
+    # The split is over num_workers * replicas_per_worker slices of the global batch.
+    def spec(dataset: fd.Dataset, workers: int, replicas: int) -> Any:
+        return distribute_dataset_for_worker(
+            dataset, num_workers=workers, worker_index=0, replicas_per_worker=replicas
+        ).element_spec
+
+    batch_8 = fd.Dataset.range(16).batch(8, drop_remainder=True)
+    assert spec(batch_8, 2, 1) == fd.TensorSpec((4,), np.int64)
+    assert spec(batch_8, 2, 2) == PerReplicaSpec(*[fd.TensorSpec((2,), np.int64)] * 2)
+    assert spec(batch_8, 3, 1) == fd.TensorSpec((None,), np.int64)
+    batch_4 = fd.Dataset.range(16).batch(4, drop_remainder=True)
+    assert spec(batch_4, 2, 2) == PerReplicaSpec(*[fd.TensorSpec((1,), np.int64)] * 2)
+    assert spec(batch_4, 3, 2) == PerReplicaSpec(*[fd.TensorSpec((None,), np.int64)] * 2)
+    pairs = fd.Dataset.from_tensor_slices((np.zeros((8, 3), np.float32), np.arange(8)))
+    assert spec(pairs.batch(4, drop_remainder=True), 2, 1) == (
+        fd.TensorSpec((2, 3), np.float32),
+        fd.TensorSpec((2,), np.int64),
+    )
 
 
 def test_seed_order_restoration_with_enumerate() -> None:
@@ -207,3 +261,77 @@ def test_bad_input_says_what_to_do() -> None:
         s.distribute_datasets_from_function(lambda ctx: [1, 2])
     one = strategy(1).experimental_distribute_dataset(fd.Dataset.range(3))  # one replica: fine
     assert [t.item() for t in one] == [0, 1, 2]
+
+
+# -- FILE auto-sharding of readers made inside interleave / flat_map, worker by worker ---------
+
+
+def _seed_files(tmp_path: pathlib.Path) -> tuple[list[str], list[str]]:
+    """The seed's two files, as text and as TFRecord: [0..5] and [6..11]."""
+    text, records = [], []
+    for k, values in enumerate((range(0, 6), range(6, 12))):
+        path = tmp_path / f"file{k}.txt"
+        path.write_text("".join(f"{v}\n" for v in values))
+        text.append(str(path))
+        records.append(str(tmp_path / f"file{k}.tfrecord"))
+        with TFRecordWriter(records[-1]) as writer:
+            for v in values:
+                writer.write(str(v).encode())
+    return text, records
+
+
+def _worker_tables(dataset: fd.Dataset, policy: fd.AutoShardPolicy | None) -> list[Any]:
+    if policy is not None:
+        options = fd.Options()
+        options.experimental_distribute.auto_shard_policy = policy
+        dataset = dataset.with_options(options)
+    return [
+        [
+            step.tolist()
+            for step in distribute_dataset_for_worker(dataset, num_workers=2, worker_index=w)
+        ]
+        for w in range(2)
+    ]
+
+
+@pytest.mark.parametrize("policy", [None, fd.AutoShardPolicy.AUTO, fd.AutoShardPolicy.FILE])
+def test_seed_file_table_with_readers_made_inside_interleave(
+    tmp_path: pathlib.Path, policy: fd.AutoShardPolicy | None
+) -> None:
+    # TF 2.21, 2 workers x 1 replica, global batch 4, FILE (and AUTO, which finds the files):
+    #   worker 0: [0, 1], [2, 3], [4], [5]      worker 1: [6, 7], [8, 9], [10], [11]
+    seed_table = [[[0, 1], [2, 3], [4], [5]], [[6, 7], [8, 9], [10], [11]]]
+    text, records = _seed_files(tmp_path)
+
+    def to_int(line: np.ndarray) -> int:
+        return int(line.item())
+
+    pipelines = {
+        "from_tensor_slices(paths).interleave(lambda p: TextLineDataset(p))": (
+            fd.Dataset.from_tensor_slices(text).interleave(
+                lambda p: fd.TextLineDataset(p), cycle_length=1
+            )
+        ),
+        "list_files(...).interleave(TFRecordDataset)": (
+            fd.Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False).interleave(
+                fd.TFRecordDataset, cycle_length=1
+            )
+        ),
+        "from_tensor_slices(paths).flat_map(TFRecordDataset)": (
+            fd.Dataset.from_tensor_slices(records).flat_map(fd.TFRecordDataset)
+        ),
+    }
+    for name, lines in pipelines.items():
+        assert _worker_tables(lines.map(to_int).batch(4), policy) == seed_table, name
+
+
+def test_an_interleave_without_readers_shards_by_data(tmp_path: pathlib.Path) -> None:
+    # No reader in the function: AUTO falls back to DATA (each worker keeps its slice).
+    text, _ = _seed_files(tmp_path)
+    values = fd.Dataset.from_tensor_slices(text).interleave(
+        lambda p: fd.Dataset.range(6), cycle_length=1
+    )
+    assert _worker_tables(values.batch(4), None) == [
+        [[0, 1], [4, 5], [2, 3]],
+        [[2, 3], [0, 1], [4, 5]],
+    ]

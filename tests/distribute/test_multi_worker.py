@@ -248,3 +248,66 @@ def test_single_process_strategy_warns_when_the_environment_names_a_cluster(
     )
     with pytest.warns(UserWarning, match="2 workers.*MultiWorkerMirroredStrategy"):
         fdist.MirroredStrategy(["cpu:0"])
+
+
+_THREE_WORKERS = """
+strategy = fdist.MultiWorkerMirroredStrategy()
+rank = strategy.extended.worker_index
+out = {"replica_id": strategy.experimental_distribute_values_from_function(
+    lambda ctx: ctx.replica_id_in_sync_group)}
+options = fd.Options()
+options.experimental_distribute.auto_shard_policy = fd.experimental.AutoShardPolicy.DATA
+data = fd.Dataset.range(12).batch(6).with_options(options)
+out["DATA"] = lists(strategy.experimental_distribute_dataset(data), strategy)
+
+folder = os.environ["FEEDLINE_TEST_RESULT_DIR"]
+if rank == 0:
+    for i in range(4):
+        with open(os.path.join(folder, f"part-{i}.tmp"), "w") as f:
+            f.write("".join(f"{10 * i + j}\\n" for j in range(4)))
+        os.replace(os.path.join(folder, f"part-{i}.tmp"), os.path.join(folder, f"part-{i}.txt"))
+strategy.reduce("SUM", torch.tensor(0.0), axis=None)   # a barrier: the files exist
+files = fd.Dataset.list_files(os.path.join(folder, "part-*.txt"), shuffle=False)
+lines = files.interleave(fd.TextLineDataset, cycle_length=1).map(
+    lambda line: np.int64(int(line.item())))
+out["FILE"] = lists(strategy.experimental_distribute_dataset(lines.batch(3)), strategy)
+
+# Buffers: BatchNorm's running statistics end identical on every worker.
+torch.manual_seed(rank)          # different initialisations: the chief's must win
+with strategy.scope():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(x):
+    optimizer.zero_grad()
+    model(x).pow(2).sum().backward()
+    optimizer.step()
+for i in range(3):
+    strategy.run(step, args=(torch.randn(8, 4) + rank,))
+bn = model[1]
+out["buffers"] = [bn.running_mean.tolist(), bn.running_var.tolist(),
+                  int(bn.num_batches_tracked)]
+out["weight"] = model[0].weight.flatten().tolist()
+report(out)
+"""
+
+
+def test_three_workers_shard_by_data_and_files_and_keep_buffers_identical() -> None:
+    results = run(_PREAMBLE + _THREE_WORKERS, tf_config_envs({"worker": 3}))
+    workers = [results[f"worker:{i}"].result for i in range(3)]
+    assert [w["replica_id"] for w in workers] == [0, 1, 2]
+    assert [w["DATA"] for w in workers] == [
+        [[[0, 1]], [[6, 7]]],
+        [[[2, 3]], [[8, 9]]],
+        [[[4, 5]], [[10, 11]]],
+    ]
+    # FILE over 4 files: worker 0 reads files 0 and 3, the others one each; the end of data is
+    # agreed, so every worker runs as many steps as worker 0, with empty batches at the end.
+    steps = [w["FILE"] for w in workers]
+    assert len({len(s) for s in steps}) == 1
+    rows = sorted(row for s in steps for step in s for row in step[0])
+    assert rows == [10 * i + j for i in range(4) for j in range(4)]
+    assert {row // 10 for step in steps[0] for row in step[0]} == {0, 3}
+    assert steps[1][-1] == [[]] and steps[2][-1] == [[]]
+    assert workers[0]["buffers"] == workers[1]["buffers"] == workers[2]["buffers"]
+    assert workers[0]["buffers"][2] == 3
+    assert workers[0]["weight"] == workers[1]["weight"] == workers[2]["weight"]

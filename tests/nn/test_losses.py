@@ -152,6 +152,19 @@ def test_empty_batch_gives_zero_not_nan() -> None:
     assert [t.item() for t in two.run(compute_average_loss, args=(empties,)).values] == [0.0, 0.0]
 
 
+def test_zero_global_batch_size_gives_zero_as_tensorflow() -> None:
+    # TF 2.21: tf.nn.compute_average_loss([2., 3.], global_batch_size=0) -> 0.0 (div_no_nan).
+    x = torch.tensor([2.0, 3.0], requires_grad=True)
+    loss = compute_average_loss(x, global_batch_size=0)
+    assert loss.item() == 0.0 and loss.dtype == torch.float32
+    loss.backward()
+    assert x.grad is not None and x.grad.tolist() == [0.0, 0.0]
+    assert compute_average_loss([float("inf")], global_batch_size=0).item() == 0.0
+    weighted = compute_average_loss([2.0, 3.0], sample_weight=[1.0, 2.0], global_batch_size=0)
+    assert weighted.item() == 0.0
+    assert compute_average_loss(np.float64(5.0), global_batch_size=0).dtype == torch.float64
+
+
 # -- inputs and bad inputs ---------------------------------------------------------------------
 
 
@@ -163,8 +176,7 @@ def test_integer_global_batch_sizes(size) -> None:
 @pytest.mark.parametrize(
     ("size", "pattern"),
     [
-        (0, "global_batch_size must be positive, got 0"),
-        (-4, "global_batch_size must be positive, got -4"),
+        (-4, "global_batch_size must not be negative, got -4"),
         (4.0, r"global_batch_size must be an integer, got 4.0 \(float\)"),
         (torch.tensor(4.0), "global_batch_size must be an integer, got 4.0"),
         (True, "global_batch_size must be an integer, got True"),

@@ -329,8 +329,26 @@ def test_bad_service_forms(target: Any) -> None:
 
 
 def test_bad_processing_mode() -> None:
-    with pytest.raises(errors.InvalidArgumentError, match="processing_mode"):
+    with pytest.raises(errors.InvalidArgumentError, match="processing_mode") as caught:
         service.distribute("every_epoch", "localhost:5000")
+    assert "ShardingPolicy.FILE_OR_DATA" in str(caught.value)
+    assert "'parallel_epochs'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("typed", "policy"),
+    [
+        ("DATA", service.ShardingPolicy.DATA),
+        ("file_or_data", service.ShardingPolicy.FILE_OR_DATA),
+        ("Dynamic", service.ShardingPolicy.DYNAMIC),
+        ("parallel_epochs", service.ShardingPolicy.OFF),
+        ("distributed_epoch", service.ShardingPolicy.DYNAMIC),
+        (service.ShardingPolicy.HINT, service.ShardingPolicy.HINT),
+    ],
+)
+def test_processing_mode_accepts_policy_names(typed: Any, policy: Any) -> None:
+    assert service.ShardingPolicy.parse(typed) is policy
+    service.distribute(typed, "localhost:5000")  # accepted; nothing is contacted until read
 
 
 # -- flow control, compression, workers -----------------------------------------------------
@@ -486,7 +504,7 @@ def test_data_sharding_splits_elements_by_worker_index(make_cluster: Any) -> Non
     dataset = (
         Dataset.range(10)
         .map(lambda x: x)
-        .apply(service.distribute(service.ShardingPolicy.DATA, cluster.target))
+        .apply(service.distribute("DATA", cluster.target))  # the policy's name works too
     )
     assert ints(dataset) == list(range(10))
 
@@ -577,3 +595,79 @@ def test_strategies_do_not_auto_shard_a_shared_job(make_cluster: Any) -> None:
     halves = [[x for batch in it for x in np.asarray(batch).tolist()] for it in own]
     # Without a job name each worker reads a whole epoch of its own and DATA keeps its half.
     assert halves == [[0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]]
+
+
+# -- static sharding of readers made inside interleave / flat_map ------------------------------
+
+
+def _lines_by_worker(dataset: Dataset, policy: Any, target: str) -> list[list[str]]:
+    """Each worker's lines, in order: the pipeline tags every line with the thread of the task
+    that read it (one producer thread per worker's task)."""
+    tagged = dataset.map(lambda line: (line, threading.current_thread().name))
+    by_task: dict[str, list[str]] = {}
+    iterator = iter(tagged.apply(service.distribute(policy, target)))
+    try:
+        for line, task in iterator:
+            by_task.setdefault(str(task.item()), []).append(bytes(line.item()).decode())
+    finally:
+        iterator.close()
+    return sorted(by_task.values())
+
+
+@pytest.mark.parametrize(
+    "policy", [service.ShardingPolicy.FILE, service.ShardingPolicy.FILE_OR_DATA]
+)
+def test_file_sharding_finds_readers_made_inside_interleave(
+    make_cluster: Any, tmp_path: Any, policy: Any
+) -> None:
+    # TF 2.21 shards the file names feeding the interleave: worker 0 reads part-0 and part-2,
+    # worker 1 reads part-1 and part-3, each file whole.
+    from feedline.data import TFRecordDataset
+    from feedline.io import TFRecordWriter
+
+    cluster = _static_cluster(make_cluster)
+    text, records = [], []
+    for index in range(4):
+        path = tmp_path / f"part-{index}.txt"
+        path.write_text("".join(f"{index}-{line}\n" for line in range(3)))
+        text.append(str(path))
+        records.append(str(tmp_path / f"part-{index}.tfrecord"))
+        with TFRecordWriter(records[-1]) as writer:
+            for line in range(3):
+                writer.write(f"{index}-{line}".encode())
+    expected = [
+        ["0-0", "0-1", "0-2", "2-0", "2-1", "2-2"],
+        ["1-0", "1-1", "1-2", "3-0", "3-1", "3-2"],
+    ]
+    names = Dataset.from_tensor_slices(text)
+    listed = Dataset.list_files(str(tmp_path / "*.tfrecord"), shuffle=False)
+    pipelines = {
+        "names.interleave(lambda)": names.interleave(
+            lambda path: TextLineDataset(path), cycle_length=1
+        ),
+        "names.flat_map(TextLineDataset)": names.flat_map(TextLineDataset),
+        "list_files.interleave(TFRecordDataset)": listed.interleave(
+            TFRecordDataset, cycle_length=1
+        ),
+    }
+    for name, lines in pipelines.items():
+        assert _lines_by_worker(lines, policy, cluster.target) == expected, name
+
+
+def test_file_sharding_without_files_fails_the_job_instead_of_waiting(make_cluster: Any) -> None:
+    cluster = _static_cluster(make_cluster)
+    dataset = Dataset.range(4).apply(
+        service.distribute(service.ShardingPolicy.FILE, cluster.target)
+    )
+    iterator = iter(dataset)
+    try:
+        with pytest.raises(errors.NotFoundError, match="unshardable source dataset, RangeDataset"):
+            list(iterator)
+    finally:
+        iterator.close()
+    # FILE_OR_DATA falls back to DATA: every element once, split by worker index.
+    assert ints(
+        Dataset.range(4).apply(
+            service.distribute(service.ShardingPolicy.FILE_OR_DATA, cluster.target)
+        )
+    ) == [0, 1, 2, 3]

@@ -426,6 +426,23 @@ def test_reader_over_listed_files_and_interleave(tmp_path: pathlib.Path) -> None
         assert Counter(e.item() for e in got[0] + got[1]) == expected
 
 
+def test_readers_made_inside_interleave_over_names_read_whole_files(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The names are the source: each split hands a worker whole files, every line once.
+    paths = _text_files(tmp_path, 4, 3)
+    dataset = Dataset.from_tensor_slices(paths).interleave(
+        lambda path: TextLineDataset(path), cycle_length=1
+    )
+    assert split_plan(dataset) == SplitPlan(4, False, None, "element")
+    _, workers, worker_datasets = _workers(dataset, split_size=1)
+    got = _alternate(*(iter(d) for d in worker_datasets))
+    for worker, lines in zip(workers, got, strict=True):
+        files = [k for _, split in worker.splits for k in split]
+        assert [e.item().decode() for e in lines] == [f"{k}-{i}" for k in files for i in range(3)]
+    assert sorted(k for w in workers for _, split in w.splits for k in split) == [0, 1, 2, 3]
+
+
 def test_split_source_iterators_cannot_be_checkpointed_or_pickled() -> None:
     worker = with_split_source(Dataset.range(4).batch(2), FakeDispatcher(SplitPlan(4, False, None)))
     iterator = iter(worker)

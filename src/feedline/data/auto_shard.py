@@ -15,14 +15,29 @@ HINT    ``shard(SHARD_HINT, SHARD_HINT)`` filled in      every slice
 
 Policies (``options().experimental_distribute.auto_shard_policy``, AUTO by default):
 
-- FILE: the file sources upstream of the output (found through ``inputs``) are replaced by the
-  same sources over this worker's share of their files, ``sorted(names)[worker_index::num_workers]``
-  (kept in the source's order), and every node between them and the output is rebuilt over the
-  new inputs with ``Dataset._with_inputs``. A file source is ``Dataset.list_files`` or a reader
-  given names; a reader whose names come from a Dataset shards the ``list_files`` that Dataset
-  reads, or, where there is none (``TFRecordDataset(Dataset.from_tensor_slices(names))``), reads
-  ``names.shard(num_workers, worker_index)``. Several file sources (a zip of two readers)
-  are each sharded. Two files over two workers, 1 replica each, global batch 4::
+- FILE: as TensorFlow, the graph is walked up from the output (through ``inputs``, every input
+  of a zip or concatenate) to the file sources, which every path must reach:
+
+  =====================================================  ======================================
+  file source                                            this worker's share
+  =====================================================  ======================================
+  ``Dataset.list_files``, a reader given names           ``sorted(names)[worker_index::
+                                                         num_workers]``, in the source's order
+  a reader over a Dataset of names, an ``interleave`` /  the ``list_files`` upstream of the
+  ``flat_map`` whose function builds readers             names shared out as above, else the
+  (``list_files(p).interleave(TFRecordDataset)``,        names ``.shard(num_workers,
+  ``from_tensor_slices(paths).interleave(lambda p:       worker_index)``
+  TextLineDataset(p))``)
+  =====================================================  ======================================
+
+  Whether a function builds readers is learned without reading anything: a reader class given
+  as the function answers at once, any other function is traced once on a sample name
+  (``feedline.data.ops.flat_map.DatasetFunction.makes_file_readers``). The sources are
+  replaced and every node between them and the output is rebuilt over the new inputs with
+  ``Dataset._with_inputs``; several file sources (a zip of two readers) are each sharded. A
+  path that ends at another source (``range``, ``from_tensor_slices`` that feeds no reader,
+  ``from_generator``) is unshardable: FILE raises NotFoundError, AUTO shards by DATA. Two files
+  over two workers, 1 replica each, global batch 4::
 
       file 0: [0, 1, 2, 3, 4, 5]        worker 0: [0, 1], [2, 3], [4], [5]
       file 1: [6, 7, 8, 9, 10, 11]      worker 1: [6, 7], [8, 9], [10], [11]
@@ -57,6 +72,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedline.data.dataset import Dataset, walk
+from feedline.data.ops.flat_map import makes_file_readers
 from feedline.data.ops.shard import ShardDataset
 from feedline.data.options import AutoShardPolicy
 from feedline.data.readers.list_files import ListFilesDataset
@@ -107,7 +123,7 @@ def auto_shard(
     Raises:
       InvalidArgumentError: ``num_workers`` or ``worker_index`` out of range, or FILE (or AUTO
         over files) with fewer files than workers.
-      NotFoundError: FILE over a dataset that has no file source.
+      NotFoundError: FILE over a dataset that has a path to a source that reads no files.
     """
     num_workers = _check_int("num_workers", num_workers)
     worker_index = _check_int("worker_index", worker_index)
@@ -129,16 +145,18 @@ def auto_shard(
         return dataset, ShardMode.DATA
     if policy == AutoShardPolicy.HINT:
         return _fill_hints(dataset, num_workers, worker_index)
-    has_files = any(node._is_file_reader for node in walk(dataset))
+    unshardable = _unshardable_source(dataset)
     if policy == AutoShardPolicy.AUTO:
-        _log_choice(dataset, has_files, num_workers)
-        if not has_files:
+        _log_choice(dataset, unshardable is None, num_workers)
+        if unshardable is not None:
             return dataset, ShardMode.DATA
-    elif not has_files:
+    elif unshardable is not None:
         raise NotFoundError(
-            "auto_shard: the policy is FILE, but no file-based dataset (list_files or a file "
-            "reader) was found upstream of the dataset; use AutoShardPolicy.DATA to shard its "
-            "elements instead"
+            "auto_shard: the policy is FILE, but no file-based dataset (list_files, a file "
+            "reader, or an interleave or flat_map whose function builds readers) was found "
+            f"upstream of the dataset: found an unshardable source dataset, {unshardable}; use "
+            "AutoShardPolicy.DATA to shard its elements instead",
+            name=unshardable,
         )
     return _shard_files(dataset, num_workers, worker_index), ShardMode.FILES
 
@@ -237,20 +255,45 @@ def _fill_hints(dataset: Dataset, num_workers: int, worker_index: int) -> tuple[
     return _rebuild(dataset, lambda node: None, finish), ShardMode.HINT
 
 
+def _is_file_source(node: Dataset) -> bool:
+    """A node where FILE sharding stops: a reader or ``list_files``, or an interleave or
+    flat_map whose function builds readers."""
+    return node._is_file_reader or makes_file_readers(node)
+
+
+def _unshardable_source(dataset: Dataset) -> str | None:
+    """The first source (a node without inputs) that a path from the output reaches without
+    passing a file source, as ``"RangeDataset"``; None where every path reaches one."""
+    seen: set[int] = set()
+    stack = [dataset]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or _is_file_source(node):
+            continue
+        seen.add(id(node))
+        if not node.inputs:
+            return type(node).__name__
+        stack.extend(reversed(node.inputs))
+    return None
+
+
 def _shard_files(dataset: Dataset, num_workers: int, worker_index: int) -> Dataset:
     def replace(node: Dataset) -> Dataset | None:
-        if not node._is_file_reader:
+        if not _is_file_source(node):
             return None
         names = getattr(node, "_filenames", None)
-        if names is not None:
+        if node._is_file_reader and names is not None:
             return node._with_files(_share(names, num_workers, worker_index))
+        # A reader over a Dataset of names, or an interleave / flat_map making readers from
+        # the names it reads: the names are its only input.
         (source,) = node.inputs
         if any(isinstance(item, ListFilesDataset) for item in walk(source)):
             return None  # the names come from list_files upstream: shard its sorted names
         count = source.cardinality()
         if 0 <= count < num_workers:  # neither infinite nor unknown
             raise _too_few_files(count, num_workers)
-        return node._with_files(ShardDataset(source, num_workers, worker_index))
+        shard = ShardDataset(source, num_workers, worker_index)
+        return node._with_files(shard) if node._is_file_reader else node._with_inputs((shard,))
 
     return _rebuild(dataset, replace)
 

@@ -8,6 +8,20 @@ num_slices)`` rows in order (the last ones shorter or empty), and this worker ke
 get None, which the distributed iterator turns into empty batches.
 
     range(8).batch(4) over 3 replicas: step 1 = [0 1] [2 3] [], step 2 = [4 5] [6 7] []
+
+A replica's spec keeps a static batch dimension only where every slice has it: the global batch
+dimension is static and ``num_slices`` divides it (as TensorFlow's rebatch does); otherwise it is
+None. ``num_slices`` counts the replicas of all workers, so with several workers the split is
+over ``num_workers * replicas_per_worker``:
+
+    ==========================================  ==========  ===============
+    global batches                              num_slices  replica spec
+    ==========================================  ==========  ===============
+    range(8).batch(4, drop_remainder=True)      1           TensorSpec([4])
+    range(8).batch(4, drop_remainder=True)      2           TensorSpec([2])
+    range(8).batch(4, drop_remainder=True)      3           TensorSpec([None])
+    range(8).batch(4)                           2           TensorSpec([None])
+    ==========================================  ==========  ===============
 """
 
 from __future__ import annotations
@@ -45,6 +59,27 @@ def is_empty(part: Any) -> bool:
     return part is None or structure.leading_dim(part) == 0
 
 
+def replica_spec(batch_spec: Any, num_slices: int) -> Any:
+    """One slice's spec of global batches of ``batch_spec`` cut into ``num_slices`` slices.
+
+    The batch dimension (shared by every leaf) stays static where it is static and ``num_slices``
+    divides it, and becomes None otherwise; unbatched leaves (rank 0) are kept as they are.
+
+    Example:
+      >>> spec = structure.TensorSpec((4, 3), np.float32)
+      >>> replica_spec(spec, 2).shape, replica_spec(spec, 3).shape
+      ((2, 3), (None, 3))
+    """
+    known = {leaf.shape[0] for leaf in structure.spec_leaves(batch_spec) if leaf.shape}
+    known.discard(None)
+    rows = known.pop() if len(known) == 1 else None
+    dim = rows // num_slices if rows is not None and rows % num_slices == 0 else None
+    return structure.map_spec(
+        lambda s: structure.TensorSpec((dim, *s.shape[1:]), s.dtype) if s.shape else s,
+        batch_spec,
+    )
+
+
 class SplitBatchesDataset(Dataset):
     """Steps cut from global batches (see the module docstring).
 
@@ -67,11 +102,7 @@ class SplitBatchesDataset(Dataset):
         self._num_slices = num_slices
         self._replicas = replicas
         self._keep = keep
-        replica_spec = structure.map_spec(
-            lambda s: structure.TensorSpec((None, *s.shape[1:]), s.dtype) if s.shape else s,
-            batches.element_spec,
-        )
-        self._element_spec = (replica_spec,) * replicas
+        self._element_spec = (replica_spec(batches.element_spec, num_slices),) * replicas
 
     def _cardinality(self) -> int:
         n = self._inputs[0].cardinality()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from feedline.errors import InvalidArgumentError
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from feedline.distribute.strategy import Strategy
@@ -47,13 +47,25 @@ class ReplicaContext:
         return self.replica_id_in_sync_group - self.strategy.extended.first_replica_id
 
 
+_default_strategy: Callable[[], Strategy] | None = None
+
+
+def set_default_strategy(factory: Callable[[], Strategy]) -> None:
+    """Registers the default strategy (``strategy`` does, on import): this module stays below
+    the strategies instead of importing them back."""
+    global _default_strategy
+    _default_strategy = factory
+
+
 def get_strategy() -> Strategy:
     """The strategy in scope, or the default strategy."""
     strategy = _strategy.get()
     if strategy is None:
-        from feedline.distribute.strategy import default_strategy
-
-        return default_strategy()
+        if _default_strategy is None:
+            raise FailedPreconditionError(
+                "no default strategy: import feedline.distribute, not its context module alone"
+            )
+        return _default_strategy()
     return strategy
 
 

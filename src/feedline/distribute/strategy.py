@@ -322,6 +322,9 @@ def default_strategy() -> Strategy:
     return _DefaultStrategy(StrategyExtended((ReplicaDevice("cpu", 0),)))
 
 
+context.set_default_strategy(default_strategy)
+
+
 def get_strategy() -> Strategy:
     """The strategy in scope, or the default one-replica strategy."""
     return context.get_strategy()

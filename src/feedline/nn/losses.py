@@ -41,7 +41,8 @@ def compute_average_loss(
 
     Without ``global_batch_size`` the global batch is this replica's batch (the first dimension
     of ``per_example_loss``) times ``num_replicas_in_sync``, as in TensorFlow; outside any
-    strategy that is the local batch. A replica that got an empty (size-0) batch returns 0. When
+    strategy that is the local batch. A replica that got an empty (size-0) batch returns 0, and so
+    does a ``global_batch_size`` of 0 (TensorFlow divides with ``div_no_nan``). When
     the last global batch is partial, replicas may hold different numbers of examples; pass
     ``global_batch_size`` (the examples of the whole step) to scale that step exactly.
 
@@ -51,13 +52,14 @@ def compute_average_loss(
         accepted only with an explicit ``global_batch_size``.
       sample_weight: optional weights: a scalar, or a shape that broadcasts to the losses once
         a trailing dimension of 1 is dropped or added (``[batch]`` for losses ``[batch, 1]``).
-      global_batch_size: a positive integer; by default inferred as above.
+      global_batch_size: a non-negative integer (0 gives a loss of 0, with zero gradients); by
+        default inferred as above.
 
     Returns:
       A 0-d tensor in the dtype of ``per_example_loss`` (the default float dtype for integers).
 
     Raises:
-      InvalidArgumentError: ``global_batch_size`` is not a positive integer, the weights do not
+      InvalidArgumentError: ``global_batch_size`` is not a non-negative integer, the weights do not
         broadcast to the losses, or a scalar loss comes without ``global_batch_size``.
       FailedPreconditionError: ``global_batch_size`` is left out in the cross-replica context of
         a strategy (inside ``strategy.scope()`` but outside ``strategy.run``).
@@ -67,6 +69,8 @@ def compute_average_loss(
       1.25
       >>> float(compute_average_loss([2.0, 3.0], sample_weight=[1.0, 0.0], global_batch_size=4))
       0.5
+      >>> float(compute_average_loss([2.0, 3.0], global_batch_size=0))
+      0.0
     """
     loss = _as_float(to_tensor(per_example_loss, "per_example_loss"))
     if sample_weight is not None:
@@ -83,6 +87,8 @@ def compute_average_loss(
             return loss.sum()  # an empty batch: 0, not 0 / 0, and gradients of zeros
     else:
         global_batch_size = _check_global_batch_size(global_batch_size)
+        if global_batch_size == 0:
+            return _zero_like(loss.sum())
     return loss.sum() / global_batch_size
 
 
@@ -156,6 +162,13 @@ def broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
     return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
 
 
+def _zero_like(total: torch.Tensor) -> torch.Tensor:
+    """0 in ``total``'s dtype and device, still in its graph with zero gradients (even where
+    ``total`` is infinite or NaN), as TensorFlow's ``div_no_nan`` by 0."""
+    zero = torch.zeros((), dtype=total.dtype, device=total.device)
+    return torch.where(torch.zeros((), dtype=torch.bool, device=total.device), total, zero)
+
+
 def _as_float(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_floating_point() else tensor.to(torch.get_default_dtype())
 
@@ -183,9 +196,9 @@ def _check_global_batch_size(value: Any) -> int:
         raise InvalidArgumentError(
             f"global_batch_size must be an integer, got {value!r} ({type(value).__name__})"
         )
-    if value <= 0:
+    if value < 0:
         raise InvalidArgumentError(
-            f"global_batch_size must be positive, got {value}; it is the number of examples "
+            f"global_batch_size must not be negative, got {value}; it is the number of examples "
             "that all replicas process in one step"
         )
     return int(value)

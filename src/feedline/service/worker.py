@@ -302,7 +302,9 @@ class _Task:
         self.task_id = int(task_def["task_id"])
         mode = ShardingPolicy(task_def["mode"])
         splits = _DispatcherSplits(dispatcher, int(task_def["job_id"]), self.task_id)
-        self._dataset = task_dataset(
+        # Shaped on the producer thread, so that a dataset the policy cannot shape (FILE over a
+        # dataset without files) fails the task and its consumers hear why, instead of waiting.
+        self._make_dataset = lambda: task_dataset(
             dataset, mode, int(task_def["num_workers"]), int(task_def["worker_index"]), splits
         )
         self._num_consumers: int | None = task_def["num_consumers"]
@@ -337,7 +339,7 @@ class _Task:
     def _produce(self) -> None:
         iterator = None
         try:
-            iterator = iter(self._dataset)
+            iterator = iter(self._make_dataset())
             for element in iterator:
                 leaves, _ = structure.flatten(element)
                 size = sum(leaf.nbytes for leaf in leaves)

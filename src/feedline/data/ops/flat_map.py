@@ -1,12 +1,29 @@
-"""``Dataset.flat_map``: the datasets a function returns, read one after another."""
+"""``Dataset.flat_map``: the datasets a function returns, read one after another.
+
+Also what flat_map and interleave share: ``DatasetFunction`` (the user's function from an element
+to a Dataset) and ``reads_files`` / ``makes_file_readers``, which tell FILE auto-sharding whether
+such a function builds file readers (``interleave(TFRecordDataset)``,
+``flat_map(lambda name: TextLineDataset(name).skip(1))``), so that it shards the names feeding it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops._functions import UserFunction, infer_output_spec
+import numpy as np
+
+from feedline.data import structure
+from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext, walk
+from feedline.data.ops._functions import UserFunction, dummy_element, infer_output_spec
+
+#: The file name a ``DatasetFunction`` is traced on to learn whether it builds file readers: a
+#: path in a directory that does not exist, so that a function that opens its file fails (and is
+#: then traced on the input's first real element) instead of reading some unrelated file.
+SAMPLE_FILE_NAME = os.path.join(os.sep, "feedline-sample-directory-that-does-not-exist", "0")
 
 
 class DatasetFunction:
@@ -18,6 +35,7 @@ class DatasetFunction:
 
     def __init__(self, fn: Callable[..., Dataset], operation: str) -> None:
         self._fn = UserFunction(fn, operation)
+        self._makes_file_readers: bool | None = None  # learned on first use
 
     def __call__(self, element: Any) -> Dataset:
         result = self._fn.call_raw(element)
@@ -33,12 +51,99 @@ class DatasetFunction:
         elements (or, where that fails, on the input's first elements)."""
         return infer_output_spec(lambda element: self(element).element_spec, input_dataset)
 
+    def makes_file_readers(self, input_dataset: Dataset) -> bool:
+        """Whether the datasets the function returns read files (``reads_files``).
+
+        A reader class given as the function (``interleave(TFRecordDataset)``, also through
+        ``functools.partial``) answers at once. Any other function is traced as tf.data traces
+        it: called once, on a sample element whose strings are ``SAMPLE_FILE_NAME`` (readers
+        open their files only when iterated, so nothing is read), and, where that call fails
+        (a reader that reads a schema when made, a function that opens the file), on the
+        input's first element. The returned dataset is never iterated. A function that fails
+        on both does not count as making readers. The answer is kept: the function is traced
+        at most once per ``DatasetFunction``.
+        """
+        known = self._makes_file_readers
+        if known is None:
+            known = self._makes_file_readers = self._trace_for_readers(input_dataset)
+        return known
+
+    def _trace_for_readers(self, input_dataset: Dataset) -> bool:
+        fn = self._fn.fn
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        if isinstance(fn, type) and issubclass(fn, Dataset):
+            return bool(fn._is_file_reader)
+        for element in _trace_elements(input_dataset):
+            try:
+                made = self(element)
+            except Exception:
+                continue
+            return reads_files(made)
+        return False
+
+
+def makes_file_readers(node: Dataset) -> bool:
+    """Whether ``node`` is a flat_map or interleave whose function returns datasets that read
+    files (see ``DatasetFunction.makes_file_readers``)."""
+    fn = node.__dict__.get("_fn")
+    return isinstance(fn, DatasetFunction) and fn.makes_file_readers(node.inputs[0])
+
+
+def reads_files(dataset: Dataset) -> bool:
+    """Whether ``dataset`` reads files: a file reader or ``list_files`` in its graph, or a
+    flat_map or interleave in it whose function builds readers.
+
+    Example:
+      >>> from feedline.data import Dataset, TextLineDataset
+      >>> names = Dataset.from_tensor_slices(["a.txt", "b.txt"])
+      >>> reads_files(names.interleave(lambda name: TextLineDataset(name).skip(1)))
+      True
+      >>> reads_files(names.flat_map(Dataset.from_tensors))
+      False
+    """
+    return any(node._is_file_reader or makes_file_readers(node) for node in walk(dataset))
+
+
+def _trace_elements(input_dataset: Dataset) -> Iterator[Any]:
+    """The elements a function is traced on: a sample (strings are ``SAMPLE_FILE_NAME``), then
+    the input's first element, read only if the sample is not enough."""
+    try:
+        spec = input_dataset.element_spec
+        sample = dummy_element(spec, 1)
+    except Exception:
+        return  # no spec to make a sample of: the function is not traced
+    yield structure.map_structure(_sample_name, sample) if _has_strings(spec) else sample
+    try:
+        # An iterator outside the dataset's passes, so that the passes' seeds stay as they were.
+        elements = input_dataset._iterator(IteratorContext(input_dataset.options()))
+        with contextlib.closing(elements):
+            first = next(elements, None)
+    except Exception:
+        return  # the input fails: nothing more to trace on (iterating it will say why)
+    if first is not None:
+        yield first
+
+
+def _has_strings(spec: Any) -> bool:
+    return any(leaf.dtype.kind in "SUO" for leaf in structure.spec_leaves(spec))
+
+
+def _sample_name(leaf: np.ndarray) -> np.ndarray:
+    if leaf.dtype.kind == "U":
+        return np.full(leaf.shape, SAMPLE_FILE_NAME)
+    if leaf.dtype.kind in "SO":
+        return np.full(leaf.shape, os.fsencode(SAMPLE_FILE_NAME), dtype=object)
+    return leaf
+
 
 class FlatMapDataset(Dataset):
     """Maps each element to a dataset and yields all of its elements, then the next one's.
 
     ``map_func`` must return a Dataset (else TypeError). The k-th returned dataset is iterated
     in a pass of its own, so shuffles inside it differ from one input element to the next.
+    Where ``map_func`` builds file readers (``flat_map(TextLineDataset)``), FILE auto-sharding
+    gives each worker a share of the file names this flat_map reads (see ``auto_shard``).
 
     Example:
       >>> from feedline.data import Dataset

@@ -48,6 +48,8 @@ class InterleaveDataset(Dataset):
     Dataset.
     ``num_parallel_calls`` (AUTOTUNE: ``cycle_length``) reads the open datasets on threads;
     ``deterministic`` (default: ``Options.deterministic``, True) keeps the order.
+    Where ``map_func`` builds file readers (``interleave(TFRecordDataset)``), FILE auto-sharding
+    gives each worker a share of the file names this interleave reads (see ``auto_shard``).
 
     Example:
       >>> from feedline.data import Dataset

@@ -13,8 +13,10 @@ the per-pass shuffle). ``reader._with_files(names)`` returns the same reader (sa
 over other files, a list of names or a Dataset of names: FILE auto-sharding gives each worker
 its share that way, e.g. ``names[worker_index::num_workers]`` of the sorted list. Sharding the
 sorted names of ``list_files``, rather than its shuffled output, gives disjoint shares even
-without a seed. Where names come from ``list_files`` through ``interleave(TFRecordDataset)``,
-the reader is made inside the function; shard the ``ListFilesDataset`` source.
+without a seed. Where readers are made inside an ``interleave`` or ``flat_map`` function
+(``list_files(p).interleave(TFRecordDataset)``, ``from_tensor_slices(paths).interleave(lambda
+p: TextLineDataset(p))``), FILE auto-sharding shards the names feeding that function: the
+``ListFilesDataset`` upstream, or else the names themselves (``feedline.data.auto_shard``).
 
 Reader iterators save, per open file, its name and the position after the last element handed
 out (a byte offset for TFRecord, text and CSV files, a row for Parquet and NumPy files), and
