@@ -142,3 +142,25 @@ def test_one_replica_strategies_do_not_mirror() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(1, 2)).sum().backward()
     optimizer.step()  # an ordinary optimizer
+
+
+def test_an_error_in_a_replica_drops_the_steps_of_that_run() -> None:
+    strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = torch.nn.Linear(2, 1, bias=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    torch.nn.init.ones_(model.weight)
+
+    def step(fail: bool) -> None:
+        optimizer.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        if fail and fdist.get_replica_context().replica_id_in_sync_group == 1:
+            raise ValueError("replica 1 failed")
+
+    with pytest.raises(ValueError, match="replica 1 failed"):
+        strategy.run(step, args=(True,))
+    assert torch.equal(model.weight, torch.ones(1, 2))  # the failed run took no step
+    strategy.run(step, args=(False,))
+    # One step of the summed gradient (2 replicas x ones), not two: the failed run left nothing.
+    assert torch.equal(model.weight, torch.full((1, 2), -1.0))

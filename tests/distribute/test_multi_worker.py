@@ -58,6 +58,22 @@ with strategy.scope():
 mean.update_state(torch.tensor([float(rank + 1)] * (rank + 1)))
 out["metric"] = mean.result().item()
 out["local"] = [t.tolist() for t in strategy.experimental_local_results(value)]
+
+# Gradient buckets start their all-reduce during backward, in order, before the step.
+small = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(bytes_per_pack=64))
+with small.scope():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+def overlap_step(x):
+    opt.zero_grad()
+    net(x).sum().backward()
+    started = small._mirroring._launched
+    opt.step()
+    return started
+started = small.run(overlap_step, args=(torch.ones(2, 4) * (rank + 1),))
+out["buckets"] = [len(small._mirroring._buckets), started]
+out["bias_grad"] = net[1].bias.grad.tolist()
 report(out)
 """
     )
@@ -76,6 +92,10 @@ report(out)
         assert w["gather"] == [0.0, 1.0, 2.0]
         assert w["metric"] == pytest.approx((1 + 2 + 2) / 3)
     assert w0["local"] == [[1.0, 2.0]] and w1["local"] == [[2.0, 4.0]]
+    # Linear(4, 8) and Linear(8, 2) in 64-byte buckets: [b2], [w2], [b1], [w1]; all four were
+    # sent while backward ran. The last bias's gradient is the sum over workers: 2 rows each.
+    assert w0["buckets"] == w1["buckets"] == [4, 4]
+    assert w0["bias_grad"] == w1["bias_grad"] == [4.0, 4.0]
 
 
 _POLICY_TABLES = """

@@ -33,6 +33,7 @@ default: well below torch's 30 minutes, so that a stalled peer surfaces as an er
 
 _HEARTBEAT_SECONDS = 1.0
 _STALE_SECONDS = 5.0
+_STORE_SECONDS = 2.0  # a heartbeat write never blocks longer than this
 
 
 class Collective:
@@ -114,7 +115,7 @@ class Collective:
     def _heartbeat_store(self, host: str, port: int, use_env: bool) -> dist.Store | None:
         try:
             store = dist.TCPStore(
-                host, port, is_master=False, timeout=datetime.timedelta(seconds=5),
+                host, port, is_master=False, timeout=datetime.timedelta(seconds=_STORE_SECONDS),
                 wait_for_workers=False,
             )  # fmt: skip
         except (RuntimeError, ValueError, OSError):
@@ -127,8 +128,8 @@ class Collective:
         while not self._stop.wait(_HEARTBEAT_SECONDS):
             try:
                 store.set(str(self.rank), repr(time.time()))
-            except (RuntimeError, OSError):
-                return  # the store's host is gone; the next collective reports it
+            except Exception:  # the store's host is gone; the next collective reports it
+                return
 
     def _silent_peers(self) -> list[int] | None:
         """Ranks whose heartbeat stopped, or None when the store itself cannot be reached
@@ -241,7 +242,8 @@ class Collective:
         atexit.unregister(self.close)
         self._stop.set()
         if self._beater is not None:
-            self._beater.join(timeout=2 * _HEARTBEAT_SECONDS)
+            # The thread must be out of the store's C++ code before the interpreter ends.
+            self._beater.join(timeout=5 * _STORE_SECONDS)
         self._store = None
         if not self._adopted and dist.is_initialized():
             dist.destroy_process_group()

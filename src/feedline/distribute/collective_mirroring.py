@@ -93,6 +93,10 @@ class CollectiveMirroring(Mirroring):
         super().before_replica(local_replica)
         self._armed = local_replica == self._num_local - 1
 
+    def abort_run(self) -> None:
+        self._armed = False
+        super().abort_run()
+
     def after_run(self) -> None:
         self._armed = False
         if self._pending or self._launched:

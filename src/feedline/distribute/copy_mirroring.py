@@ -117,6 +117,12 @@ class CopyMirroring(Mirroring):
         if local_replica > 0:
             self._replica_grads.append([p.grad for p in self._params])
 
+    def abort_run(self) -> None:
+        if self._swapped:
+            self._show_primary()
+        self._replica_grads = []
+        super().abort_run()
+
     def after_run(self) -> None:
         """Shows the primary again, sums the gradients into it, averages the buffers, then
         takes the deferred steps on the primary."""

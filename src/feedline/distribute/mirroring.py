@@ -192,6 +192,17 @@ class Mirroring:
         if self._buffer_snapshot is not None:
             self._buffer_results.append([b.detach().clone() for b, _ in self._buffer_snapshot])
 
+    def abort_run(self) -> None:
+        """A replica raised: drop the deferred steps and put the buffers back as the step
+        found them, so that the failed step leaves no trace."""
+        self._pending = []
+        if self._buffer_snapshot is not None:
+            with torch.no_grad():
+                for buffer, start in self._buffer_snapshot:
+                    buffer.copy_(start)
+        self._buffer_snapshot = None
+        self._buffer_results = []
+
     def after_run(self) -> None:
         """The replicas have run: average the buffers, then take the deferred steps once."""
         if self._buffer_snapshot is not None and self._buffer_results:

@@ -151,16 +151,21 @@ class Strategy:
         if mirroring is not None:
             install_hooks()
         results = []
-        for local in range(self._num_local):
-            replica_id = self.extended.first_replica_id + local
+        try:
+            for local in range(self._num_local):
+                replica_id = self.extended.first_replica_id + local
+                if mirroring is not None:
+                    mirroring.before_replica(local)
+                with context.replica_scope(self, replica_id), self._device_scope(local):
+                    results.append(
+                        fn(*select_replica(tuple(args), local), **select_replica(kwargs, local))
+                    )
+                if mirroring is not None:
+                    mirroring.after_replica(local)
+        except BaseException:
             if mirroring is not None:
-                mirroring.before_replica(local)
-            with context.replica_scope(self, replica_id), self._device_scope(local):
-                results.append(
-                    fn(*select_replica(tuple(args), local), **select_replica(kwargs, local))
-                )
-            if mirroring is not None:
-                mirroring.after_replica(local)
+                mirroring.abort_run()  # no half step: the next run starts clean
+            raise
         if mirroring is not None:
             mirroring.after_run()
         return regroup(results)

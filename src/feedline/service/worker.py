@@ -314,6 +314,7 @@ class _Task:
         self._buffered_bytes = 0
         self._ended = False
         self._error: BaseException | None = None
+        self._told = False  # whether a consumer received the error
         self._stop = False
         self._rounds: dict[int, list[Any]] = {}
         self._round_taken: dict[int, set[int]] = {}
@@ -332,9 +333,10 @@ class _Task:
             self._cond.notify_all()
 
     def finished(self) -> bool:
-        """Whether every element was handed out (or the task failed)."""
+        """Whether every element was handed out, or the task failed and a consumer was told
+        (a failed task stays until then, so that its consumers hear the error, not an end)."""
         with self._cond:
-            return self._ended and not self._buffer
+            return self._ended and not self._buffer and (self._error is None or self._told)
 
     def _produce(self) -> None:
         iterator = None
@@ -401,6 +403,7 @@ class _Task:
                 elements.append(self._take())
             if not elements:
                 if self._error is not None:
+                    self._told = True
                     raise self._error
                 if self._stop:
                     raise NotFoundError(f"task {self.task_id} was stopped")
@@ -430,6 +433,7 @@ class _Task:
                         del self._rounds[old], self._round_taken[old]
                     continue
                 if self._error is not None:
+                    self._told = True
                     raise self._error
                 if self._ended:
                     return encode_frame({"eos": True})
