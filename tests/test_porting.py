@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import functools
 import pathlib
+import re
 import subprocess
 import sys
 import types
@@ -190,3 +191,20 @@ def test_doctests() -> None:
     for module in (_porting, _enums, feedline, feedline.compat.v1):
         results = doctest.testmod(module)
         assert results.attempted >= 1 and results.failed == 0, module.__name__
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "hint"),
+    [
+        ("distribute", "TPUStrategy", "MirroredStrategy (no TPUs)"),
+        ("distribute", "NcclAllReduce", "uses NCCL on GPUs"),
+        ("nn", "relu", "torch.relu(x)"),
+        ("nn", "sparse_softmax_cross_entropy_with_logits", "cross_entropy(logits, labels"),
+    ],
+)
+def test_strategy_and_nn_names_say_what_to_use(module: str, name: str, hint: str) -> None:
+    with pytest.raises(AttributeError, match=re.escape(hint)):
+        getattr(getattr(tf, module), name)
+    with pytest.raises(AttributeError) as error:
+        getattr(getattr(tf, module), name + "_typo")
+    assert str(error.value) == f"module 'feedline.{module}' has no attribute '{name}_typo'"

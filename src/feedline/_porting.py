@@ -102,6 +102,30 @@ REPLACEMENTS: dict[str, str] = {
         "use feedline.distribute.MirroredStrategy: PyTorch keeps no central variable store"
     ),
     "distribute.experimental.TPUStrategy": "use feedline.distribute.MirroredStrategy (no TPUs)",
+    # tf.distribute.
+    "distribute.TPUStrategy": "use feedline.distribute.MirroredStrategy (no TPUs)",
+    "distribute.ParameterServerStrategy": (
+        "ParameterServerStrategy is not available in this version of feedline; "
+        "MultiWorkerMirroredStrategy trains synchronously across processes"
+    ),
+    "distribute.HierarchicalCopyAllReduce": (
+        "use feedline.distribute.ReductionToOneDevice(), or leave cross_device_ops out"
+    ),
+    "distribute.NcclAllReduce": (
+        "leave cross_device_ops out: MultiWorkerMirroredStrategy uses NCCL on GPUs"
+    ),
+    # tf.nn.
+    "nn.relu": "use torch.relu(x) or torch.nn.ReLU()",
+    "nn.softmax": "use torch.softmax(x, dim=-1)",
+    "nn.sigmoid": "use torch.sigmoid(x)",
+    "nn.softmax_cross_entropy_with_logits": (
+        "use torch.nn.functional.cross_entropy(logits, targets, reduction='none')"
+    ),
+    "nn.sparse_softmax_cross_entropy_with_logits": (
+        "use torch.nn.functional.cross_entropy(logits, labels, reduction='none')"
+    ),
+    "nn.l2_loss": "use (x ** 2).sum() / 2",
+    "nn.dropout": "use torch.nn.functional.dropout(x, p)",
 }
 
 

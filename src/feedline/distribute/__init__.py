@@ -9,6 +9,7 @@ Example:
   [(tensor([0, 1]), tensor([2, 3])), (tensor([4]), tensor([5]))]
 """
 
+from feedline import _porting
 from feedline.distribute import cluster_resolver, experimental
 from feedline.distribute.context import (
     ReplicaContext,
@@ -55,3 +56,7 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
 ]
+
+
+def __getattr__(name: str) -> object:
+    raise _porting.missing_attribute(__name__, name)

@@ -5,6 +5,11 @@
 that the replicas' summed gradients are those of the mean loss over the global batch.
 """
 
+from feedline import _porting
 from feedline.nn.losses import compute_average_loss, scale_regularization_loss
 
 __all__ = ["compute_average_loss", "scale_regularization_loss"]
+
+
+def __getattr__(name: str) -> object:
+    raise _porting.missing_attribute(__name__, name)
