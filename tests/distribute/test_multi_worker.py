@@ -196,7 +196,7 @@ rank = strategy.extended.worker_index
 dist = iter(strategy.experimental_distribute_dataset(fd.Dataset.range(1000).batch(2)))
 try:
     for step in range(100):
-        next(dist)
+        strategy.reduce("SUM", next(dist), axis=0)   # a collective every step, as training has
         if rank == 1 and step == 3:
             os.kill(os.getpid(), 9)
 except UnavailableError as error:
