@@ -17,9 +17,8 @@ not the 8x8 digits), one CPU replica and one compute thread per process
             ``strategy.scope()``, ``strategy.run(train_step)`` with
             ``feedline.nn.compute_average_loss``, ``strategy.reduce(SUM)`` and ``float(loss)``
             every step;
-  what-if   the same loop with changes to feedline patched in (``patch_what_if``): A, no
-            end-of-data agreement over a dataset that cannot end and ``reduce(SUM)`` in one
-            all-reduce; B, A and no prefetch thread in the step source;
+  what-if   the same loop with a change to feedline patched in (``--what-if``): no
+            prefetch thread in the step source;
   DDP       hand-written ``torch.nn.parallel.DistributedDataParallel`` (gloo) on the same model:
             every rank draws the same permutation per epoch, cuts the same global batches of 128
             and gathers its half (``index_select``), ``CrossEntropyLoss()`` (mean over the rank's
@@ -131,63 +130,18 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-WHAT_IFS = ("agreement", "reduce", "prefetch")
+WHAT_IFS = ("prefetch",)
 
 
 def distribute_unprefetched(strategy: Any, dataset: Any) -> Any:
-    """``strategy.experimental_distribute_dataset(dataset)`` for one replica per worker, less
-    the step source's prefetch thread, from feedline's private pieces as
-    ``StepSource.from_global_batches`` puts them together."""
-    from feedline.data.experimental import ShardMode, auto_shard
-    from feedline.distribute._steps import SplitBatchesDataset
-    from feedline.distribute.distributed_dataset import DistributedDataset, StepSource
+    """``strategy.experimental_distribute_dataset(dataset)`` less the step source's prefetch
+    thread (a private piece of feedline: its steps are ``prefetch(split(dataset))``)."""
+    import dataclasses
 
-    rank, world = strategy.extended.worker_index, strategy.extended.num_workers
-    assert len(strategy.extended.local_devices) == 1
-    keep: range | None = range(0, 1)
-    if world > 1:
-        dataset, mode = auto_shard(dataset, world, rank)
-        keep = range(rank, rank + 1) if mode is ShardMode.DATA else None
-    steps = SplitBatchesDataset(dataset, world, 1, keep)
-    return DistributedDataset(
-        StepSource(steps, steps.element_spec),
-        strategy.extended.local_devices,
-        None,
-        strategy._agree,
-    )
-
-
-def patch_what_if(strategy: Any, distributed: Any, dataset: Any, changes: set[str]) -> None:
-    """Changes to feedline, patched into this process only (``--what-if``):
-
-    agreement  no end-of-data agreement over a dataset that cannot end (TensorFlow's input_lib
-               skips it for an INFINITE cardinality);
-    reduce     ``reduce(SUM, axis=None)`` in one all-reduce instead of two (a sum needs no count);
-    prefetch   no prefetch thread in the step source on CPU replicas (``feedline_loop`` builds
-               the distributed dataset with ``distribute_unprefetched``).
-    """
-    import functools
-
-    import torch
-
-    import feedline.data as fd
-    import feedline.distribute as fdist
-
-    if "agreement" in changes:
-        assert dataset.cardinality() == fd.INFINITE_CARDINALITY
-        distributed._agree = lambda local_has_data: local_has_data
-    if "reduce" in changes:
-        original = strategy.reduce
-
-        @functools.wraps(original)
-        def reduce(reduce_op: Any, value: Any, axis: int | None = None) -> torch.Tensor:
-            if axis is not None or fdist.ReduceOp.parse(reduce_op) is not fdist.ReduceOp.SUM:
-                return original(reduce_op, value, axis)
-            parts = [torch.as_tensor(v) for v in strategy._replica_values(value)]
-            total = functools.reduce(torch.add, [p.to(parts[0].device) for p in parts])
-            return strategy._sum_across_workers(total)
-
-        strategy.reduce = reduce
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    source = distributed._source
+    distributed._source = dataclasses.replace(source, steps=source.steps._inputs[0])
+    return distributed
 
 
 def feedline_loop(args: argparse.Namespace) -> Loop:
@@ -220,7 +174,6 @@ def feedline_loop(args: argparse.Namespace) -> Loop:
         train_dist_dataset = distribute_unprefetched(strategy, train_dataset)
     else:
         train_dist_dataset = strategy.experimental_distribute_dataset(train_dataset)
-    patch_what_if(strategy, train_dist_dataset, train_dataset, changes)
 
     with strategy.scope():
         model = create_model()
@@ -270,7 +223,7 @@ def feedline_loop(args: argparse.Namespace) -> Loop:
                 inputs = next(train_iter)
                 lap("input: next() (the agreement included, where there is one)")
                 loss = distributed_train_step(inputs)
-                lap("strategy.reduce(SUM): 2 all-reduces (what-if: 1)")
+                lap("strategy.reduce(SUM): 1 all-reduce")
                 total_loss += float(loss)
                 lap("float(loss)")
         finally:
@@ -421,7 +374,7 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--child-timeout", type=int, default=900)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument(
-        "--what-if", default="", help=f"feedline: patch_what_if, some of {','.join(WHAT_IFS)}"
+        "--what-if", default="", help=f"feedline: changes patched in, some of {','.join(WHAT_IFS)}"
     )
     parser.add_argument("--reduce-loss", action="store_true", help="DDP: all-reduce the loss")
     args = parser.parse_args(argv)
@@ -742,17 +695,11 @@ FEEDLINE_LABEL = "feedline `MultiWorkerMirroredStrategy`, the tutorial's loop"
 DDP_LABEL = "hand-written `DistributedDataParallel` loop"
 DDP_REDUCE_LABEL = "hand-written DDP, the loss all-reduced every step (as the tutorial's reduce)"
 TF_LABEL = "TF `MultiWorkerMirroredStrategy`, `tf.function` step"
-WHAT_IF_LABEL = (
-    "feedline, what-if A: no agreement over an infinite dataset, `reduce(SUM)` in one all-reduce"
-)
-WHAT_IF_ALL_LABEL = "feedline, what-if B: A and no prefetch thread in the step source"
+WHAT_IF_LABEL = "feedline, what-if: no prefetch thread in the step source"
 # In this order in every other round, reversed in the others: the pairs compared most are
 # neighbours (feedline and DDP on 2 processes above all).
 SPECS = (
-    Spec(
-        "feedline-2-what-if-b", WHAT_IF_ALL_LABEL, "feedline", 2, ("--what-if", ",".join(WHAT_IFS))
-    ),
-    Spec("feedline-2-what-if", WHAT_IF_LABEL, "feedline", 2, ("--what-if", "agreement,reduce")),
+    Spec("feedline-2-what-if", WHAT_IF_LABEL, "feedline", 2, ("--what-if", "prefetch")),
     Spec("feedline-2", FEEDLINE_LABEL, "feedline", 2),
     Spec("ddp-2", DDP_LABEL, "ddp", 2),
     Spec("ddp-2-reduce", DDP_REDUCE_LABEL, "ddp", 2, ("--reduce-loss",)),
@@ -761,11 +708,10 @@ SPECS = (
     Spec("ddp-1", DDP_LABEL, "ddp", 1),
     Spec("tf-1", TF_LABEL, "tf", 1),
 )
-TIMED_PHASES = ("feedline-2", "feedline-2-what-if", "feedline-2-what-if-b", "ddp-2", "ddp-2-reduce")
+TIMED_PHASES = ("feedline-2", "feedline-2-what-if", "ddp-2", "ddp-2-reduce")
 TABLE_ORDER = (
     "feedline-2",
     "feedline-2-what-if",
-    "feedline-2-what-if-b",
     "ddp-2",
     "ddp-2-reduce",
     "tf-2",
@@ -779,13 +725,10 @@ TABLE_ORDER = (
 RATIOS = (
     ("feedline / DDP, 2 processes", "feedline-2", "ddp-2", TARGET_VS_DDP),
     ("feedline / DDP, 1 process", "feedline-1", "ddp-1", None),
-    ("feedline what-if A / DDP, 2 processes", "feedline-2-what-if", "ddp-2", None),
-    ("feedline what-if B / DDP, 2 processes", "feedline-2-what-if-b", "ddp-2", None),
-    ("feedline what-if A / feedline, 2 processes", "feedline-2-what-if", "feedline-2", None),
-    ("feedline what-if B / feedline, 2 processes", "feedline-2-what-if-b", "feedline-2", None),
+    ("feedline what-if / DDP, 2 processes", "feedline-2-what-if", "ddp-2", None),
+    ("feedline what-if / feedline, 2 processes", "feedline-2-what-if", "feedline-2", None),
     ("feedline / DDP with the loss all-reduced", "feedline-2", "ddp-2-reduce", None),
-    ("feedline what-if A / DDP, loss all-reduced", "feedline-2-what-if", "ddp-2-reduce", None),
-    ("feedline what-if B / DDP, loss all-reduced", "feedline-2-what-if-b", "ddp-2-reduce", None),
+    ("feedline what-if / DDP, loss all-reduced", "feedline-2-what-if", "ddp-2-reduce", None),
     ("DDP with the loss all-reduced / DDP", "ddp-2-reduce", "ddp-2", None),
     ("feedline / TF, 2 processes", "feedline-2", "tf-2", None),
     ("DDP / TF, 2 processes", "ddp-2", "tf-2", None),

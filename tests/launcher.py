@@ -6,6 +6,14 @@ in its own session, reports a JSON result with ``report(value)``, and is killed 
 children) if it outlives the timeout or the test. Every process's failure reaches the test with
 its stderr, so a rank's traceback is never lost.
 
+A process can also be torchrun's launcher (``torchrun=Torchrun(nproc_per_node, max_restarts)``):
+it starts its workers, restarts them all when one fails, and keeps each attempt's output per
+worker (``worker_outputs``); the workers report as ``rank:N`` (``reports``).
+
+Servers are processes too: ``FEEDLINE_CLI`` runs the ``feedline`` command line with the
+process's ``argv`` (``feedline dispatcher``, ``feedline worker``); ``wait_for_line`` reads a
+server's banner, ``send`` signals it (a kill -9, a SIGTERM), ``wait_exit`` takes its exit code.
+
 Example:
   >>> results = run(
   ...     "from tests.launcher import report; import os; report(int(os.environ['RANK']))",
@@ -44,6 +52,11 @@ def report(value: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value))
     tmp.replace(path)
+
+
+#: Code that runs the ``feedline`` command line (what the ``feedline`` script runs) with the
+#: process's arguments: ``Processes(FEEDLINE_CLI, [("dispatcher", {})], argv=["dispatcher"])``.
+FEEDLINE_CLI = "import sys\nfrom feedline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def free_port() -> int:
@@ -109,6 +122,25 @@ def tf_config_envs(
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Torchrun:
+    """Run a process as torchrun's launcher on one node: ``python -m torch.distributed.run
+    --nnodes 1 --nproc-per-node N --max-restarts R --master-addr 127.0.0.1 --master-port P``,
+    each worker's output of each attempt kept in its own file."""
+
+    nproc_per_node: int
+    max_restarts: int = 0
+    port: int | None = None
+
+    def command(self, log_dir: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(self.nproc_per_node), "--max-restarts",
+            str(self.max_restarts), "--master-addr", "127.0.0.1", "--master-port",
+            str(self.port or free_port()), "--log-dir", str(log_dir), "--redirects", "3",
+        ]  # fmt: skip
+
+
 @dataclasses.dataclass
 class ProcessResult:
     """How one launched process ended: exit code (None if it had to be killed), output and the
@@ -147,6 +179,7 @@ class Processes:
         timeout: float = 120.0,
         argv: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        torchrun: Torchrun | None = None,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="feedline-launch-")
         self.dir = Path(self._dir.name)
@@ -160,14 +193,19 @@ class Processes:
         base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
         base[_RESULT_DIR] = str(self.dir)
         base.setdefault("OMP_NUM_THREADS", "1")
+        base.setdefault("PYTHONUNBUFFERED", "1")  # output printed before a kill is kept
         for name, extra in processes:
             stdout = open(self.dir / f"{_safe(name)}.out", "w+")  # noqa: SIM115
             stderr = open(self.dir / f"{_safe(name)}.err", "w+")  # noqa: SIM115
             self._outputs[name] = (stdout, stderr)
+            prefix = [sys.executable]
+            if torchrun is not None:
+                prefix = torchrun.command(self.dir / f"{_safe(name)}-logs")
             self._procs[name] = subprocess.Popen(
-                [sys.executable, str(script), *argv],
+                [*prefix, str(script), *argv],
                 cwd=ROOT,
-                env={**base, **extra, _NAME: name},
+                # A launcher's workers report as rank:N.
+                env={**base, **extra, _NAME: "" if torchrun else name},
                 stdout=stdout,
                 stderr=stderr,
                 text=True,
@@ -182,11 +220,25 @@ class Processes:
         return self._procs[name].pid
 
     def send(self, name: str, sig: int) -> None:
-        """Sends ``sig`` to process ``name`` and its children (if still running)."""
+        """Sends ``sig`` to process ``name`` and its children (if still running), also those
+        in sessions of their own (torchrun's workers)."""
         proc = self._procs[name]
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, sig)
+
+    def reports(self) -> dict[str, Any]:
+        """Every value reported so far, by reporter (``rank:N`` for a launcher's workers)."""
+        return {path.stem: json.loads(path.read_text()) for path in self.dir.glob("*.json")}
+
+    def worker_outputs(self, name: str, stream: str = "stdout") -> dict[tuple[int, int], str]:
+        """What each worker of launcher ``name`` printed, by (attempt, rank)."""
+        outputs = {}
+        for path in (self.dir / f"{_safe(name)}-logs").glob(f"*/attempt_*/*/{stream}.log"):
+            attempt = int(path.parent.parent.name.removeprefix("attempt_"))
+            outputs[(attempt, int(path.parent.name))] = path.read_text()
+        return dict(sorted(outputs.items()))
 
     def poll(self, name: str) -> int | None:
         return self._procs[name].poll()
@@ -204,6 +256,33 @@ class Processes:
                 raise AssertionError(f"{path.name} did not appear in time:\n{self._dump()}")
             time.sleep(0.05)
 
+    def output(self, name: str, stream: str = "stdout") -> str:
+        """What process ``name`` has printed so far on ``stream``."""
+        return (self.dir / f"{_safe(name)}.{'out' if stream == 'stdout' else 'err'}").read_text()
+
+    def wait_for_line(self, name: str, prefix: str, timeout: float = 60.0) -> str:
+        """The first line process ``name`` prints on stdout that starts with ``prefix`` (a
+        server's banner, say), waiting for it; fails if the process ends first or time runs
+        out."""
+        end = min(self._deadline, time.monotonic() + timeout)
+        while True:
+            for line in self.output(name).splitlines():
+                if line.startswith(prefix):
+                    return line
+            if self._procs[name].poll() is not None and not any(
+                line.startswith(prefix) for line in self.output(name).splitlines()
+            ):
+                raise AssertionError(f"{name} ended before printing {prefix!r}:\n{self._dump()}")
+            if time.monotonic() > end:
+                raise AssertionError(f"{name} printed no {prefix!r} in time:\n{self._dump()}")
+            time.sleep(0.02)
+
+    def wait_exit(self, name: str, timeout: float = 30.0) -> int | None:
+        """Waits up to ``timeout`` s for process ``name`` to end; its exit code, or None."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self._procs[name].wait(timeout=timeout)
+        return None
+
     def wait(self) -> dict[str, ProcessResult]:
         """Waits for every process until the deadline; kills what is left; their results."""
         codes: dict[str, int | None] = {}
@@ -220,6 +299,9 @@ class Processes:
             self.send(name, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+            for pid in _descendants(proc.pid):  # orphans of a killed launcher, if any
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
     def _result(self, name: str, code: int | None) -> ProcessResult:
         stdout, stderr = self._outputs[name]
@@ -256,17 +338,34 @@ def run(
     argv: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     check: bool = True,
+    torchrun: Torchrun | None = None,
 ) -> dict[str, ProcessResult]:
     """Runs ``code`` in one process per ``(name, environment)`` and waits for all of them.
 
     With ``check`` (the default), any process that failed, timed out or reported nothing fails
     the test with every process's output.
     """
-    with Processes(code, processes, timeout=timeout, argv=argv, env=env) as procs:
+    with Processes(
+        code, processes, timeout=timeout, argv=argv, env=env, torchrun=torchrun
+    ) as procs:
         results = procs.wait()
     if check and not all(r.ok for r in results.values()):
         raise AssertionError("\n".join(r.describe() for r in results.values()))
     return results
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live descendants of ``pid`` (Linux ``/proc``; empty elsewhere or once it is gone)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found.extend(children)
+                stack.extend(children)
+    return found
 
 
 def _safe(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The Python snippets of docs/*.md run, in order, each document in one namespace."""
+"""The Python snippets of docs/*.md run, in order, each document in one namespace; paths under
+/tmp/ are moved to a test folder."""
 
 from __future__ import annotations
 
@@ -11,34 +12,56 @@ DOCS = sorted((pathlib.Path(__file__).resolve().parents[1] / "docs").glob("*.md"
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
-def test_doc_snippets_run(path: pathlib.Path) -> None:
+def test_doc_snippets_run(path: pathlib.Path, tmp_path: pathlib.Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
     assert blocks, f"{path.name} has no Python snippets"
     namespace: dict[str, object] = {"__name__": "__doc_snippets__"}
     for index, block in enumerate(blocks):
+        code = block.replace("/tmp/", f"{tmp_path}/")
         try:
-            exec(compile(block, f"{path.name}[{index}]", "exec"), namespace)
+            exec(compile(code, f"{path.name}[{index}]", "exec"), namespace)
         except Exception as error:
             error.add_note(f"in snippet {index} of {path.name}:\n{block}")
             raise
 
 
-MULTI_PROCESS = re.compile(r"```python torchrun=(\d+)\n(.*?)```\s*```text\n(.*?)```", re.DOTALL)
+MULTI_PROCESS = re.compile(
+    r"```python torchrun=(\d+)( max-restarts=\d+)?\n(.*?)```\s*```text\n(.*?)```", re.DOTALL
+)
 MULTI_PROCESS_DOCS = [p for p in DOCS if MULTI_PROCESS.search(p.read_text())]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", MULTI_PROCESS_DOCS, ids=[p.name for p in MULTI_PROCESS_DOCS])
-def test_multi_process_snippets_print_what_the_doc_shows(path: pathlib.Path) -> None:
+def test_multi_process_snippets_print_what_the_doc_shows(
+    path: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
     """Blocks fenced ```python torchrun=N run as N real worker processes; each process's output,
-    prefixed "worker RANK: ", must be the ```text block that follows."""
-    from tests.launcher import run, torchrun_envs
+    prefixed "worker RANK: ", must be the ```text block that follows. Blocks fenced ```python
+    torchrun=N max-restarts=R run under torchrun's launcher, which restarts the group up to R
+    times; the output is prefixed "attempt A, worker RANK: " and the launcher must succeed."""
+    from tests.launcher import Processes, Torchrun, run, torchrun_envs
 
-    for index, (count, code, expected) in enumerate(MULTI_PROCESS.findall(path.read_text())):
-        results = run(code, torchrun_envs(int(count)), timeout=240)
-        printed = [
-            f"worker {rank}: {line}"
-            for rank in range(int(count))
-            for line in results[f"rank:{rank}"].stdout.splitlines()
-        ]
+    blocks = MULTI_PROCESS.findall(path.read_text())
+    for index, (count, restarts, code, expected) in enumerate(blocks):
+        code = code.replace("/tmp/", f"{tmp_path}/")
+        if restarts:
+            launcher = Torchrun(int(count), max_restarts=int(restarts.split("=")[1]))
+            with Processes(code, [("torchrun", {})], torchrun=launcher, timeout=240) as procs:
+                (result,) = procs.wait().values()
+                outputs = procs.worker_outputs("torchrun")
+                errors = procs.worker_outputs("torchrun", "stderr")
+            assert result.ok, f"{result.describe()}\nworkers' stderr: {errors}"
+            printed = [
+                f"attempt {attempt}, worker {rank}: {line}"
+                for (attempt, rank), text in outputs.items()
+                for line in text.splitlines()
+            ]
+        else:
+            results = run(code, torchrun_envs(int(count)), timeout=240)
+            printed = [
+                f"worker {rank}: {line}"
+                for rank in range(int(count))
+                for line in results[f"rank:{rank}"].stdout.splitlines()
+            ]
         assert printed == expected.strip().splitlines(), f"{path.name}, process block {index}"

@@ -24,6 +24,16 @@ def test_feedline_data_does_not_import_torch() -> None:
     )
 
 
+def test_the_torch_adapters_import_torch_only_when_called() -> None:
+    _run(
+        "import sys, feedline.data as fd\n"
+        "assert callable(fd.Dataset.from_torch) and callable(fd.Dataset.as_torch)\n"
+        "assert 'torch' not in sys.modules and 'feedline.data.torch_loader' not in sys.modules\n"
+        "loader = fd.Dataset.range(3).as_torch()\n"
+        "assert 'torch' in sys.modules and [int(x) for x in loader] == [0, 1, 2]\n"
+    )
+
+
 def test_feedline_service_does_not_import_torch() -> None:
     _run(
         "import sys, feedline.service\n"

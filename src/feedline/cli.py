@@ -7,7 +7,9 @@ feedline pipeline-demo [--examples N] [--batch-size B]
 feedline dispatcher [--port 5050] [--bind ADDR] [--work-dir DIR] [--worker-addresses A,B]
     a data service dispatcher, until SIGTERM or SIGINT
 feedline worker --dispatcher HOST:PORT [--port 0] [--bind ADDR] [--worker-address A]
-    a data service worker, until SIGTERM or SIGINT
+        [--drain-seconds 10] [--dispatcher-timeout 60] [--wait-forever]
+    a data service worker, until SIGTERM or SIGINT (it drains first) or until its dispatcher
+    stays unreachable past --dispatcher-timeout (exit code 1)
 """
 
 from __future__ import annotations

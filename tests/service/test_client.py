@@ -17,6 +17,7 @@ from feedline import errors, service
 from feedline.data import Dataset, TensorSpec, TextLineDataset
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
+from feedline.service import client
 from tests.service.conftest import Cluster, free_port
 
 
@@ -462,6 +463,22 @@ def test_a_consumer_that_stops_reading_does_not_stall_the_others(make_cluster: A
         held = [int(e) for e, _ in reader._results]
     assert len(held) <= 4
     assert sorted(taken + held + rest) == list(range(300))
+
+
+def test_elements_on_their_way_are_read_before_the_end(
+    make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = make_cluster(1)
+    deliver = client._JobReader._deliver
+
+    def slow_deliver(reader: Any, elements: list[Any], credits: int) -> None:
+        if elements:  # meanwhile the worker says its task is done, and the job ends
+            time.sleep(2.5)
+        deliver(reader, elements, credits)
+
+    monkeypatch.setattr(client._JobReader, "_deliver", slow_deliver)
+    dataset = Dataset.range(5).apply(service.distribute("parallel_epochs", cluster.target))
+    assert ints(dataset) == [0, 1, 2, 3, 4]
 
 
 def test_an_iterator_dropped_unclosed_releases_its_job(make_cluster: Any) -> None:

@@ -4,6 +4,7 @@ module's table), and a worker's lifecycle."""
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import Any
 
 import pytest
@@ -11,8 +12,10 @@ import pytest
 from feedline import errors, service
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
+from feedline.service import worker as worker_module
 from feedline.service.config import ShardingPolicy
 from feedline.service.worker import local_worker_addresses, task_dataset
+from tests.service.test_dispatcher import wait_until
 
 
 def run(mode: ShardingPolicy, dataset: Dataset, num_workers: int = 2) -> list[list[Any]]:
@@ -72,3 +75,23 @@ def test_an_unreachable_dispatcher_is_an_error_after_the_timeout() -> None:
     config = service.WorkerConfig(dispatcher_address="127.0.0.1:1", dispatcher_timeout_ms=300)
     with pytest.raises(errors.UnavailableError):
         service.WorkerServer(config)
+
+
+def test_a_worker_drops_a_dataset_no_task_has_run_for_a_while(
+    make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "_DATASET_KEEP_S", 0.3)
+    cluster = make_cluster(1, job_gc_check_interval_ms=50)
+    worker = cluster.workers[0]
+    endless = Dataset.range(3).repeat().apply(service.distribute("parallel_epochs", cluster.target))
+    iterator = iter(endless)
+    assert [int(next(iterator)) for _ in range(4)] == [0, 1, 2, 0]
+    time.sleep(1.0)  # past the keep time: a running task keeps its dataset
+    assert len(worker._datasets) == 1
+    iterator.close()
+    wait_until(lambda: not worker._tasks and not worker._datasets)
+    # Needed again, it is fetched again.
+    assert sorted(
+        int(x)
+        for x in Dataset.range(2).apply(service.distribute("parallel_epochs", cluster.target))
+    ) == [0, 1]

@@ -20,6 +20,7 @@ from feedline.data.ops.flat_map import FlatMapDataset
 from feedline.data.ops.from_generator import GeneratorDataset
 from feedline.data.ops.from_tensor_slices import TensorSliceDataset
 from feedline.data.ops.from_tensors import TensorDataset
+from feedline.data.ops.from_torch import from_torch as from_torch_dataset
 from feedline.data.ops.ignore_errors import IgnoreErrorsDataset
 from feedline.data.ops.interleave import InterleaveDataset
 from feedline.data.ops.map import MapDataset
@@ -66,6 +67,12 @@ def from_generator(
 ) -> Dataset:
     """Elements of ``generator(*args)``, converted to ``output_signature``."""
     return GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
+
+
+def from_torch(dataset: Any, output_signature: Any = None) -> Dataset:
+    """The items of a PyTorch dataset: a map-style one (``__len__``, ``__getitem__``) as a
+    random-access source, an ``IterableDataset`` as a stream; see ``ops/from_torch.py``."""
+    return from_torch_dataset(dataset, output_signature)
 
 
 def list_files(
@@ -245,6 +252,16 @@ def with_options(self: Dataset, options: Options) -> Dataset:
     return OptionsDataset(self, options)
 
 
+def as_torch(self: Dataset) -> Any:
+    """This dataset as a ``torch.utils.data.IterableDataset`` whose elements are torch tensors
+    (zero-copy from NumPy), with ``state_dict``/``load_state_dict``; for a plain loop or
+    ``DataLoader(dataset.as_torch(), batch_size=None)``. See ``feedline.data.torch_loader``."""
+    # The one way into torch from feedline.data: imported here, when asked for, never at import.
+    from feedline.data.torch_loader import FeedlineIterableDataset
+
+    return FeedlineIterableDataset(self)
+
+
 def apply(self: Dataset, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
     """``transformation_func(self)``: for transformations packaged as functions."""
     result = transformation_func(self)
@@ -260,6 +277,7 @@ _STATIC = {
     "from_tensors": from_tensors,
     "from_tensor_slices": from_tensor_slices,
     "from_generator": from_generator,
+    "from_torch": from_torch,
     "list_files": list_files,
     "zip": zip_,
     "sample_from_datasets": sample_from_datasets,
@@ -287,6 +305,7 @@ _METHODS = {
     "ignore_errors": ignore_errors,
     "with_options": with_options,
     "apply": apply,
+    "as_torch": as_torch,
 }
 
 

@@ -125,10 +125,15 @@ class DistributeOptions(_OptionGroup):
     Attributes:
       auto_shard_policy: an ``AutoShardPolicy`` (default AUTO), or its name (``"DATA"``).
       num_devices: the number of devices the dataset is fed to, where known.
+      service_timeout_ms: how long a data service consumer (an iterator of a dataset made by
+        ``feedline.service.distribute``) waits for an unreachable dispatcher, or for a job that
+        no worker serves, before it raises ``UnavailableError`` (default 300000, 5 minutes).
+        Set it on the dataset that is iterated, after ``distribute``.
     """
 
     auto_shard_policy: AutoShardPolicy | None = None
     num_devices: int | None = None
+    service_timeout_ms: int | None = None
 
     def _validate(self, name: str, value: Any) -> Any:
         if name == "auto_shard_policy":

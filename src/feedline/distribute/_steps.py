@@ -115,17 +115,25 @@ class SplitBatchesDataset(Dataset):
 
 
 class _SplitIterator(DatasetIterator):
+    """Its state: the input's, the steps cut but not yet returned (``pending``), and global
+    batches to cut before reading the input again (``batches``: a position restored on another
+    number of workers, see ``_iterator_state``)."""
+
     def __init__(self, dataset: SplitBatchesDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._batches: collections.deque[Any] = collections.deque()
+
+    def _global_batch(self) -> Any:
+        return self._batches.popleft() if self._batches else self._input._next()
 
     def _next(self) -> tuple[Any, ...]:
         dataset = self._dataset
         if dataset._num_slices == 1:
-            return (self._input._next(),)
+            return (self._global_batch(),)
         while not self._pending:
-            parts = slice_batch(self._input._next(), dataset._num_slices)
+            parts = slice_batch(self._global_batch(), dataset._num_slices)
             if dataset._keep is not None:
                 return tuple(parts[i] for i in dataset._keep)
             r = dataset._replicas
@@ -136,11 +144,16 @@ class _SplitIterator(DatasetIterator):
         return self._pending.popleft()
 
     def _get_state(self) -> dict[str, Any]:
-        return {"input": self._input.get_state(), "pending": list(self._pending)}
+        return {
+            "input": self._input.get_state(),
+            "pending": list(self._pending),
+            "batches": list(self._batches),
+        }
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._input.set_state(state["input"])
         self._pending = collections.deque(state["pending"])
+        self._batches = collections.deque(state.get("batches", ()))
 
 
 class GroupElementsDataset(Dataset):

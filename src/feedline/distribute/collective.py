@@ -8,17 +8,23 @@ Nothing waits for ever: every collective honours the group's timeout, and a coll
 fails (a peer died, stalled past the timeout or could not be reached) raises ``UnavailableError``
 naming the workers that stopped answering. Each process keeps a heartbeat key in the group's
 store (one write a second, from a daemon thread) so that a survivor can tell a dead peer from a
-slow one.
+slow one. A worker that fails on its own (an exception in ``watch_preemption_scope``) can
+leave its error there too, so that the others' errors say what happened to it.
+
+There is one synchronous cluster per process, as there is one default process group:
+``active()`` returns the ``Collective`` of the strategy made last (None outside a cluster), so
+that checkpoints and fault-tolerance helpers reach the cluster their process belongs to.
 """
 
 from __future__ import annotations
 
 import atexit
 import datetime
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,6 +40,18 @@ default: well below torch's 30 minutes, so that a stalled peer surfaces as an er
 _HEARTBEAT_SECONDS = 1.0
 _STALE_SECONDS = 5.0
 _STORE_SECONDS = 2.0  # a heartbeat write never blocks longer than this
+
+_active: Collective | None = None
+
+
+def active() -> Collective | None:
+    """The collective of the synchronous cluster this process is a worker of, or None."""
+    return _active
+
+
+def _attempt() -> str:
+    """Which start of the group this is: torchrun restarts a failed group in the same store."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
 class Collective:
@@ -80,10 +98,21 @@ class Collective:
         else:
             init_method = "env://" if use_env else f"tcp://{host}:{port}"
             try:
-                dist.init_process_group(
-                    backend, init_method=init_method, rank=rank, world_size=world_size,
-                    timeout=timeout,
-                )  # fmt: skip
+                if use_env and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                    # torchrun's agent keeps one store across the restarts of its workers:
+                    # each attempt meets under its own keys, never an earlier attempt's.
+                    agent_store = dist.TCPStore(
+                        host, port, world_size, is_master=False, timeout=timeout
+                    )
+                    dist.init_process_group(
+                        backend, store=dist.PrefixStore(f"feedline/{_attempt()}/", agent_store),
+                        rank=rank, world_size=world_size, timeout=timeout,
+                    )  # fmt: skip
+                else:
+                    dist.init_process_group(
+                        backend, init_method=init_method, rank=rank, world_size=world_size,
+                        timeout=timeout,
+                    )  # fmt: skip
             except (RuntimeError, ValueError, OSError) as error:
                 raise UnavailableError(
                     f"worker {rank} of {world_size} could not join the others at the rendezvous "
@@ -99,6 +128,8 @@ class Collective:
             )
             self._beater.start()
         atexit.register(self.close)
+        global _active
+        _active = self
 
     def _adopt(self) -> None:
         """Uses a process group the program made itself, if it matches the cluster."""
@@ -120,7 +151,7 @@ class Collective:
             )  # fmt: skip
         except (RuntimeError, ValueError, OSError):
             return None  # heartbeats only sharpen error messages; training does not need them
-        return dist.PrefixStore("feedline/heartbeat/", store)
+        return dist.PrefixStore(f"feedline/heartbeat/{_attempt()}/", store)
 
     def _beat(self) -> None:
         store = self._store
@@ -158,8 +189,32 @@ class Collective:
     def _describe_all(self) -> str:
         return ", ".join(self._describe(r) for r in range(self.world_size))
 
+    def report_error(self, message: str) -> None:
+        """Leaves ``message`` (this worker's own failure) where the others' errors will read it."""
+        if self._store is None:
+            return
+        try:
+            self._store.set(f"error/{self.rank}", message)
+        except (RuntimeError, OSError, ValueError):
+            return  # the store's host is gone; the others see that this worker stopped
+
+    def _reported_errors(self) -> list[str]:
+        """What peers reported of their own failures (``report_error``)."""
+        if self._store is None:
+            return []
+        found = []
+        try:
+            for peer in range(self.world_size):
+                key = f"error/{peer}"
+                if peer != self.rank and self._store.check([key]):
+                    found.append(f"{self._describe(peer)} failed: {self._store.get(key).decode()}")
+        except (RuntimeError, OSError, ValueError):
+            return found
+        return found
+
     def _failure(self, what: str, error: BaseException) -> UnavailableError:
         time.sleep(min(_STALE_SECONDS + _HEARTBEAT_SECONDS, self.timeout_seconds / 2))
+        reported = self._reported_errors()
         silent = self._silent_peers()
         if silent is None:
             who = f"the rendezvous host {self._describe(0)} is unreachable: it has probably stopped"
@@ -171,6 +226,8 @@ class Collective:
                 f"{self.timeout_seconds:g} s or lost its connection (cluster: "
                 f"{self._describe_all()})"
             )
+        if reported:
+            who = "; ".join(reported) + f" ({who})"
         return UnavailableError(
             f"worker {self.rank}: {what} across {self.world_size} workers failed; {who}. "
             f"Cause: {error}"
@@ -204,6 +261,38 @@ class Collective:
         flag = torch.tensor([1 if local_has_data else 0], dtype=torch.int32, device=self.device)
         self._call("the end-of-data agreement", lambda: dist.all_reduce(flag))
         return bool(flag.item())
+
+    def agree_any(self, flags: Sequence[bool], what: str) -> tuple[bool, ...]:
+        """For each flag, whether any worker set it: one small all-reduce."""
+        counts = self.flags_tensor(flags)
+        self._call(what, lambda: dist.all_reduce(counts))
+        return tuple(bool(c) for c in counts.tolist())
+
+    def start_agree_any(self, flags: Sequence[bool], what: str) -> Callable[[], tuple[bool, ...]]:
+        """``agree_any`` in the background: returns the function that waits for the answer."""
+        counts = self.flags_tensor(flags)
+        work = self._call(what, lambda: dist.all_reduce(counts, async_op=True))
+
+        def answer() -> tuple[bool, ...]:
+            self._call(what, work.wait)
+            return tuple(bool(c) for c in counts.tolist())
+
+        return answer
+
+    def flags_tensor(self, flags: Sequence[bool]) -> torch.Tensor:
+        return torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=self.device)
+
+    def all_gather_object(self, obj: Any, what: str = "an all-gather of objects") -> list[Any]:
+        """Every worker's picklable ``obj``, in rank order."""
+        gathered: list[Any] = [None] * self.world_size
+        self._call(what, lambda: dist.all_gather_object(gathered, obj))
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int = 0, what: str = "a broadcast") -> Any:
+        """Rank ``src``'s picklable ``obj`` on every worker (the others' ``obj`` is ignored)."""
+        box = [obj]
+        self._call(what, lambda: dist.broadcast_object_list(box, src))
+        return box[0]
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Copies ``tensors`` from rank ``src`` into every worker's tensors, in place."""
@@ -239,7 +328,10 @@ class Collective:
     def close(self) -> None:
         """Stops the heartbeat and destroys the process group if this object made it (at exit
         too: a store or a gloo pair torn down during interpreter shutdown aborts the process)."""
+        global _active
         atexit.unregister(self.close)
+        if _active is self:
+            _active = None
         self._stop.set()
         if self._beater is not None:
             # The thread must be out of the store's C++ code before the interpreter ends.

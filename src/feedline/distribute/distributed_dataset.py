@@ -5,6 +5,10 @@ steps, one NumPy element per local replica (see ``_steps``). The iterator turns 
 element into torch tensors on that replica's device and returns them as ``PerReplica`` values
 (plain values with one replica). End of input is agreed, never guessed: while any worker has data,
 replicas without data receive empty (size-0) batches with the right trailing shape and dtype.
+
+In a ``feedline.train.Checkpoint`` an iterator saves every worker's position and, where every
+worker reads the whole pipeline (one worker, or DATA sharding), the global pipeline's, so that a
+checkpoint taken on N workers resumes on M (``_iterator_state``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import numpy as np
 import torch
 
 from feedline.data import structure
-from feedline.data.dataset import Dataset, DatasetIterator, Optional
+from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
+from feedline.data.torch_loader import FeedlineIterableDataset
+from feedline.distribute import _iterator_state
 from feedline.distribute._devices import ReplicaDevice
+from feedline.distribute._iterator_state import InputLayout
 from feedline.distribute._steps import (
     GroupElementsDataset,
     SplitBatchesDataset,
@@ -30,6 +37,7 @@ from feedline.distribute.values import PerReplica, PerReplicaSpec, regroup
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 
 Agree = Callable[[bool], bool]
+Gather = Callable[[Any], list[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,7 @@ class StepSource:
 
     steps: Dataset
     replica_specs: tuple[Any, ...]
+    layout: InputLayout
 
     @classmethod
     def from_global_batches(
@@ -57,16 +66,23 @@ class StepSource:
                 "InputReplicationMode.PER_REPLICA is only for distribute_datasets_from_function"
             )
         keep: range | None = range(0, replicas_per_worker)
+        sharding, policy = "whole", None
         if num_workers > 1:
             from feedline.data.experimental import ShardMode, auto_shard
 
+            chosen = dataset.options().experimental_distribute.auto_shard_policy
+            policy = "AUTO" if chosen is None else chosen.name
             dataset, mode = auto_shard(dataset, num_workers, worker_index)
             first = worker_index * replicas_per_worker
             keep = range(first, first + replicas_per_worker) if mode is ShardMode.DATA else None
+            sharding = mode.value
         steps = SplitBatchesDataset(
             dataset, num_workers * replicas_per_worker, replicas_per_worker, keep
         )
-        return cls(steps.prefetch(replicas_per_worker), steps.element_spec)
+        layout = InputLayout(sharding, num_workers, worker_index, replicas_per_worker, policy)
+        # The layout of every whole or DATA source is prefetch(split(global pipeline)): the
+        # global position of _iterator_state relies on it.
+        return cls(steps.prefetch(replicas_per_worker), steps.element_spec, layout)
 
     @classmethod
     def from_function(
@@ -92,10 +108,13 @@ class StepSource:
                 for i in range(replicas_per_worker)
             )
             steps: Dataset = ZipReplicasDataset(pipelines)
+            sharding = "per_replica_function"
         else:
             context = InputContext(num_workers, worker_index, num_replicas_in_sync)
             steps = GroupElementsDataset(_call(dataset_fn, context), replicas_per_worker)
-        return cls(steps, steps.element_spec)
+            sharding = "function"
+        layout = InputLayout(sharding, num_workers, worker_index, replicas_per_worker)
+        return cls(steps, steps.element_spec, layout)
 
 
 def _call(dataset_fn: Callable[[InputContext], Dataset], context: InputContext) -> Dataset:
@@ -120,11 +139,13 @@ class DistributedDataset:
         devices: Sequence[ReplicaDevice],
         options: InputOptions | None,
         agree: Agree,
+        gather: Gather | None = None,
     ) -> None:
         self._source = source
         self._devices = tuple(devices)
         self._options = options or InputOptions()
         self._agree = agree
+        self._gather: Gather = gather or (lambda obj: [obj])
 
     @property
     def element_spec(self) -> Any:
@@ -136,6 +157,11 @@ class DistributedDataset:
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
+
+    def as_torch(self) -> FeedlineIterableDataset:
+        """This input as a ``torch.utils.data.IterableDataset`` (for a ``DataLoader`` with
+        ``batch_size=None``), its checkpoints those of its iterators; see ``Dataset.as_torch``."""
+        return FeedlineIterableDataset(self)
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and hasattr(Dataset, name):
@@ -163,6 +189,13 @@ class DistributedIterator:
         self._ahead: collections.deque[tuple[tuple[Any, ...], Any]] = collections.deque()
         self._last_real: Any = None  # empty batches take its trailing shape and dtype
         self._finished = False
+        # Agreeing on the end costs a collective per step; where every worker knows it has the
+        # same number of steps (or an infinite input), they end together without it. The
+        # decision comes from the gathered counts, so every worker makes the same one.
+        count = dataset._source.steps.cardinality()
+        self._agree_each_step = (
+            count == UNKNOWN_CARDINALITY or len(set(dataset._gather(count))) != 1
+        )
 
     @property
     def element_spec(self) -> Any:
@@ -208,7 +241,7 @@ class DistributedIterator:
             step: tuple[Any, ...] | None = self._steps._next()
         except StopIteration:
             step = None
-        if not self._dataset._agree(step is not None):
+        if not (self._dataset._agree(step is not None) if self._agree_each_step else step):
             self._finished = True
             return None
         if step is None:
@@ -248,13 +281,34 @@ class DistributedIterator:
 
     # -- checkpoints -----------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
+        """This worker's position (no other worker takes part)."""
         return {
             "steps": self._steps.get_state(),
             "ahead": [step for step, _ in self._ahead],
             "finished": self._finished,
         }
 
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """What a ``Checkpoint`` saves: every worker's position and, where it applies, the
+        global pipeline's. Under several workers this is a collective: every worker calls it."""
+        return _iterator_state.gather(self.get_state(), self._layout, self._dataset._gather)
+
+    def _check_restorable(self, state: Any) -> str | None:
+        """Why ``state`` (from a checkpoint) cannot position this iterator, or None."""
+        return _iterator_state.restorable(state, self._layout)
+
+    @property
+    def _layout(self) -> InputLayout:
+        return self._dataset._source.layout
+
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restores a position: this worker's (``get_state``) or a checkpoint's (this worker's
+        entry, or the global position re-split over this iterator's workers)."""
+        if _iterator_state.is_saved_form(state):
+            problem = _iterator_state.restorable(state, self._layout)
+            if problem is not None:
+                raise InvalidArgumentError(f"cannot restore the distributed iterator: {problem}")
+            state = _iterator_state.local_state(state, self._layout)
         self._steps.set_state(state["steps"])
         self._ahead = collections.deque((step, self._place(step)) for step in state["ahead"])
         self._finished = bool(state["finished"])

@@ -166,6 +166,11 @@ class MultiWorkerMirroredStrategy(Strategy):
             return local_has_data
         return self._collective.agree(local_has_data)
 
+    def _all_gather_objects(self, obj: Any) -> list[Any]:
+        if self._collective is None:
+            return [obj]
+        return self._collective.all_gather_object(obj, "gathering every worker's input state")
+
     def __repr__(self) -> str:
         return (
             f"<MultiWorkerMirroredStrategy worker {self.extended.worker_index} of "

@@ -203,12 +203,13 @@ class Strategy:
         else:
             total = functools.reduce(torch.add, [p.to(target).sum(dim=axis) for p in parts])
             count = torch.tensor(float(sum(p.shape[axis] for p in parts)), device=target)
-        total, count = self._sum_across_workers(total), self._sum_across_workers(count)
         if op is ReduceOp.SUM:
-            return total
+            return self._sum_across_workers(total)
         if not torch.is_floating_point(total):
             total = total.to(torch.float32)
-        return total / count
+        # One collective for both: the total's elements, then the count.
+        both = self._sum_across_workers(torch.cat([total.reshape(-1), count.to(total.dtype)[None]]))
+        return both[:-1].reshape(total.shape) / both[-1]
 
     def gather(self, value: Any, axis: int) -> torch.Tensor:
         """The replicas' components of ``value`` concatenated along ``axis``."""
@@ -246,7 +247,9 @@ class Strategy:
             replicas_per_worker=self._num_local,
             options=options,
         )
-        return DistributedDataset(source, self.extended.local_devices, options, self._agree)
+        return DistributedDataset(
+            source, self.extended.local_devices, options, self._agree, self._all_gather_objects
+        )
 
     distribute_dataset = experimental_distribute_dataset
 
@@ -263,7 +266,9 @@ class Strategy:
             num_replicas_in_sync=self.num_replicas_in_sync,
             options=options,
         )
-        return DistributedDataset(source, self.extended.local_devices, options, self._agree)
+        return DistributedDataset(
+            source, self.extended.local_devices, options, self._agree, self._all_gather_objects
+        )
 
     experimental_distribute_datasets_from_function = distribute_datasets_from_function
 
@@ -283,6 +288,10 @@ class Strategy:
     def _agree(self, local_has_data: bool) -> bool:
         """Whether any worker still has data; with one worker, this worker's answer."""
         return local_has_data
+
+    def _all_gather_objects(self, obj: Any) -> list[Any]:
+        """Every worker's picklable ``obj`` in worker order; with one worker, ``[obj]``."""
+        return [obj]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} devices={list(self.extended.worker_devices)}>"

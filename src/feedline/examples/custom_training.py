@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for x in test_dist_dataset:
             distributed_test_step(x)
         progress.epoch = epoch + 1
-        if epoch % 2 == 0 and chief:
+        if epoch % 2 == 0:  # every worker saves; the chief alone writes the file
             checkpoint.save(checkpoint_prefix)
         # Under several workers, result() is over all of them: every worker asks, together.
         final_test_accuracy = float(test_accuracy.result())
@@ -326,10 +326,8 @@ def evaluate_restored(checkpoint_dir: str, image_size: int, test_dataset: fd.Dat
     eval_accuracy = feedline.metrics.SparseCategoricalAccuracy(name="eval_accuracy")
     new_model.eval()
     with torch.no_grad():
-        for images, labels in test_dataset:
-            eval_accuracy.update_state(
-                torch.from_numpy(labels), new_model(torch.from_numpy(images))
-            )
+        for images, labels in test_dataset.as_torch():  # torch tensors, not NumPy arrays
+            eval_accuracy.update_state(labels, new_model(images))
     return float(eval_accuracy.result())
 
 

@@ -91,6 +91,23 @@ class Metric:
             self._state = tensor.clone()
             self._placed = True
 
+    def _checkpoint_state(self) -> torch.Tensor:
+        """What a ``Checkpoint`` saves: the state over every worker for a metric made under a
+        multi-worker strategy (a collective, as saving is), else ``get_state()``."""
+        state = self.get_state()
+        strategy = self._strategy
+        if strategy is not None and strategy.extended.num_workers > 1:
+            state = strategy._sum_across_workers(state)
+        return state
+
+    def _restore_checkpoint_state(self, state: Any) -> None:
+        """Restores a saved state so that ``result()`` reads it again: under several workers
+        the chief holds it and the others start from zero, as the result sums them."""
+        strategy = self._strategy
+        if strategy is not None and strategy.extended.worker_index != 0:
+            state = torch.zeros(2, dtype=torch.float64)
+        self.set_state(state)
+
     def merge_state(self, metrics: Iterable[Metric]) -> None:
         """Adds the states of other metrics of the same type to this one (as Keras does)."""
         for other in metrics:

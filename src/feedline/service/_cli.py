@@ -4,6 +4,12 @@ processes that stop cleanly on SIGTERM or SIGINT.
 Each prints one line when it serves, ``feedline dispatcher serving at grpc://HOST:PORT`` or
 ``feedline worker serving at HOST:PORT``, so that scripts started with ``--port 0`` can learn
 the port. The shared secret is read from ``$FEEDLINE_SERVICE_TOKEN``.
+
+Exit codes: 0 after SIGTERM or SIGINT; 2 for a configuration error (``error: ...``); 1 for a
+worker whose dispatcher stayed unreachable past ``--dispatcher-timeout`` (``error: ...``;
+``--wait-forever`` keeps it trying). On SIGTERM a worker first drains for up to
+``--drain-seconds``: it takes no new work, finishes the DYNAMIC splits it began, hands out what
+it holds and tells the dispatcher it leaves; a second signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -50,6 +56,23 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument(
         "--worker-address", default=None, help="address consumers reach this worker at"
     )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, hand out what this worker holds for at most this long (default 10)",
+    )
+    parser.add_argument(
+        "--dispatcher-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying an unreachable dispatcher before exiting (default 60)",
+    )
+    parser.add_argument(
+        "--wait-forever",
+        action="store_true",
+        help="keep trying an unreachable dispatcher for as long as it takes",
+    )
     args = parser.parse_args(argv)
     return _serve(
         lambda: WorkerServer(
@@ -58,23 +81,33 @@ def worker_main(argv: list[str]) -> int:
                 port=args.port,
                 bind=args.bind,
                 worker_address=args.worker_address,
+                dispatcher_timeout_ms=max(1, round(args.dispatcher_timeout * 1000)),
+                wait_forever=args.wait_forever,
             )
         ),
         lambda server: f"feedline worker serving at {server.worker_address}",
+        drain_seconds=args.drain_seconds,
     )
 
 
 def _serve(
     make: Callable[[], DispatchServer | WorkerServer],
     banner: Callable[[DispatchServer | WorkerServer], str],
+    drain_seconds: float = 0.0,
 ) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     stop = threading.Event()
+    started: list[DispatchServer | WorkerServer | BaseException] = []
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set() and started and isinstance(started[0], WorkerServer):
+            started[0].cancel_drain()  # a second signal: stop draining now
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
     # Start on a helper thread: a worker may wait long for its dispatcher inside gRPC, where
     # this thread would not see a signal.
-    started: list[DispatchServer | WorkerServer | BaseException] = []
     starter = threading.Thread(target=_start, args=(make, started), daemon=True)
     starter.start()
     while starter.is_alive():
@@ -88,10 +121,15 @@ def _serve(
         raise server
     print(banner(server), flush=True)
     try:
-        while not stop.wait(1.0):
-            pass
+        while not stop.wait(0.2):
+            if isinstance(server, WorkerServer) and server.stopped:
+                print(f"error: {server.error or 'the worker stopped'}", flush=True)
+                return 1
     finally:
-        server.stop()
+        if isinstance(server, WorkerServer):
+            server.stop(drain_seconds=drain_seconds if stop.is_set() else 0.0)
+        else:
+            server.stop()
     return 0
 
 

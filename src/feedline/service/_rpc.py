@@ -1,14 +1,21 @@
 """gRPC plumbing shared by the dispatcher, the workers and the client.
 
-Every RPC is unary and carries one frame of ``_wire`` (a JSON header and raw buffers), so the
-services need no generated code and the data plane moves NumPy buffers without protobuf copies.
-This module owns what every call has in common:
+Every RPC carries one frame of ``_wire`` (a JSON header and raw buffers), so the services need
+no generated code and the data plane moves NumPy buffers without protobuf copies. Most RPCs are
+unary; an *upload* (a server's ``upload_limits``: the dispatcher's ``RegisterDataset``) sends its
+frame as a stream of chunks of at most ``UPLOAD_CHUNK_BYTES``. This module owns what every call
+has in common:
 
 - addresses: ``"[grpc://]host:port"`` or ``("grpc", "host:port")``;
-- the shared secret: sent as the ``feedline-token`` metadata, checked before anything is decoded;
-  a call without it is refused with PERMISSION_DENIED;
-- request limits: a request over ``max_request_bytes`` or a malformed frame is refused with
-  INVALID_ARGUMENT and the server keeps serving;
+- the shared secret: sent as the ``feedline-token`` metadata and checked by a server interceptor
+  from the call's metadata, before the request's body is read: a call without it is refused
+  with PERMISSION_DENIED and its body is never received;
+- request limits: a server's transport takes no message longer than about twice the largest it
+  expects (``max_request_bytes``, or one upload chunk), so no request, authenticated or not, makes
+  it buffer more; gRPC refuses a longer one with RESOURCE_EXHAUSTED (``InvalidArgumentError`` to
+  a feedline caller) before reading it. A request over ``max_request_bytes`` (an upload over its
+  limit, counted chunk by chunk) or a malformed frame is refused with INVALID_ARGUMENT; the
+  server keeps serving;
 - errors: a feedline error raised by a handler travels as the matching status code, with its
   type in the ``feedline-error-type`` trailing metadata, and is raised again by the caller as
   the same type (``_ERRORS``); any other exception is reported with its type name and traceback.
@@ -22,7 +29,7 @@ import logging
 import os
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -48,8 +55,10 @@ TOKEN_ENV = "FEEDLINE_SERVICE_TOKEN"
 _TOKEN_KEY = "feedline-token"
 _ERROR_TYPE_KEY = "feedline-error-type"
 _PROTOCOLS = ("grpc",)
-# Requests larger than this are refused (a registered dataset is the largest request).
-DEFAULT_MAX_REQUEST_BYTES = 256 << 20
+#: The largest unary request a server takes by default: control messages are small.
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+#: Uploads travel in chunks of at most this many bytes (each one gRPC message).
+UPLOAD_CHUNK_BYTES = 1 << 20
 
 #: A handler takes the request's header and buffers and returns a reply frame, or a header and
 #: buffers to frame.
@@ -146,27 +155,51 @@ def start_server(
     port: int,
     token: str | None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    upload_limits: Mapping[str, int] | None = None,
     max_workers: int = 32,
 ) -> tuple[Server, int]:
     """A started gRPC server of ``handlers`` on ``bind:port`` and the port it bound.
 
+    Args:
+      service_name: the gRPC service the methods belong to.
+      handlers: the handler of each method.
+      bind: the interface to listen on.
+      port: the port; 0 picks a free one.
+      token: the shared secret every call must carry in its metadata, or None.
+      max_request_bytes: the largest request of a unary method.
+      upload_limits: methods whose request arrives as an upload (``RpcClient.upload``), with
+        the largest request each takes.
+      max_workers: threads serving calls.
+
     Raises:
       UnavailableError: the address cannot be bound.
     """
+    uploads = dict(upload_limits or {})
     methods = {
-        name: grpc.unary_unary_rpc_method_handler(
-            _guarded(service_name, name, handler, token, max_request_bytes)
+        name: grpc.stream_unary_rpc_method_handler(
+            _upload_handler(service_name, name, handler, uploads[name])
+        )
+        if name in uploads
+        else grpc.unary_unary_rpc_method_handler(
+            _unary_handler(service_name, name, handler, max_request_bytes)
         )
         for name, handler in handlers.items()
     }
+    largest = max(max_request_bytes, UPLOAD_CHUNK_BYTES if uploads else 0)
     executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=service_name)
     server = grpc.server(
         executor,
         handlers=[grpc.method_handlers_generic_handler(service_name, methods)],
+        interceptors=[] if token is None else [_TokenCheck(token)],
         options=[
             # Past our own limit a little, so that our handler sees an oversized request and
-            # answers INVALID_ARGUMENT; far past it gRPC refuses it with RESOURCE_EXHAUSTED.
-            ("grpc.max_receive_message_length", 2 * max_request_bytes + (1 << 20)),
+            # answers INVALID_ARGUMENT; far past it gRPC refuses it with RESOURCE_EXHAUSTED
+            # from the message's length prefix, without receiving the rest.
+            ("grpc.max_receive_message_length", 2 * largest + (64 << 10)),
+            # No bandwidth-delay probing of what clients send: it grows a stream's receive
+            # window to megabytes, which an oversized request then fills before gRPC refuses
+            # it. Requests are small (uploads come in chunks); replies are not affected.
+            ("grpc.http2.bdp_probe", 0),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
         ],
@@ -181,34 +214,93 @@ def start_server(
     return Server(server, executor), bound
 
 
-def _guarded(
-    service_name: str, method: str, handler: Handler, token: str | None, max_request_bytes: int
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses a call without the shared secret from its metadata alone.
+
+    gRPC hands an interceptor the call's metadata before the request is read. A refused call
+    gets a handler that never asks for the request (a stream handler that aborts at once), so
+    its body is never taken off the wire: an unauthenticated request costs the server at most
+    its flow-control window (64 KiB; ``start_server`` turns off the probing that grows it),
+    whatever its size.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        sent = dict(handler_call_details.invocation_metadata or ()).get(_TOKEN_KEY, "")
+        sent = sent if isinstance(sent, bytes) else str(sent).encode()
+        if hmac.compare_digest(sent, self._token):
+            return continuation(handler_call_details)
+        method = handler_call_details.method.lstrip("/")
+
+        def refuse(requests: Iterator[bytes], context: grpc.ServicerContext) -> None:
+            # ``requests`` is never iterated: that is what keeps the body off the wire.
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: missing or wrong service token (set {TOKEN_ENV} or the config's "
+                "token to the cluster's secret)",
+            )
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+def _unary_handler(
+    service_name: str, method: str, handler: Handler, max_request_bytes: int
 ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
-        if token is not None:
-            sent = dict(context.invocation_metadata()).get(_TOKEN_KEY, "")
-            if not hmac.compare_digest(str(sent).encode(), token.encode()):
-                context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"{service_name}/{method}: missing or wrong service token (set "
-                    f"{TOKEN_ENV} or the config's token to the cluster's secret)",
-                )
         if len(request) > max_request_bytes:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{service_name}/{method}: request of {len(request)} bytes is over the limit of "
                 f"{max_request_bytes} bytes",
             )
-        try:
-            header, buffers = decode_frame(request)
-            reply = handler(header, buffers)
-        except Exception as error:
-            _abort(context, service_name, method, error)
-        if isinstance(reply, bytes):
-            return reply
-        return encode_frame(*reply)
+        return _serve(service_name, method, handler, request, context)
 
     return call
+
+
+def _upload_handler(
+    service_name: str, method: str, handler: Handler, limit: int
+) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
+    def call(chunks: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{service_name}/{method}: request of more than {limit} bytes is over the "
+                    f"limit of {limit} bytes",
+                )
+            parts.append(chunk)
+        request = parts[0] if len(parts) == 1 else b"".join(parts)
+        del parts
+        return _serve(service_name, method, handler, request, context)
+
+    return call
+
+
+def _serve(
+    service_name: str,
+    method: str,
+    handler: Handler,
+    request: bytes,
+    context: grpc.ServicerContext,
+) -> bytes:
+    try:
+        header, buffers = decode_frame(request)
+        reply = handler(header, buffers)
+    except Exception as error:
+        _abort(context, service_name, method, error)
+    if isinstance(reply, bytes):
+        return reply
+    return encode_frame(*reply)
 
 
 def _abort(
@@ -302,6 +394,31 @@ class RpcClient:
             )
         except grpc.RpcError as error:
             raise _error_of(error, f"{self._service_name}/{method} at {self.address}") from None
+
+    def upload(
+        self,
+        method: str,
+        header: dict[str, Any],
+        buffers: Sequence[Any] = (),
+        *,
+        timeout: float,
+        wait_for_ready: bool = False,
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        """``call`` for a method the server takes as an upload (its ``upload_limits``): the
+        request travels in chunks of ``UPLOAD_CHUNK_BYTES``."""
+        frame = memoryview(encode_frame(header, buffers))
+        chunks = (
+            bytes(frame[start : start + UPLOAD_CHUNK_BYTES])
+            for start in range(0, len(frame), UPLOAD_CHUNK_BYTES)
+        )
+        stub = self._channel.stream_unary(f"/{self._service_name}/{method}")
+        try:
+            reply = stub(
+                chunks, timeout=timeout, metadata=self._metadata, wait_for_ready=wait_for_ready
+            )
+        except grpc.RpcError as error:
+            raise _error_of(error, f"{self._service_name}/{method} at {self.address}") from None
+        return decode_frame(reply)
 
     def close(self) -> None:
         self._channel.close()

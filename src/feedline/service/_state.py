@@ -2,6 +2,11 @@
 
 Everything the dispatcher must not forget (registered datasets, workers, jobs, their tasks and
 consumers, the split cursors of DYNAMIC jobs) lives in ``DispatcherState`` as plain records.
+
+Ids are never reused, not even by a dispatcher restarted without its journal: every job, task and
+consumer id carries the *incarnation* of the dispatcher life that made it in its high bits
+(``id >> INCARNATION_SHIFT``), a random number drawn at each start, so an id from an earlier
+life is never mistaken for one of this life (``incarnation_of``).
 The state changes in one way only: ``apply(update)``, where an update is one of the small frozen
 dataclasses below. Updates are deterministic and JSON-serialisable (``update_to_json`` /
 ``update_from_json``), so that a journal that writes each update before applying it, and replays
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import secrets
 import typing
 from typing import Any
 
@@ -32,12 +38,29 @@ __all__ = [
     "RegisterDataset",
     "RegisterWorker",
     "ReleaseClient",
+    "RemoveDataset",
+    "RemoveJob",
     "RemoveWorker",
     "TaskRecord",
     "Update",
+    "incarnation_of",
+    "new_incarnation",
     "update_from_json",
     "update_to_json",
 ]
+
+#: Job, task and consumer ids are ``incarnation << INCARNATION_SHIFT | counter``.
+INCARNATION_SHIFT = 32
+
+
+def new_incarnation() -> int:
+    """A random, non-zero dispatcher incarnation (31 bits: ids stay below 2**63)."""
+    return secrets.randbits(31) | 1
+
+
+def incarnation_of(some_id: int) -> int:
+    """The incarnation of the dispatcher life that made the job, task or consumer ``some_id``."""
+    return some_id >> INCARNATION_SHIFT
 
 
 # -- records ----------------------------------------------------------------------------------
@@ -73,6 +96,8 @@ class TaskRecord:
     worker_index: int
     num_workers: int
     finished: bool = False
+    #: The task ended because its worker left or was dropped, not because its input ended.
+    lost: bool = False
 
 
 @dataclasses.dataclass
@@ -93,6 +118,8 @@ class JobRecord:
     task_ids: list[int] = dataclasses.field(default_factory=list)
     client_ids: list[int] = dataclasses.field(default_factory=list)
     finished: bool = False
+    #: Why the job failed (``{"type", "message", "traceback", "worker"}``), None if it did not.
+    error: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -148,7 +175,10 @@ class FinishTask:
 
 @dataclasses.dataclass(frozen=True)
 class FinishJob:
+    """The job ends: its input ended, or (with ``error``) a task failed and the job with it."""
+
     job_id: int
+    error: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +201,21 @@ class MoveSplitCursor:
     cursor: dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class RemoveJob:
+    """The job is collected: it, its tasks, its consumers and its split cursors are forgotten
+    (a named job's name then starts a new job)."""
+
+    job_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveDataset:
+    """The dataset is collected (no job reads it)."""
+
+    dataset_id: str
+
+
 Update = (
     RegisterDataset
     | RegisterWorker
@@ -182,6 +227,8 @@ Update = (
     | AcquireClient
     | ReleaseClient
     | MoveSplitCursor
+    | RemoveJob
+    | RemoveDataset
 )
 _UPDATES: dict[str, type] = {kind.__name__: kind for kind in typing.get_args(Update)}
 
@@ -228,23 +275,28 @@ class DispatcherState:
     Not thread-safe: the dispatcher applies updates under its lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, incarnation: int = 0) -> None:
+        self.incarnation = incarnation
         self.datasets: dict[str, DatasetRecord] = {}
         self.dataset_by_fingerprint: dict[str, str] = {}
         self.workers: dict[str, WorkerRecord] = {}
         self.jobs: dict[int, JobRecord] = {}
         self.job_by_key: dict[tuple[str, int], int] = {}
         self.tasks: dict[int, TaskRecord] = {}
+        # The ids of each worker's tasks, in the order they were made (an index of ``tasks``).
+        self._worker_task_ids: dict[str, dict[int, None]] = {}
         self.clients: dict[int, ClientRecord] = {}
         self.split_cursors: dict[tuple[int, int], dict[str, Any]] = {}
-        self.next_id = 1
+        self.next_id = (incarnation << INCARNATION_SHIFT) + 1
 
     def new_id(self) -> int:
-        """An id for the next job, task or client (ids are never reused)."""
+        """An id for the next job, task or client (ids are never reused, across dispatcher
+        lives too: each carries this state's incarnation)."""
         return self.next_id
 
     def _take_id(self, used: int) -> None:
-        self.next_id = max(self.next_id, used + 1)
+        if incarnation_of(used) == self.incarnation:  # a replayed id of an earlier life is not
+            self.next_id = max(self.next_id, used + 1)
 
     def apply(self, update: Update) -> None:
         """Changes the state by ``update``; the only way it changes."""
@@ -252,13 +304,15 @@ class DispatcherState:
             case RegisterDataset(record):
                 self.datasets[record.dataset_id] = record
                 self.dataset_by_fingerprint[record.fingerprint] = record.dataset_id
+                if record.dataset_id.isdigit():  # an id the dispatcher chose (new_id)
+                    self._take_id(int(record.dataset_id))
             case RegisterWorker(address, tags):
                 self.workers[address] = WorkerRecord(address, tuple(tags))
             case RemoveWorker(address):
                 self.workers.pop(address, None)
-                for task in self.tasks.values():
-                    if task.worker_address == address:
-                        task.finished = True
+                for task in self.worker_tasks(address):
+                    if not task.finished:
+                        task.finished = task.lost = True
             case CreateJob():
                 job = JobRecord(**dataclasses.asdict(update))
                 self.jobs[job.job_id] = job
@@ -268,13 +322,15 @@ class DispatcherState:
             case CreateTask():
                 task = TaskRecord(**dataclasses.asdict(update))
                 self.tasks[task.task_id] = task
+                self._worker_task_ids.setdefault(task.worker_address, {})[task.task_id] = None
                 self.jobs[task.job_id].task_ids.append(task.task_id)
                 self._take_id(task.task_id)
             case FinishTask(task_id):
                 self.tasks[task_id].finished = True
-            case FinishJob(job_id):
+            case FinishJob(job_id, error):
                 job = self.jobs[job_id]
                 job.finished = True
+                job.error = error
                 for task_id in job.task_ids:
                     self.tasks[task_id].finished = True
                 for key in [key for key in self.split_cursors if key[0] == job_id]:
@@ -287,8 +343,31 @@ class DispatcherState:
                 self.clients[client_id].released = True
             case MoveSplitCursor(job_id, repetition, cursor):
                 self.split_cursors[(job_id, repetition)] = cursor
+            case RemoveJob(job_id):
+                self._remove_job(job_id)
+            case RemoveDataset(dataset_id):
+                record = self.datasets.pop(dataset_id)
+                if self.dataset_by_fingerprint.get(record.fingerprint) == dataset_id:
+                    del self.dataset_by_fingerprint[record.fingerprint]
             case _:
                 raise InvalidArgumentError(f"not a dispatcher update: {update!r}")
+
+    def _remove_job(self, job_id: int) -> None:
+        job = self.jobs.pop(job_id)
+        if job.job_name is not None:
+            name = (job.job_name, job.iteration)
+            if self.job_by_key.get(name) == job_id:
+                del self.job_by_key[name]
+        for task_id in job.task_ids:
+            task = self.tasks.pop(task_id)
+            ids = self._worker_task_ids[task.worker_address]
+            del ids[task_id]
+            if not ids:
+                del self._worker_task_ids[task.worker_address]
+        for client_id in job.client_ids:
+            del self.clients[client_id]
+        for cursor in [key for key in self.split_cursors if key[0] == job_id]:
+            del self.split_cursors[cursor]
 
     # -- queries ----------------------------------------------------------------------------
     def active_clients(self, job_id: int) -> list[int]:
@@ -298,4 +377,6 @@ class DispatcherState:
         return [self.tasks[t] for t in self.jobs[job_id].task_ids]
 
     def worker_tasks(self, address: str) -> list[TaskRecord]:
-        return [task for task in self.tasks.values() if task.worker_address == address]
+        """The tasks of the worker at ``address``, oldest first (from an index: the cost is
+        the worker's own tasks, not every task the dispatcher keeps)."""
+        return [self.tasks[t] for t in self._worker_task_ids.get(address, ())]

@@ -44,9 +44,11 @@ from feedline.errors import (
     FailedPreconditionError,
     FeedlineError,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
 )
-from feedline.service import _rpc
+from feedline.service import _exit, _rpc
+from feedline.service._errors import error_from_report
 from feedline.service._split import split_plan
 from feedline.service._wire import decode_frame, encode_frame, unpack_elements
 from feedline.service.config import ShardingPolicy
@@ -66,7 +68,14 @@ _BUFFER_BYTES = 64 << 20
 # The most bytes one reply carries (one larger element still travels alone).
 _REPLY_BYTES = 8 << 20
 _POLL_MS = 500
-_RPC_TIMEOUT_S = 60.0
+# The longest one RPC to a reachable server may take.
+_RPC_TIMEOUT_S = 30.0
+# How long a consumer waits for an unreachable dispatcher, or for a job no worker serves,
+# before next() raises UnavailableError (options.experimental_distribute.service_timeout_ms).
+_DEFAULT_TIMEOUT_MS = 300_000
+# The longest time between a consumer's heartbeats (shorter if the dispatcher's
+# client_timeout_ms asks for it).
+_HEARTBEAT_S = 1.0
 
 
 # -- arguments --------------------------------------------------------------------------------
@@ -258,8 +267,12 @@ def from_dataset_id(
     )
     if not isinstance(dataset_id, str) or not dataset_id:
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
-    reply, buffers = _dispatcher(params.address).call(
-        "GetElementSpec", {"dataset_id": dataset_id}, timeout=_RPC_TIMEOUT_S, wait_for_ready=True
+    reply, buffers = _bounded_call(
+        _dispatcher(params.address),
+        "GetElementSpec",
+        {"dataset_id": dataset_id},
+        _DEFAULT_TIMEOUT_MS / 1000,
+        f"asking for the element spec of dataset {dataset_id}",
     )
     if element_spec is None:
         element_spec = cloudpickle.loads(buffers[0])
@@ -270,19 +283,38 @@ def from_dataset_id(
 
 # -- connections ------------------------------------------------------------------------------
 
-_clients_lock = threading.Lock()
-_clients: dict[tuple[str, str, str], _rpc.RpcClient] = {}
+
+class _Channels:
+    """The consumers' channels: one per address and service in this process (channels are
+    thread-safe), closed when the process exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, str, str], _rpc.RpcClient] = {}
+        _exit.register(self, "close", _exit.CHANNELS)
+
+    def get(self, address: str, service_name: str) -> _rpc.RpcClient:
+        token = _rpc.resolve_token(None)
+        key = (address, service_name, token or "")
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = _rpc.RpcClient(address, service_name, token)
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+_channels = _Channels()
 
 
 def _client(address: str, service_name: str) -> _rpc.RpcClient:
-    """One channel per address and service in this process (channels are thread-safe)."""
-    token = _rpc.resolve_token(None)
-    key = (address, service_name, token or "")
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            client = _clients[key] = _rpc.RpcClient(address, service_name, token)
-        return client
+    """The channel to ``service_name`` at ``address``."""
+    return _channels.get(address, service_name)
 
 
 def _dispatcher(address: str) -> _rpc.RpcClient:
@@ -290,7 +322,11 @@ def _dispatcher(address: str) -> _rpc.RpcClient:
 
 
 def _register(
-    address: str, dataset: Dataset, compression: str | None, dataset_id: str | None
+    address: str,
+    dataset: Dataset,
+    compression: str | None,
+    dataset_id: str | None,
+    timeout_s: float = _DEFAULT_TIMEOUT_MS / 1000,
 ) -> str:
     spec = cloudpickle.dumps(dataset.element_spec)  # before the dataset: it may cache its spec
     try:
@@ -310,9 +346,17 @@ def _register(
             f"the dataset cannot be sent to the service: pickling it failed with {error!r}; "
             "every function in the pipeline must be picklable by cloudpickle"
         ) from error
-    reply, _ = _dispatcher(address).call(
-        "RegisterDataset", header, (payload, spec), timeout=_RPC_TIMEOUT_S, wait_for_ready=True
-    )
+    dispatcher = _dispatcher(address)
+    try:
+        reply, _ = dispatcher.upload(
+            "RegisterDataset", header, (payload, spec), timeout=timeout_s, wait_for_ready=True
+        )
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"the dispatcher at {address} could not be reached for {timeout_s:.0f} s while "
+            f"registering the dataset (options.experimental_distribute.service_timeout_ms sets "
+            f"how long to wait): {error}"
+        ) from None
     return str(reply["dataset_id"])
 
 
@@ -367,20 +411,33 @@ class DataServiceDataset(Dataset):
         """Consumers of a named job split its data among themselves: auto-sharding keeps off."""
         return self._params.job_name is not None
 
-    def _registered_id(self) -> str:
-        with self._passes_lock:
-            if self._dataset_id is None:
-                assert self._source is not None
-                self._dataset_id = _register(
-                    self._params.address, self._source, self._compression, None
-                )
-            return self._dataset_id
+    def _registered_id(self, timeout_s: float) -> str:
+        """The dataset's id at the dispatcher, registering it first if needed (called by an
+        iterator that is joining, under ``_passes_lock``)."""
+        if self._dataset_id is None:
+            if self._source is None:
+                raise FailedPreconditionError("a dataset read by id lost its id")
+            self._dataset_id = _register(
+                self._params.address, self._source, self._compression, None, timeout_s
+            )
+        return self._dataset_id
+
+    def _forget_registration(self, dataset_id: str) -> bool:
+        """Forgets ``dataset_id``, which the dispatcher no longer knows (it forgot a dataset
+        nobody read, or restarted without its journal), so that the next join registers the
+        dataset again; False if this dataset cannot be registered again (it was read by id)."""
+        if self._source is None or self._dataset_id != dataset_id:
+            return False
+        self._dataset_id = None
+        return True
 
     def _make_iterator(self, ctx: IteratorContext) -> _ServiceIterator:
+        # The iteration counts only once its job is joined: a consumer that failed to join
+        # (dispatcher unreachable, a refused job) joins the same job when it tries again.
         with self._passes_lock:
-            iteration = self._iterations
+            iterator = _ServiceIterator(self, ctx, self._iterations)
             self._iterations += 1
-        return _ServiceIterator(self, ctx, iteration)
+        return iterator
 
 
 class _ServiceIterator(DatasetIterator):
@@ -390,7 +447,8 @@ class _ServiceIterator(DatasetIterator):
 
     def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:
         super().__init__(dataset, ctx)
-        self._reader = _JobReader(dataset, iteration)
+        timeout_ms = ctx.options.experimental_distribute.service_timeout_ms
+        self._reader = _JobReader(dataset, iteration, (timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000)
 
     def _next(self) -> Any:
         return self._reader.next()
@@ -409,86 +467,122 @@ class _ServiceIterator(DatasetIterator):
 
 
 class _JobReader:
-    """Joins a job and reads it: a heartbeat thread follows the job's tasks, fetch threads fill
-    a bounded buffer, ``next`` takes from it."""
+    """Joins a job and reads it: a heartbeat thread follows the job's view at the dispatcher,
+    fetch threads fill a bounded buffer, ``next`` takes from it.
 
-    def __init__(self, dataset: DataServiceDataset, iteration: int) -> None:
+    How a read ends (``next``):
+
+    ===============================================  ==========================================
+    every task's input ended (the worker said        StopIteration
+    ``eos``; or some did and the others were lost
+    with their workers), or the dispatcher ended
+    the job without error
+    the job failed: a task raised (any worker),      that error, at every call; the reader
+    the dispatcher restarted without its journal,    stops its threads and releases the job
+    the consumer was released, a round-robin
+    worker is gone
+    the dispatcher did not answer for ``timeout_s``  ``UnavailableError``, once: the next call
+    or no worker served the job for ``timeout_s``    waits again
+    ===============================================  ==========================================
+
+    Only a failed RPC means that a worker cannot be reached; an error raised by the pipeline on
+    a worker arrives inside a reply, whatever its type, and fails the job.
+    """
+
+    def __init__(self, dataset: DataServiceDataset, iteration: int, timeout_s: float) -> None:
         params = self._params = dataset._params
         self._dispatcher = _dispatcher(params.address)
+        self._timeout_s = timeout_s
         self._treespec = structure.spec_structure(dataset.element_spec)
         self._cond = threading.Condition()
         self._results: collections.deque[tuple[Any, int]] = collections.deque()
-        self._error: BaseException | None = None
+        self._job_error: BaseException | None = None  # the job failed: raised at every call
         self._credits = params.max_outstanding_requests or _DEFAULT_OUTSTANDING
         self._buffered_bytes = 0
         self._tasks: dict[int, str] = {}
+        self._completed: set[int] = set()  # the task's input ended and it handed out all
+        # Tasks with a request in flight: elements a worker handed out before it said it was
+        # done may still be on their way here.
+        self._in_flight: set[int] = set()
+        self._lost: set[int] = set()  # its worker left or was dropped
         self._fetchers: dict[int, threading.Thread] = {}
-        self._done_tasks: set[int] = set()
-        self._ended_tasks: set[int] = set()
         self._job_finished = False
+        self._version = -1
+        self._consumers = 1  # the job's consumers, as the dispatcher last said
         self._stopping = threading.Event()
-        reply, _ = self._dispatcher.call(
-            "GetOrCreateJob",
-            {
-                "dataset_id": dataset._registered_id(),
-                "mode": int(params.mode),
-                "job_name": params.job_name,
-                "iteration": iteration,
-                "num_consumers": params.num_consumers,
-                "target_workers": params.target_workers,
-            },
-            timeout=_RPC_TIMEOUT_S,
-            wait_for_ready=True,
-        )
+        self._released = False
+        self._client_id: int | None = None
+        reply = self._join(dataset, iteration)
         self._client_id = int(reply["client_id"])
-        self._job_finished = bool(reply["finished"])
+        self._job_id = int(reply["job_id"])
+        self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, reply["client_timeout_ms"] / 4000))
+        self._answered_at = time.monotonic()
+        self._idle_since: float | None = None  # since when no task of the job can be read
+        self._apply_view(reply)
+        _exit.register(self, "stop_at_exit", _exit.CONSUMER)
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name=f"feedline-consumer-{self._client_id}", daemon=True
         )
         self._heartbeat_thread.start()
 
     # -- the dispatcher ---------------------------------------------------------------------
+    def _join(self, dataset: DataServiceDataset, iteration: int) -> dict[str, Any]:
+        """Joins the job, registering the dataset first where needed, and again if the
+        dispatcher no longer knows it (it restarted without a journal)."""
+        dataset_id = dataset._registered_id(self._timeout_s)
+        try:
+            return self._join_as(dataset_id, iteration)
+        except NotFoundError:
+            if not dataset._forget_registration(dataset_id):
+                raise
+        return self._join_as(dataset._registered_id(self._timeout_s), iteration)
+
+    def _join_as(self, dataset_id: str, iteration: int) -> dict[str, Any]:
+        params = self._params
+        header = {
+            "dataset_id": dataset_id,
+            "mode": int(params.mode),
+            "job_name": params.job_name,
+            "iteration": iteration,
+            "num_consumers": params.num_consumers,
+            "target_workers": params.target_workers,
+        }
+        what = f"joining a job of dataset {dataset_id}"
+        reply, _ = _bounded_call(self._dispatcher, "GetOrCreateJob", header, self._timeout_s, what)
+        return reply
+
     def _heartbeat_loop(self) -> None:
-        wait_ms = 0
-        unreachable_since = 0.0
+        interval = self._heartbeat_s
         while not self._stopping.is_set():
+            started = time.monotonic()
             try:
                 reply, _ = self._dispatcher.call(
                     "ClientHeartbeat",
                     {
                         "client_id": self._client_id,
-                        "known_tasks": self._running_tasks(),
-                        "wait_ms": wait_ms,
+                        "version": self._version,
+                        "wait_ms": int(interval * 1000),
                     },
-                    timeout=_RPC_TIMEOUT_S,
+                    timeout=interval + _RPC_TIMEOUT_S,
                 )
-            except UnavailableError as error:
-                if not unreachable_since:
-                    unreachable_since = time.monotonic()
-                    logger.warning(
-                        "consumer %d: dispatcher unreachable, retrying (%s)", self._client_id, error
-                    )
-                self._stopping.wait(0.5)
+            except UnavailableError:  # next() raises once this lasts too long
+                self._stopping.wait(min(interval, 0.5))
                 continue
             except BaseException as error:
                 self._fail(error)
                 return
-            wait_ms = 1000
-            unreachable_since = 0.0
-            self._update_tasks(reply["tasks"], bool(reply["finished"]))
+            with self._cond:
+                self._answered_at = time.monotonic()
+            if not self._apply_view(reply):  # no news: the next heartbeat waits its turn
+                self._stopping.wait(max(0.0, interval - (time.monotonic() - started)))
 
-    def _running_tasks(self) -> list[int]:
-        with self._cond:
-            return sorted(set(self._tasks) - self._ended_tasks)
-
-    def _update_tasks(self, listed: list[list[Any]], finished: bool) -> None:
-        """Takes in the job's tasks ``[task_id, address, ended]`` from a heartbeat: starts
-        reading new ones and notes those that ended at the dispatcher (a task whose worker was
-        dropped ends there; its fetcher stops when the worker does not answer)."""
-        tasks = {int(t): str(a) for t, a, _ in listed}
+    def _apply_view(self, view: dict[str, Any]) -> bool:
+        """Takes in the job's view from the dispatcher (tasks ``[task_id, address, state]``,
+        whether it finished, its error); starts reading new tasks. Whether it was news."""
+        listed = [(int(t), str(a), str(s)) for t, a, s in view["tasks"]]
         if self._params.target_workers == "LOCAL":
             local = local_worker_addresses()
-            if tasks and not any(a in local for a in tasks.values()):
+            if listed and not any(a in local for _, a, _ in listed):
                 self._fail(
                     FailedPreconditionError(
                         "target_workers='LOCAL' reads only from workers in this process, and "
@@ -496,22 +590,45 @@ class _JobReader:
                         "process or use target_workers='ANY'"
                     )
                 )
-                return
-            tasks = {t: a for t, a in tasks.items() if a in local}
+                return True
+            listed = [task for task in listed if task[1] in local]
+        error = view.get("error")
         with self._cond:
-            self._ended_tasks.update(int(t) for t, _, ended in listed if ended)
-            new = {t: a for t, a in tasks.items() if t not in self._tasks}
-            self._tasks.update(new)
-            self._job_finished = finished
+            news = view["version"] != self._version
+            self._version = view["version"]
+            for task_id, _, state in listed:
+                if state == "done":
+                    self._completed.add(task_id)
+                elif state == "lost":
+                    self._lost.add(task_id)
+            new = sorted(t for t, _, _ in listed if t not in self._tasks)
+            self._tasks.update((t, a) for t, a, _ in listed if t in new)
+            self._job_finished = bool(view["finished"])
+            self._consumers = int(view.get("consumers", 1))
+            self._note_liveness()
             self._cond.notify_all()
-        if self._params.num_consumers is not None:
+            readable = [t for t in new if t not in self._completed and t not in self._lost]
+        if error is not None:
+            self._fail(error_from_report(error))
+        elif self._params.num_consumers is not None:
             if new and not self._fetchers:
                 self._start_fetcher(-1, self._fetch_rounds)
-            return
-        for task_id in sorted(new):
-            self._start_fetcher(task_id, self._fetch_first_come)
+        else:
+            for task_id in readable:
+                self._start_fetcher(task_id, self._fetch_first_come)
+        return news
+
+    def _note_liveness(self) -> None:
+        """(Under the lock.) Notes since when no task of the job can be read."""
+        readable = any(t not in self._completed and t not in self._lost for t in self._tasks)
+        if readable or self._job_finished or self._finished():
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()
 
     def _start_fetcher(self, key: int, target: Any) -> None:
+        if self._stopping.is_set():
+            return
         thread = threading.Thread(
             target=target,
             args=(key,),
@@ -522,10 +639,13 @@ class _JobReader:
         thread.start()
 
     def _fail(self, error: BaseException) -> None:
+        """The job failed for this consumer: ``next`` raises ``error`` from now on, and the
+        reader stops its threads and releases the job."""
         with self._cond:
-            if self._error is None and not self._stopping.is_set():
-                self._error = error
+            if self._job_error is None and not self._stopping.is_set():
+                self._job_error = error
             self._cond.notify_all()
+        self.release()
 
     # -- reading ----------------------------------------------------------------------------
     def _acquire(self) -> int:
@@ -537,7 +657,7 @@ class _JobReader:
                 self._cond.wait(0.5)
             if self._stopping.is_set():
                 return 0
-            active = max(1, len(self._tasks) - len(self._done_tasks))
+            active = max(1, len(self._tasks) - len(self._completed) - len(self._lost))
             share = max(1, self._credits // active)
             self._credits -= share
             return share
@@ -559,12 +679,18 @@ class _JobReader:
             self._buffered_bytes += sum(size for _, size in items)
             self._cond.notify_all()
 
-    def _worker_call(self, address: str, request: dict[str, Any]) -> dict[str, Any] | None:
-        """One GetElements call; its header with ``elements`` added, or None if the worker is
-        unreachable right now."""
+    def _end_task(self, task_id: int, completed: bool) -> None:
+        with self._cond:
+            (self._completed if completed else self._lost).add(task_id)
+            self._note_liveness()
+            self._cond.notify_all()
+
+    def _read(self, worker: _rpc.RpcClient, request: dict[str, Any]) -> dict[str, Any] | None:
+        """One GetElements call: its header, with ``elements`` added; None if the worker
+        cannot be reached (only a failed RPC means that)."""
         try:
-            frame = _client(address, WORKER_SERVICE).call_frame(
-                "GetElements", encode_frame(request), timeout=_RPC_TIMEOUT_S
+            frame = worker.call_frame(
+                "GetElements", encode_frame(request), timeout=_POLL_MS / 1000 + _RPC_TIMEOUT_S
             )
         except UnavailableError:
             return None
@@ -574,57 +700,96 @@ class _JobReader:
         return header
 
     def _fetch_first_come(self, task_id: int) -> None:
-        address = self._tasks[task_id]
+        worker = _client(self._tasks[task_id], WORKER_SERVICE)
         try:
-            while not self._stopping.is_set() and task_id not in self._done_tasks:
+            while not self._stopping.is_set():
+                with self._cond:
+                    if task_id in self._completed or task_id in self._lost:
+                        return
                 credits = self._acquire()
                 if not credits:
                     return
-                reply = self._worker_call(
-                    address,
-                    {
-                        "task_id": task_id,
-                        "max_elements": credits,
-                        "max_bytes": _REPLY_BYTES,
-                        "wait_ms": _POLL_MS,
-                    },
-                )
-                self._deliver([] if reply is None else reply["elements"], credits)
-                if reply is None and task_id not in self._ended_tasks:
-                    self._stopping.wait(0.1)
-                elif reply is None or reply["eos"]:
+                with self._cond:
+                    self._in_flight.add(task_id)
+                try:
+                    reply = self._read(
+                        worker,
+                        {
+                            "task_id": task_id,
+                            "consumer": self._client_id,
+                            "consumers": self._consumers,
+                            "held": len(self._results),
+                            "max_elements": credits,
+                            "max_bytes": _REPLY_BYTES,
+                            "wait_ms": _POLL_MS,
+                        },
+                    )
+                    self._deliver([] if reply is None else reply["elements"], credits)
+                finally:
                     with self._cond:
-                        self._done_tasks.add(task_id)
+                        self._in_flight.discard(task_id)
                         self._cond.notify_all()
+                if reply is None:  # unreachable: until it answers or the dispatcher drops it
+                    self._stopping.wait(0.1)
+                elif reply.get("error") is not None:
+                    self._fail(error_from_report(reply["error"]))
+                    return
+                elif reply.get("eos") or reply.get("gone"):
+                    self._end_task(task_id, completed=bool(reply.get("eos")))
+                    return
         except BaseException as error:
             self._fail(error)
 
     def _fetch_rounds(self, _: int) -> None:
+        """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is
+        gone fails the read: skipping its rounds would put the consumers out of step."""
         params = self._params
         round_index = 0
         try:
             while not self._stopping.is_set():
                 if not self._acquire():
                     return
-                tasks = sorted(self._tasks.items())
+                with self._cond:
+                    tasks = sorted(self._tasks.items())
                 task_id, address = tasks[round_index % len(tasks)]
+                worker = _client(address, WORKER_SERVICE)
                 request = {
                     "task_id": task_id,
                     "consumer_index": params.consumer_index,
                     "round": round_index // len(tasks),
                     "wait_ms": _POLL_MS,
                 }
-                reply = None
-                while not self._stopping.is_set():
-                    reply = self._worker_call(address, request)
-                    if reply is not None and (reply["elements"] or reply["eos"]):
+                unreachable_since: float | None = None
+                while True:
+                    if self._stopping.is_set():
+                        return
+                    with self._cond:
+                        lost = task_id in self._lost
+                    reply = None if lost else self._read(worker, request)
+                    if reply is not None and reply.get("error") is not None:
+                        raise error_from_report(reply["error"])
+                    now = time.monotonic()
+                    if reply is None:
+                        unreachable_since = unreachable_since or now
+                    if (
+                        lost
+                        or (reply or {}).get("gone")
+                        or now - (unreachable_since or now) > self._timeout_s
+                    ):
+                        raise UnavailableError(
+                            f"worker {address}, which serves every {len(tasks)}th round of "
+                            f"round-robin job {self._job_id}, is gone (at round {round_index}); "
+                            "round-robin consumers cannot skip its rounds without falling out "
+                            "of step with each other. Iterate the dataset again for a new job"
+                        )
+                    if reply is not None and (reply["elements"] or reply.get("eos")):
                         break
                     if reply is None:
                         self._stopping.wait(0.1)
-                if reply is None or reply["eos"]:
+                if reply.get("eos"):
                     self._deliver([], 1)
                     with self._cond:
-                        self._done_tasks.update(self._tasks)
+                        self._completed.update(self._tasks)
                         self._cond.notify_all()
                     return
                 self._deliver(reply["elements"], 1)
@@ -633,33 +798,91 @@ class _JobReader:
             self._fail(error)
 
     def _finished(self) -> bool:
-        if self._job_finished and not self._tasks:
-            return True
-        return bool(self._tasks) and self._done_tasks >= set(self._tasks)
+        """(Under the lock.) Whether the job's input ended for this consumer: every task
+        ended, at least one because its input did (or the dispatcher ended the job)."""
+        if self._job_error is not None or self._in_flight:
+            return False
+        if not self._tasks:
+            return self._job_finished
+        if not set(self._tasks) <= self._completed | self._lost:
+            return False
+        return bool(self._completed) or self._job_finished
+
+    def _overdue(self) -> BaseException | None:
+        """(Under the lock, waiting for an element.) The error to raise when a wait has
+        lasted too long; each is raised once, and the next call waits again."""
+        now = time.monotonic()
+        limit = f"options.experimental_distribute.service_timeout_ms = {self._timeout_s * 1000:.0f}"
+        if now - self._answered_at > self._timeout_s:
+            waited, self._answered_at = now - self._answered_at, now
+            return UnavailableError(
+                f"the dispatcher at {self._params.address} has not answered for {waited:.0f} s "
+                f"while this consumer waited for the next element of job {self._job_id} "
+                f"({limit}); it is down or unreachable"
+            )
+        if self._idle_since is not None and now - self._idle_since > self._timeout_s:
+            waited, self._idle_since = now - self._idle_since, now
+            lost = sorted(self._tasks[t] for t in self._lost if t in self._tasks)
+            return UnavailableError(
+                f"no worker has served job {self._job_id} for {waited:.0f} s ({limit}); "
+                + (f"its workers {lost} are gone" if lost else "no worker runs a task of it")
+                + "; start workers, which take over the job's remaining splits under DYNAMIC "
+                "sharding"
+            )
+        return None
 
     def next(self) -> Any:
         with self._cond:
             while not self._results:
-                if self._error is not None:
-                    raise self._error
-                if self._finished():
-                    self.release()
-                    raise StopIteration
-                self._cond.wait(1.0)
-            element, size = self._results.popleft()
-            self._credits += 1
-            self._buffered_bytes -= size
-            self._cond.notify_all()
-        return element
+                error = self._job_error
+                if error is None and not self._finished():
+                    overdue = self._overdue()
+                    if overdue is not None:
+                        raise overdue
+                    self._cond.wait(0.5)
+                    continue
+                break
+            else:
+                element, size = self._results.popleft()
+                self._credits += 1
+                self._buffered_bytes -= size
+                self._cond.notify_all()
+                return element
+        self.release()
+        if error is not None:
+            raise error
+        raise StopIteration
 
-    def release(self) -> None:
+    def release(self, timeout: float = 5.0) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
         with self._cond:
+            self._stopping.set()
             self._cond.notify_all()
+            if self._released or self._client_id is None:
+                return
+            self._released = True
         try:
-            self._dispatcher.call("ReleaseClient", {"client_id": self._client_id}, timeout=5.0)
+            self._dispatcher.call("ReleaseClient", {"client_id": self._client_id}, timeout=timeout)
         except FeedlineError as error:  # the dispatcher forgets the consumer when it times out
-            logger.info("consumer %d: release failed: %s", self._client_id, error)
+            logger.debug("consumer %d: release failed: %s", self._client_id, error)
+
+    def stop_at_exit(self) -> None:
+        self.release(timeout=1.0)
+
+
+def _bounded_call(
+    dispatcher: _rpc.RpcClient, method: str, header: dict[str, Any], timeout_s: float, what: str
+) -> tuple[dict[str, Any], list[memoryview]]:
+    """A call to the dispatcher that waits up to ``timeout_s`` for it to be reachable.
+
+    Raises:
+      UnavailableError: it was not, naming the dispatcher and ``what`` the call was for.
+    """
+    try:
+        return dispatcher.call(method, header, timeout=timeout_s, wait_for_ready=True)
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"the dispatcher at {dispatcher.address} could not be reached for {timeout_s:.0f} s "
+            f"while {what} (options.experimental_distribute.service_timeout_ms sets how long "
+            f"to wait): {error}"
+        ) from None

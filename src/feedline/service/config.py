@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any
 
 from feedline._enums import parse_member
@@ -92,8 +93,12 @@ class DispatcherConfig:
         dispatcher resumes its datasets, jobs and split cursors.
       worker_addresses: the fixed list of worker addresses that static sharding (FILE, DATA,
         FILE_OR_DATA, HINT) needs; worker ``i`` is ``worker_addresses[i]``.
-      job_gc_check_interval_ms: how often unused jobs are looked for (default 1000).
-      job_gc_timeout_ms: a job no consumer has read for this long is released (default 300000).
+      job_gc_check_interval_ms: how often the dispatcher looks for jobs and datasets to
+        collect, and for workers and consumers that stopped heartbeating (default 1000).
+      job_gc_timeout_ms: how long a job (with a ``job_name``) stays without consumers before it
+        is ended if it runs, and collected, and how long a dataset that no job reads stays
+        registered after its last use (default 300000); -1: never. A job without a name is
+        collected as soon as its consumer is done with it.
       worker_timeout_ms: a worker without a heartbeat for this long is dropped (default 10000).
       client_timeout_ms: a consumer without a heartbeat for this long is released (default 10000).
       bind: the interface to listen on; loopback unless told otherwise.
@@ -121,7 +126,10 @@ class DispatcherConfig:
             "worker_timeout_ms",
             "client_timeout_ms",
         ):
-            _check_ms(getattr(self, name), "DispatcherConfig", name)
+            value = getattr(self, name)
+            if name == "job_gc_timeout_ms" and value == -1:
+                continue  # TensorFlow's value for "never collect"
+            _check_ms(value, "DispatcherConfig", name)
         if self.work_dir is not None and not isinstance(self.work_dir, str):
             raise InvalidArgumentError(
                 f"DispatcherConfig.work_dir must be a path string, got {self.work_dir!r}"
@@ -153,6 +161,9 @@ class DispatcherConfig:
 
     @property
     def gc_timeout_s(self) -> float:
+        """``job_gc_timeout_ms`` in seconds (``inf`` for -1)."""
+        if self.job_gc_timeout_ms == -1:
+            return math.inf
         return (self.job_gc_timeout_ms or 300_000) / 1000
 
     @property
@@ -176,7 +187,11 @@ class WorkerConfig:
       protocol: the transport to the dispatcher, ``"grpc"``.
       heartbeat_interval_ms: the longest time between heartbeats (default 1000). A heartbeat
         waits at the dispatcher for new tasks, so new jobs start at once regardless.
-      dispatcher_timeout_ms: how long to keep trying to reach the dispatcher (default 60000).
+      dispatcher_timeout_ms: how long to keep trying to reach the dispatcher (default 60000):
+        when starting, and whenever it becomes unreachable later; after that long the worker
+        stops on its own (``WorkerServer.error`` says why; ``feedline worker`` exits with code
+        1), unless ``wait_forever``.
+      wait_forever: keep trying an unreachable dispatcher for as long as it takes, once started.
       data_transfer_protocol: the protocol consumers read elements with; ``None`` or ``"grpc"``.
       worker_tags: tags reported to the dispatcher.
       bind: the interface to listen on; loopback unless told otherwise.
@@ -193,8 +208,13 @@ class WorkerConfig:
     worker_tags: tuple[str, ...] = ()
     bind: str = "127.0.0.1"
     token: str | None = None
+    wait_forever: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.wait_forever, bool):
+            raise InvalidArgumentError(
+                f"WorkerConfig.wait_forever must be a bool, got {self.wait_forever!r}"
+            )
         if not isinstance(self.dispatcher_address, str) or not self.dispatcher_address:
             raise InvalidArgumentError(
                 "WorkerConfig.dispatcher_address must be 'host:port', got "

@@ -5,6 +5,11 @@ dataset (shared by name), assigns the job's tasks to workers, hands out the spli
 jobs, and forgets consumers and workers that stop heartbeating. It never runs a dataset: it
 keeps registered datasets as the bytes clients sent.
 
+What it keeps does not grow with the jobs it has run: an anonymous job is collected as soon as
+its consumer is done, a named job ``job_gc_timeout_ms`` after its last consumer left, and a
+dataset that no job reads ``job_gc_timeout_ms`` after it was last registered, asked about or
+read (``_collect``).
+
 Its durable state is ``_state.DispatcherState``, changed only through ``_apply``; everything
 else here (heartbeat times, waiting heartbeats) is volatile.
 
@@ -12,15 +17,29 @@ RPCs (each a frame of ``_wire``; see the handlers for their fields):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
-                    gets the same id)
+                    gets the same id); an upload (``_rpc``), of at most ``MAX_DATASET_BYTES``
 GetDatasetDef       ``dataset_id`` -> the pickled dataset (for workers)
 GetElementSpec      ``dataset_id`` -> the pickled element spec (for ``from_dataset_id``)
-GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a new anonymous job
-ClientHeartbeat     the job's tasks as the consumer should read them; waits for news
+GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a new anonymous job;
+                    the reply carries the job's view (below)
+ClientHeartbeat     the job's view once it differs from the ``version`` the consumer has (or after
+                    ``wait_ms``): its tasks ``[task_id, address, "running"|"done"|"lost"]``,
+                    whether it finished, its error, its number of consumers
 ReleaseClient       a consumer is done with its job
-WorkerHeartbeat     a worker's liveness -> tasks to start and to delete; waits for news
+WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether it drains or
+                    leaves -> tasks to start, tasks to delete (with their job's error), tasks of
+                    an earlier dispatcher life to drop; waits for news
 GetSplit            the next split of a DYNAMIC job's repetition, or none
 ==================  ============================================================================
+
+Every reply to a heartbeat and to GetOrCreateJob carries the dispatcher's ``incarnation``, drawn
+at random at each start; every job, task and consumer id carries it too (``_state``), so that
+workers and consumers recognise what belongs to an earlier life of a restarted dispatcher.
+
+A heartbeat waits here for news of its own job or worker only: an update wakes the heartbeats it
+concerns (``_affected``), never all of them, and at most ``_MAX_WAITING_CONSUMERS`` consumer
+heartbeats wait at once (past that a heartbeat is answered at once and the consumer waits on its
+side), so that long polls never take every thread of the server.
 """
 
 from __future__ import annotations
@@ -37,7 +56,7 @@ from feedline.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from feedline.service import _rpc
+from feedline.service import _exit, _rpc
 from feedline.service._rpc import field
 from feedline.service._split import SplitCursor, SplitPlan
 from feedline.service._state import (
@@ -53,9 +72,13 @@ from feedline.service._state import (
     RegisterDataset,
     RegisterWorker,
     ReleaseClient,
+    RemoveDataset,
+    RemoveJob,
     RemoveWorker,
     TaskRecord,
     Update,
+    incarnation_of,
+    new_incarnation,
 )
 from feedline.service.config import DispatcherConfig, ShardingPolicy
 
@@ -67,7 +90,14 @@ SERVICE_NAME = "feedline.service.Dispatcher"
 _TARGET_WORKERS = ("AUTO", "ANY", "LOCAL")
 # The longest a heartbeat waits at the dispatcher for news.
 _MAX_WAIT_S = 2.0
+# The most consumer heartbeats that wait here at once (each holds a server thread).
+_MAX_WAITING_CONSUMERS = 16
+#: The largest RegisterDataset request (the pickled dataset and its element spec). Every other
+#: request is a small control message (``_rpc.DEFAULT_MAX_REQUEST_BYTES``).
+MAX_DATASET_BYTES = 256 << 20
 _INFINITE = -1
+# The longest text kept of a failed task's error message and traceback.
+_MAX_ERROR_CHARS = 16_000
 
 
 class DispatchServer:
@@ -97,11 +127,23 @@ class DispatchServer:
                 "its state in memory, so a restarted dispatcher starts empty"
             )
         self._token = _rpc.resolve_token(self._config.token)
-        self._state = DispatcherState()
-        self._lock = threading.Condition()
+        self._incarnation = new_incarnation()
+        self._state = DispatcherState(self._incarnation)
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
+        # Heartbeats waiting for news, by what they wait on: ("job", id) or ("worker", address).
+        self._wakeups: dict[tuple[str, Any], tuple[threading.Condition, list[int]]] = {}
+        # What a job's consumers see changes: its version goes up (volatile).
+        self._job_versions: collections.Counter[int] = collections.Counter()
+        self._waiting_consumers = 0
+        # Workers that drain before leaving: no new tasks for them (volatile).
+        self._draining: set[str] = set()
         self._worker_seen: dict[str, float] = {}
         self._client_seen: dict[int, float] = {}
         self._job_idle_since: dict[int, float] = {}
+        # When each dataset was last registered, asked about or read (volatile): one that no
+        # job reads is collected after job_gc_timeout_ms.
+        self._dataset_used: dict[str, float] = {}
         # Workers and consumers whose heartbeat is waiting here right now: alive by definition.
         self._waiting: collections.Counter[str | int] = collections.Counter()
         self._server: Any = None
@@ -142,12 +184,14 @@ class DispatchServer:
             bind=self._config.bind,
             port=self._config.port,
             token=self._token,
+            upload_limits={"RegisterDataset": MAX_DATASET_BYTES},
             max_workers=64,
         )
         self._gc_thread = threading.Thread(
             target=self._gc_loop, name="feedline-dispatcher-gc", daemon=True
         )
         self._gc_thread.start()
+        _exit.register(self, "stop", _exit.DISPATCHER)
         logger.info("dispatcher serving at %s", self.target)
 
     def join(self) -> None:
@@ -155,13 +199,20 @@ class DispatchServer:
         if self._server is not None:
             self._server.wait_for_termination()
 
+    @property
+    def incarnation(self) -> int:
+        """This dispatcher life's random id: every job, task and consumer id carries it."""
+        return self._incarnation
+
     def stop(self) -> None:
         """Stops serving; idempotent."""
         self._stopped.set()
-        if self._server is not None:
-            self._server.stop(grace=0.5)
         with self._lock:
             self._lock.notify_all()
+            for condition, _ in self._wakeups.values():
+                condition.notify_all()
+        if self._server is not None:
+            self._server.stop(grace=0.0 if _exit.exiting() else 0.5)
 
     def __enter__(self) -> DispatchServer:
         return self
@@ -173,14 +224,51 @@ class DispatchServer:
     def _apply(self, update: Update) -> None:
         """Applies ``update`` (call under the lock); the one place state changes."""
         self._state.apply(update)
+        for key in self._affected(update):
+            if key[0] == "job":
+                self._job_versions[key[1]] += 1
+            entry = self._wakeups.get(key)
+            if entry is not None:
+                entry[0].notify_all()
         self._lock.notify_all()
 
-    def _wait(self, who: str | int, seconds: float) -> None:
-        """Waits (under the lock) for a state change, ``who`` counting as alive meanwhile."""
+    def _affected(self, update: Update) -> set[tuple[str, Any]]:
+        """The jobs and workers whose heartbeats ``update`` (just applied) has news for."""
+        state = self._state
+        match update:
+            case CreateTask(task_id, job_id, address):
+                return {("job", job_id), ("worker", address)}
+            case FinishTask(task_id):
+                return {("job", state.tasks[task_id].job_id)}
+            case FinishJob(job_id):
+                return {("job", job_id)} | {
+                    ("worker", task.worker_address) for task in state.job_tasks(job_id)
+                }
+            case RemoveWorker(address):
+                return {("worker", address)} | {
+                    ("job", task.job_id) for task in state.worker_tasks(address)
+                }
+            case AcquireClient(_, job_id):
+                return {("job", job_id)}
+            case ReleaseClient(client_id):
+                client = state.clients.get(client_id)
+                return set() if client is None else {("job", client.job_id)}
+        return set()
+
+    def _wait(self, who: str | int, seconds: float, key: tuple[str, Any]) -> None:
+        """Waits (under the lock) until an update concerns ``key`` (``("job", job_id)`` or
+        ``("worker", address)``) or ``seconds`` pass, ``who`` counting as alive meanwhile."""
         self._waiting[who] += 1
+        entry = self._wakeups.get(key)
+        if entry is None:
+            entry = self._wakeups[key] = (threading.Condition(self._mutex), [0])
+        entry[1][0] += 1
         try:
-            self._lock.wait(seconds)
+            entry[0].wait(seconds)
         finally:
+            entry[1][0] -= 1
+            if not entry[1][0]:
+                del self._wakeups[key]
             self._waiting[who] -= 1
             if not self._waiting[who]:
                 del self._waiting[who]
@@ -209,10 +297,13 @@ class DispatchServer:
                         f"dataset_id {wanted!r} is already registered with another dataset; "
                         "choose another id or let the service pick one"
                     )
+                self._dataset_used[wanted] = time.monotonic()
                 return {"dataset_id": wanted}, ()
             if wanted is None and fingerprint in state.dataset_by_fingerprint:
-                return {"dataset_id": state.dataset_by_fingerprint[fingerprint]}, ()
-            dataset_id = wanted or str(1000 + len(state.datasets))
+                dataset_id = state.dataset_by_fingerprint[fingerprint]
+                self._dataset_used[dataset_id] = time.monotonic()
+                return {"dataset_id": dataset_id}, ()
+            dataset_id = wanted or str(state.new_id())  # carries the incarnation, as job ids
             while dataset_id in state.datasets:
                 dataset_id += "_"
             self._apply(
@@ -222,6 +313,7 @@ class DispatchServer:
                     )
                 )
             )
+            self._dataset_used[dataset_id] = time.monotonic()
         return {"dataset_id": dataset_id}, ()
 
     def _dataset(self, dataset_id: Any) -> DatasetRecord:
@@ -229,7 +321,12 @@ class DispatchServer:
             raise InvalidArgumentError(f"dataset_id must be a string, got {dataset_id!r}")
         record = self._state.datasets.get(dataset_id)
         if record is None:
-            raise NotFoundError(f"dataset {dataset_id!r} is not registered with this dispatcher")
+            raise NotFoundError(
+                f"dataset {dataset_id!r} is not registered with this dispatcher (a dataset that "
+                "no job reads is forgotten job_gc_timeout_ms after its last use; register it "
+                "again)"
+            )
+        self._dataset_used[dataset_id] = time.monotonic()
         return record
 
     def _get_dataset_def(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
@@ -278,7 +375,32 @@ class DispatchServer:
             self._apply(AcquireClient(client_id, job.job_id))
             self._client_seen[client_id] = time.monotonic()
             self._job_idle_since.pop(job.job_id, None)
-            return {"job_id": job.job_id, "client_id": client_id, "finished": job.finished}, ()
+            reply = {
+                "job_id": job.job_id,
+                "client_id": client_id,
+                "incarnation": self._incarnation,
+                "client_timeout_ms": int(self._config.client_timeout_s * 1000),
+                **self._job_view(job),
+            }
+            return reply, ()
+
+    def _job_view(self, job: JobRecord) -> dict[str, Any]:
+        """What a consumer of ``job`` needs to know of it (under the lock)."""
+        tasks = [
+            [
+                task.task_id,
+                task.worker_address,
+                "lost" if task.lost else "done" if task.finished else "running",
+            ]
+            for task in self._state.job_tasks(job.job_id)
+        ]
+        return {
+            "tasks": tasks,
+            "finished": job.finished,
+            "error": job.error,
+            "consumers": len(self._state.active_clients(job.job_id)),
+            "version": self._job_versions[job.job_id],
+        }
 
     def _find_job(self, job_name: str | None, iteration: int) -> JobRecord | None:
         if job_name is None:
@@ -313,6 +435,7 @@ class DispatchServer:
         target_workers: str,
     ) -> JobRecord:
         state = self._state
+        addresses = self._job_workers(mode, num_consumers)
         job_id = state.new_id()
         self._apply(
             CreateJob(
@@ -325,6 +448,13 @@ class DispatchServer:
                 target_workers,
             )
         )
+        for index, address in enumerate(addresses):
+            self._apply(CreateTask(state.new_id(), job_id, address, index, len(addresses)))
+        return state.jobs[job_id]
+
+    def _job_workers(self, mode: ShardingPolicy, num_consumers: int | None) -> tuple[str, ...]:
+        """The workers a new job's tasks go to; checked before the job is made, so that a job
+        that cannot start leaves nothing behind (a retry of its name starts afresh)."""
         if mode.is_static:
             addresses = self._config.worker_addresses
             if addresses is None:
@@ -333,46 +463,56 @@ class DispatchServer:
                     "dispatcher's fixed list of workers: start it with "
                     "DispatcherConfig(worker_addresses=[...])"
                 )
-        else:
-            addresses = tuple(sorted(state.workers))
-            if num_consumers is not None and not addresses:
-                raise FailedPreconditionError(
-                    "round-robin reads (num_consumers) need the workers registered before the "
-                    "job starts; no worker is registered with this dispatcher yet"
-                )
-        for index, address in enumerate(addresses):
-            self._apply(CreateTask(state.new_id(), job_id, address, index, len(addresses)))
-        return state.jobs[job_id]
+            return addresses
+        addresses = tuple(sorted(set(self._state.workers) - self._draining))
+        if num_consumers is not None and not addresses:
+            raise FailedPreconditionError(
+                "round-robin reads (num_consumers) need the workers registered before the "
+                "job starts; no worker is registered with this dispatcher yet"
+            )
+        return addresses
 
     def _client(self, header: dict[str, Any]) -> tuple[int, JobRecord]:
         client_id = field(header, "client_id", int)
         client = self._state.clients.get(client_id)
         if client is None:
+            if incarnation_of(client_id) != self._incarnation:
+                raise FailedPreconditionError(
+                    f"consumer {client_id} joined its job in an earlier life of the dispatcher "
+                    f"at {self.target.split('://')[-1]}, which has restarted since without a "
+                    "journal: the job is gone, and the elements not yet received with it. "
+                    "Iterate the dataset again to start a new job"
+                )
             raise NotFoundError(f"no consumer {client_id} is known to the dispatcher")
         return client_id, self._state.jobs[client.job_id]
 
     def _client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        known = field(header, "known_tasks", list, [])
+        version = field(header, "version", int, -1)
         wait_s = min(field(header, "wait_ms", int, 0) / 1000, _MAX_WAIT_S)
         deadline = time.monotonic() + wait_s
         with self._lock:
             client_id, job = self._client(header)
             while True:
-                self._client_seen[client_id] = time.monotonic()
-                if self._state.clients[client_id].released:
+                client = self._state.clients.get(client_id)
+                if client is None or client.released:  # None: collected with its job
                     raise NotFoundError(
-                        f"consumer {client_id} was released (it missed heartbeats for "
-                        f"{self._config.client_timeout_s} s)"
+                        f"consumer {client_id} was released (it said it was done, or it missed "
+                        f"heartbeats for {self._config.client_timeout_s} s)"
                     )
-                tasks = [
-                    [task.task_id, task.worker_address, task.finished]
-                    for task in self._state.job_tasks(job.job_id)
-                ]
-                changed = {t for t, _, done in tasks if not done} != set(known)
+                self._client_seen[client_id] = time.monotonic()
                 remaining = deadline - time.monotonic()
-                if changed or job.finished or remaining <= 0 or self._stopped.is_set():
-                    return {"tasks": tasks, "finished": job.finished}, ()
-                self._wait(client_id, remaining)
+                if (
+                    self._job_versions[job.job_id] != version
+                    or remaining <= 0
+                    or self._stopped.is_set()
+                    or self._waiting_consumers >= _MAX_WAITING_CONSUMERS
+                ):
+                    return {"incarnation": self._incarnation, **self._job_view(job)}, ()
+                self._waiting_consumers += 1
+                try:
+                    self._wait(client_id, remaining, ("job", job.job_id))
+                finally:
+                    self._waiting_consumers -= 1
 
     def _release_client(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
         with self._lock:
@@ -384,12 +524,26 @@ class DispatchServer:
         if not self._state.clients[client_id].released:
             self._apply(ReleaseClient(client_id))
         self._client_seen.pop(client_id, None)
-        if job.finished or self._state.active_clients(job.job_id):
+        if self._state.active_clients(job.job_id):
             return
         if job.job_name is None:
-            self._apply(FinishJob(job.job_id))  # nobody else can join an anonymous job
-        else:
+            # Nobody else can join an anonymous job: it ends, and is collected now.
+            if not job.finished:
+                self._apply(FinishJob(job.job_id))
+            self._remove_job(job)
+        else:  # another consumer may still join it, until job_gc_timeout_ms
             self._job_idle_since[job.job_id] = time.monotonic()
+
+    def _remove_job(self, job: JobRecord) -> None:
+        """Collects ``job`` (ended, without consumers): its records go, and its workers, whose
+        next heartbeat lists tasks this dispatcher no longer knows, are told to delete them
+        (under the lock)."""
+        self._apply(RemoveJob(job.job_id))
+        self._job_versions.pop(job.job_id, None)
+        self._job_idle_since.pop(job.job_id, None)
+        for client_id in job.client_ids:
+            self._client_seen.pop(client_id, None)
+        self._dataset_used[job.dataset_id] = time.monotonic()
 
     # -- workers ----------------------------------------------------------------------------
     def _worker_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
@@ -397,6 +551,9 @@ class DispatchServer:
         tags = field(header, "tags", list, [])
         current = set(field(header, "current_tasks", list, []))
         finished = field(header, "finished_tasks", list, [])
+        failed = field(header, "failed_tasks", list, [])
+        draining = field(header, "draining", bool, False)
+        leaving = field(header, "leaving", bool, False)
         wait_s = min(field(header, "wait_ms", int, 0) / 1000, _MAX_WAIT_S)
         deadline = time.monotonic() + wait_s
         with self._lock:
@@ -408,35 +565,111 @@ class DispatchServer:
                     " a dispatcher with a fixed worker list accepts only those workers (set "
                     "WorkerConfig.worker_address to one of them)"
                 )
-            if address not in state.workers:
-                self._apply(RegisterWorker(address, tuple(tags)))
-                self._assign_running_jobs(address)
-                logger.info("worker %s registered", address)
             for task_id in finished:
                 task = state.tasks.get(task_id)
                 if task is not None and task.worker_address == address and not task.finished:
                     self._apply(FinishTask(task_id))
                     self._finish_job_if_done(state.jobs[task.job_id])
+            for report in failed:
+                self._fail_job(address, report)
+            if leaving:
+                self._remove_worker(address, "it left")
+                return {"incarnation": self._incarnation, "new_tasks": [], "delete_tasks": []}, ()
+            if address not in state.workers:
+                if draining:  # a worker on its way out that was dropped: it stays out
+                    return {"incarnation": self._incarnation, "new_tasks": []}, ()
+                self._apply(RegisterWorker(address, tuple(tags)))
+                self._assign_running_jobs(address)
+                logger.info("worker %s registered", address)
+            if draining:
+                self._draining.add(address)
+            else:
+                self._draining.discard(address)
             while True:
                 self._worker_seen[address] = time.monotonic()
-                tasks = state.worker_tasks(address)
-                new = [
-                    self._task_def(t) for t in tasks if not t.finished and t.task_id not in current
-                ]
-                delete = [
-                    t.task_id
-                    for t in tasks
-                    if t.task_id in current and state.jobs[t.job_id].finished
-                ]
+                reply = self._worker_news(address, current, draining)
                 remaining = deadline - time.monotonic()
-                if new or delete or remaining <= 0 or self._stopped.is_set():
-                    return {"new_tasks": new, "delete_tasks": delete}, ()
-                self._wait(address, remaining)
+                if reply["new_tasks"] or len(reply) > 1 or remaining <= 0 or self._stopped.is_set():
+                    return {"incarnation": self._incarnation, **reply}, ()
+                self._wait(address, remaining, ("worker", address))
+
+    def _worker_news(self, address: str, current: set[int], draining: bool) -> dict[str, Any]:
+        """What the worker at ``address`` running ``current`` must hear: only the lists that
+        are not empty, under ``new_tasks`` (to start), ``delete_tasks`` (their job ended;
+        ``task_errors`` has the error of those whose job failed) and ``lost_tasks`` (tasks of an
+        earlier life of this dispatcher). Always has ``new_tasks``."""
+        state = self._state
+        tasks = state.worker_tasks(address)
+        news: dict[str, Any] = {
+            "new_tasks": []
+            if draining
+            else [self._task_def(t) for t in tasks if not t.finished and t.task_id not in current]
+        }
+        delete = [
+            t.task_id for t in tasks if t.task_id in current and state.jobs[t.job_id].finished
+        ]
+        # A task this life does not know: from an earlier life, or already forgotten here.
+        unknown = sorted(current - {t.task_id for t in tasks})
+        lost = [t for t in unknown if incarnation_of(t) != self._incarnation]
+        delete += [t for t in unknown if incarnation_of(t) == self._incarnation]
+        if delete:
+            news["delete_tasks"] = delete
+            errors = {
+                str(t): state.jobs[state.tasks[t].job_id].error
+                for t in delete
+                if t in state.tasks and state.jobs[state.tasks[t].job_id].error is not None
+            }
+            if errors:
+                news["task_errors"] = errors
+        if lost:
+            news["lost_tasks"] = lost
+        return news
+
+    def _fail_job(self, address: str, report: Any) -> None:
+        """A worker's task failed: its job ends with the task's error (the first one reported),
+        which every consumer of the job then receives."""
+        if not isinstance(report, dict) or not isinstance(report.get("task_id"), int):
+            raise InvalidArgumentError(f"malformed request: a failed task is {report!r}")
+        task = self._state.tasks.get(report["task_id"])
+        if task is None or task.worker_address != address:
+            return
+        job = self._state.jobs[task.job_id]
+        if job.finished:
+            return
+        error = {
+            key: str(report.get(key, ""))[:_MAX_ERROR_CHARS]
+            for key in ("type", "message", "traceback")
+        }
+        error.update(worker=address, task_id=task.task_id)
+        logger.warning(
+            "job %d failed: task %d on worker %s raised %s: %s",
+            job.job_id,
+            task.task_id,
+            address,
+            error["type"],
+            error["message"],
+        )
+        self._apply(FinishJob(job.job_id, error))
+
+    def _remove_worker(self, address: str, why: str) -> None:
+        """Forgets the worker at ``address``: its unfinished tasks are lost (under the lock)."""
+        state = self._state
+        self._worker_seen.pop(address, None)
+        self._draining.discard(address)
+        if address not in state.workers:
+            return
+        logger.info("worker %s removed: %s", address, why)
+        jobs = {task.job_id for task in state.worker_tasks(address)}
+        self._apply(RemoveWorker(address))
+        for job_id in sorted(jobs):
+            self._finish_job_if_done(state.jobs[job_id])
 
     def _assign_running_jobs(self, address: str) -> None:
         """Gives a newly registered worker a task of every running OFF or DYNAMIC job (jobs of
         static sharding and round-robin jobs keep the workers they were made with)."""
         state = self._state
+        if address in self._draining:
+            return
         for job in list(state.jobs.values()):
             if job.finished or job.num_consumers is not None:
                 continue
@@ -453,15 +686,27 @@ class DispatchServer:
             "task_id": task.task_id,
             "job_id": job.job_id,
             "dataset_id": job.dataset_id,
+            "fingerprint": self._state.datasets[job.dataset_id].fingerprint,
             "mode": job.mode,
             "worker_index": task.worker_index,
             "num_workers": task.num_workers,
             "num_consumers": job.num_consumers,
+            # Consumers of a named job share its tasks' elements first come, first served.
+            "shared": job.job_name is not None and job.num_consumers is None,
         }
 
     def _finish_job_if_done(self, job: JobRecord) -> None:
+        """Ends ``job`` once every task ended and at least one ended because its input did. A
+        job whose tasks were all lost with their workers is not over: under DYNAMIC sharding
+        the next worker to register takes its remaining splits, and its consumers wait (for
+        their bounded time) instead of taking the loss for the end of the data."""
         tasks = self._state.job_tasks(job.job_id)
-        if not job.finished and tasks and all(t.finished for t in tasks):
+        if (
+            not job.finished
+            and tasks
+            and all(t.finished for t in tasks)
+            and not all(t.lost for t in tasks)
+        ):
             self._apply(FinishJob(job.job_id))
 
     def _get_split(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
@@ -469,9 +714,12 @@ class DispatchServer:
         repetition = field(header, "repetition", int)
         with self._lock:
             job = self._state.jobs.get(job_id)
-            if job is None:
-                raise NotFoundError(f"no job {job_id}")
-            if job.finished:
+            if job is None and incarnation_of(job_id) != self._incarnation:
+                raise FailedPreconditionError(
+                    f"job {job_id} belongs to an earlier life of this dispatcher, which "
+                    "has restarted since without a journal: the job is gone"
+                )
+            if job is None or job.finished:  # None: it ended and was collected
                 return {"split": None}, ()
             record = self._state.datasets[job.dataset_id]
             if record.split_plan is None:
@@ -508,19 +756,38 @@ class DispatchServer:
                         address,
                         now - seen,
                     )
-                    del self._worker_seen[address]
-                    jobs = {task.job_id for task in state.worker_tasks(address)}
-                    self._apply(RemoveWorker(address))
-                    for job_id in sorted(jobs):
-                        self._finish_job_if_done(state.jobs[job_id])
+                    self._remove_worker(address, "it missed heartbeats")
             for client_id, seen in list(self._client_seen.items()):
                 if now - seen > config.client_timeout_s and client_id not in self._waiting:
-                    logger.warning("consumer %d missed heartbeats; releasing it", client_id)
-                    self._release(client_id, state.jobs[state.clients[client_id].job_id])
+                    client = state.clients.get(client_id)
+                    if client is None:  # collected with its job
+                        self._client_seen.pop(client_id, None)
+                        continue
+                    job = state.jobs[client.job_id]
+                    # A consumer of an ended job may stop heartbeating before it says goodbye.
+                    log = logger.debug if job.finished else logger.warning
+                    log("consumer %d missed heartbeats; releasing it", client_id)
+                    self._release(client_id, job)
             for job_id, since in list(self._job_idle_since.items()):
-                job = state.jobs[job_id]
-                if job.finished or state.active_clients(job_id):
+                job = state.jobs.get(job_id)
+                if job is None or state.active_clients(job_id):
                     del self._job_idle_since[job_id]
                 elif now - since > config.gc_timeout_s:
-                    del self._job_idle_since[job_id]
-                    self._apply(FinishJob(job_id))
+                    if not job.finished:
+                        self._apply(FinishJob(job_id))
+                    self._remove_job(job)
+            self._collect_datasets(now)
+
+    def _collect_datasets(self, now: float) -> None:
+        """Forgets the datasets that no job reads and that nobody registered, asked about or
+        read within ``job_gc_timeout_ms`` (under the lock)."""
+        state = self._state
+        read = {job.dataset_id for job in state.jobs.values()}
+        for dataset_id in list(state.datasets):
+            if dataset_id in read:
+                continue
+            used = self._dataset_used.setdefault(dataset_id, now)
+            if now - used > self._config.gc_timeout_s:
+                logger.info("dataset %s collected: unused for %.0f s", dataset_id, now - used)
+                self._apply(RemoveDataset(dataset_id))
+                del self._dataset_used[dataset_id]

@@ -16,14 +16,27 @@ HINT          ``auto_shard(HINT)``: ``shard(SHARD_HINT, SHARD_HINT)`` filled in
 
 Consumers call ``GetElements``. First come, first served: a reply carries as many buffered
 elements as fit in the consumer's request (several small ones, or one large one as raw NumPy
-buffers). Round robin (``num_consumers``): the task cuts its output into rounds of
-``num_consumers`` elements and consumer ``i`` gets element ``i`` of each round it asks for;
-nobody waits for a consumer that stopped asking, and rounds far behind the newest are dropped.
+buffers), but while another consumer of the task waits, the buffer is split between them and a
+consumer holding ``_AHEAD`` unread elements takes no more (``_Task._share``). Round robin
+(``num_consumers``): the task cuts its output into rounds of ``num_consumers`` elements and
+consumer ``i`` gets element ``i`` of each round it asks for; nobody waits for a consumer that
+stopped asking, and rounds far behind the newest are dropped.
+
+Faults. Whatever fails while a task is built or run (shaping, unpickling, any element) fails
+the task: the worker reports it to the dispatcher at once (a heartbeat), which ends the job with
+that error; the error travels to consumers *inside* replies (``_errors``), so that a failed call
+only ever means an unreachable worker. A worker remembers why each recent task ended (its input
+ended, or the error its consumers get). It drops the tasks of an earlier life of a restarted
+dispatcher (every id carries the dispatcher's incarnation), keys its unpickled datasets by
+content, stops on its own after ``dispatcher_timeout_ms`` without a dispatcher (unless
+``wait_forever``), and drains when stopped with ``drain_seconds``: no new task or split, the
+DYNAMIC split it holds finished, what it holds handed out, then it tells the dispatcher it leaves.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -37,14 +50,16 @@ from feedline.data.dataset import Dataset
 from feedline.data.options import AutoShardPolicy
 from feedline.errors import (
     FailedPreconditionError,
+    FeedlineError,
     InvalidArgumentError,
-    NotFoundError,
     OutOfRangeError,
     UnavailableError,
 )
-from feedline.service import _rpc
+from feedline.service import _exit, _rpc
+from feedline.service._errors import error_report
 from feedline.service._rpc import field
 from feedline.service._split import with_split_source
+from feedline.service._state import incarnation_of
 from feedline.service._wire import Compressor, encode_frame, pack_elements
 from feedline.service.config import ShardingPolicy, WorkerConfig
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
@@ -60,6 +75,22 @@ _BUFFER_ELEMENTS = 4096
 # Round-robin rounds kept behind the newest one asked for.
 _ROUND_WINDOW = 256
 _MAX_WAIT_S = 1.0
+# A GetElements request is a small header; nothing larger is read.
+_MAX_REQUEST_BYTES = 64 << 10
+# While another consumer of a task waits, a consumer holding this many elements it has not
+# returned yet takes no more (see _Task._share).
+_AHEAD = 4
+# A consumer whose request got nothing counts as waiting for this long after.
+_HUNGRY_S = 0.05
+# A task of a shared job hands out nothing for this long after the first request, unless every
+# consumer of the job (two at least) asks: consumers that start together share its first
+# elements. A job read by one consumer alone starts this much later.
+_GATHER_S = 0.1
+# How many ended tasks a worker remembers (what their consumers hear), and unpickled datasets.
+_ENDED_KEPT = 4096
+_DATASETS_KEPT = 16
+# An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
+_DATASET_KEEP_S = 10.0
 
 _local_lock = threading.Lock()
 _local_addresses: set[str] = set()
@@ -98,10 +129,25 @@ class WorkerServer:
             _rpc.parse_service(config.dispatcher_address), DISPATCHER_SERVICE, self._token
         )
         self._tasks: dict[int, _Task] = {}
-        self._deleted: set[int] = set()
-        self._datasets: dict[str, tuple[Dataset, str | None]] = {}
+        # Tasks that ended here, newest last, with what their consumers hear from now on:
+        # None (the end of the task's input) or an error report.
+        self._ended: collections.OrderedDict[int, dict[str, Any] | None] = collections.OrderedDict()
+        # Unpickled datasets by fingerprint (their content): an id is not enough, since a
+        # dispatcher restarted without its journal may give another dataset the same chosen id.
+        self._datasets: collections.OrderedDict[str, tuple[Dataset, str | None]] = (
+            collections.OrderedDict()
+        )
+        # Since when no task here runs each cached dataset.
+        self._dataset_unused_since: dict[str, float] = {}
+        self._incarnation: int | None = None
         self._lock = threading.Lock()
+        self._task_started = threading.Condition(self._lock)
+        self._reply_lock = threading.Lock()
         self._stopped = threading.Event()
+        self._draining = threading.Event()
+        self._drain_cancelled = threading.Event()
+        self._left = threading.Event()  # the dispatcher was told this worker leaves
+        self._error: BaseException | None = None
         self._server: Any = None
         self._address: str | None = None
         self._heartbeat_thread: threading.Thread | None = None
@@ -114,6 +160,17 @@ class WorkerServer:
         if self._address is None:
             raise FailedPreconditionError("the worker is not started; call start() first")
         return self._address
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped this worker on its own (its dispatcher stayed unreachable
+        for longer than ``dispatcher_timeout_ms``), or None."""
+        return self._error
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the worker has stopped (``stop()``, or on its own: see ``error``)."""
+        return self._stopped.is_set()
 
     def start(self) -> None:
         """Starts serving and registers with the dispatcher; idempotent.
@@ -131,11 +188,13 @@ class WorkerServer:
             bind=config.bind,
             port=config.port,
             token=self._token,
+            max_request_bytes=_MAX_REQUEST_BYTES,
         )
         host = "localhost" if config.bind in ("0.0.0.0", "::", "[::]") else config.bind
         self._address = (config.worker_address or f"{host}:%port%").replace("%port%", str(port))
         with _local_lock:
             _local_addresses.add(self._address)
+        _exit.register(self, "stop", _exit.WORKER)
         try:
             self._heartbeat(wait_s=0.0, timeout=config.dispatcher_timeout_s, wait_for_ready=True)
         except Exception:
@@ -152,18 +211,33 @@ class WorkerServer:
         if self._server is not None:
             self._server.wait_for_termination()
 
-    def stop(self) -> None:
-        """Stops serving and every task; idempotent."""
+    def stop(self, drain_seconds: float = 0.0) -> None:
+        """Stops serving and every task; idempotent.
+
+        Args:
+          drain_seconds: first drain, for at most this long: take no new task or split,
+            finish the splits of DYNAMIC jobs already begun, hand out what is buffered, then
+            tell the dispatcher this worker leaves. What is still here after that is lost, as
+            when a worker dies. ``cancel_drain()`` cuts a drain short.
+        """
+        if drain_seconds > 0 and self._server is not None and not self._stopped.is_set():
+            self._drain(drain_seconds)
         self._stopped.set()
+        with self._lock:
+            self._task_started.notify_all()
         with _local_lock:
             _local_addresses.discard(self._address or "")
         if self._server is not None:
-            self._server.stop(grace=0.2)
+            self._server.stop(grace=0.0 if _exit.exiting() else 0.2)
         with self._lock:
             tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
             task.stop()
         self._dispatcher.close()
+
+    def cancel_drain(self) -> None:
+        """Ends a drain in progress (``stop(drain_seconds=...)``) now; safe in a signal handler."""
+        self._drain_cancelled.set()
 
     def __enter__(self) -> WorkerServer:
         return self
@@ -171,29 +245,106 @@ class WorkerServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    # -- draining ---------------------------------------------------------------------------
+    def _drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        self._draining.set()
+        with self._lock:
+            tasks = list(self._tasks.values())
+        for task in tasks:
+            task.drain()
+        logger.info(
+            "worker %s: draining %d tasks (at most %.1f s)", self._address, len(tasks), seconds
+        )
+        with contextlib.suppress(FeedlineError):  # at once: no new task comes here
+            self._heartbeat(wait_s=0.0, timeout=min(2.0, seconds))
+        while time.monotonic() < deadline and not self._drain_cancelled.is_set():
+            with self._lock:
+                left = [task for task in self._tasks.values() if not task.drained_out()]
+            if not left or self._stopped.is_set():
+                break
+            self._drain_cancelled.wait(0.05)
+        with self._lock:
+            held = sum(task.buffered() for task in self._tasks.values())
+        if held:
+            logger.warning(
+                "worker %s: drain ended with %d elements not handed out", self._address, held
+            )
+        self._left.set()  # no heartbeat after this one registers the worker again
+        with contextlib.suppress(FeedlineError):  # the dispatcher forgets this worker now
+            self._heartbeat(wait_s=0.0, timeout=2.0, leaving=True)
+
     # -- the dispatcher ---------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
+        config = self._config
         backoff = 0.05
-        while not self._stopped.is_set():
+        unreachable_since: float | None = None
+        while not self._stopped.is_set() and not self._left.is_set():
             try:
-                self._heartbeat(wait_s=self._config.heartbeat_interval_s, timeout=30.0)
-                backoff = 0.05
+                self._heartbeat(wait_s=config.heartbeat_interval_s, timeout=10.0)
             except UnavailableError as error:
                 if self._stopped.is_set():
                     return
-                logger.warning("worker %s: dispatcher unreachable (%s)", self._address, error)
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                    if not _exit.exiting():
+                        logger.warning(
+                            "worker %s: dispatcher %s unreachable (%s); trying again %s",
+                            self._address,
+                            self._dispatcher.address,
+                            error,
+                            "until it answers"
+                            if config.wait_forever
+                            else f"for up to {config.dispatcher_timeout_s:.0f} s",
+                        )
+                elif (
+                    not config.wait_forever
+                    and now - unreachable_since > config.dispatcher_timeout_s
+                ):
+                    self._give_up(now - unreachable_since)
+                    return
                 self._stopped.wait(backoff)
-                backoff = min(2 * backoff, 2.0)
-            except Exception:
+                backoff = min(2 * backoff, 1.0)
+            except Exception as error:
                 if self._stopped.is_set():
                     return
-                logger.exception("worker %s: heartbeat failed", self._address)
+                logger.warning("worker %s: heartbeat failed: %r", self._address, error)
                 self._stopped.wait(1.0)
+            else:
+                if unreachable_since is not None:
+                    logger.info(
+                        "worker %s: dispatcher %s answers again after %.1f s",
+                        self._address,
+                        self._dispatcher.address,
+                        time.monotonic() - unreachable_since,
+                    )
+                unreachable_since = None
+                backoff = 0.05
 
-    def _heartbeat(self, *, wait_s: float, timeout: float, wait_for_ready: bool = False) -> None:
+    def _give_up(self, seconds: float) -> None:
+        """The dispatcher stayed unreachable past the bound: stop, saying why once."""
+        self._error = UnavailableError(
+            f"worker {self._address}: the dispatcher at {self._dispatcher.address} was "
+            f"unreachable for {seconds:.0f} s (WorkerConfig.dispatcher_timeout_ms = "
+            f"{self._config.dispatcher_timeout_s * 1000:.0f}); the worker stops. Set "
+            "WorkerConfig(wait_forever=True) (--wait-forever) to keep trying"
+        )
+        logger.error("%s", self._error)
+        threading.Thread(target=self.stop, name="feedline-worker-stop", daemon=True).start()
+
+    def _heartbeat(
+        self,
+        *,
+        wait_s: float,
+        timeout: float,
+        wait_for_ready: bool = False,
+        leaving: bool = False,
+    ) -> None:
         with self._lock:
             current = sorted(self._tasks)
-            finished = sorted(t for t, task in self._tasks.items() if task.finished())
+            finished = sorted(t for t, task in self._tasks.items() if task.completed())
+            failed = [r for task in self._tasks.values() if (r := task.failure()) is not None]
         reply, _ = self._dispatcher.call(
             "WorkerHeartbeat",
             {
@@ -201,68 +352,226 @@ class WorkerServer:
                 "tags": list(self._config.worker_tags),
                 "current_tasks": current,
                 "finished_tasks": finished,
+                "failed_tasks": failed,
+                "draining": self._draining.is_set(),
+                "leaving": leaving,
                 "wait_ms": int(wait_s * 1000),
             },
             timeout=timeout + wait_s,
             wait_for_ready=wait_for_ready,
         )
-        for task_id in reply["delete_tasks"]:
-            with self._lock:
-                task = self._tasks.pop(task_id, None)
-                self._deleted.add(task_id)
-            if task is not None:
-                task.stop()
-        for task_def in reply["new_tasks"]:
-            self._start_task(task_def)
+        self._apply_reply(reply)
+        self._forget_unused_datasets()
+
+    def _forget_unused_datasets(self) -> None:
+        """Drops the cached datasets that no task here has run for ``_DATASET_KEEP_S``."""
+        now = time.monotonic()
+        with self._lock:
+            running = {task.fingerprint for task in self._tasks.values()}
+            unused = self._dataset_unused_since
+            for fingerprint in list(self._datasets):
+                if fingerprint in running:
+                    unused.pop(fingerprint, None)
+                elif now - unused.setdefault(fingerprint, now) > _DATASET_KEEP_S:
+                    del self._datasets[fingerprint]
+            for fingerprint in [f for f in unused if f not in self._datasets]:
+                del unused[fingerprint]
+
+    def _apply_reply(self, reply: dict[str, Any]) -> None:
+        with self._reply_lock:
+            incarnation = reply.get("incarnation")
+            if incarnation != self._incarnation:
+                self._new_incarnation(incarnation)
+            errors = reply.get("task_errors", {})
+            for task_id in reply.get("delete_tasks", []):
+                self._end_task(task_id, errors.get(str(task_id)))
+            for task_id in reply.get("lost_tasks", []):
+                self._end_task(task_id, self._lost_report(task_id))
+            for task_def in reply["new_tasks"]:
+                self._start_task(task_def)
+
+    def _new_incarnation(self, incarnation: Any) -> None:
+        """The dispatcher is a new life: what belongs to an earlier one is dropped."""
+        previous, self._incarnation = self._incarnation, incarnation
+        if previous is None:
+            return
+        with self._lock:
+            stale = [t for t in self._tasks if incarnation_of(t) != incarnation]
+        logger.warning(
+            "worker %s: the dispatcher restarted (incarnation %x, was %x); dropping the %d "
+            "tasks of its earlier life",
+            self._address,
+            incarnation,
+            previous,
+            len(stale),
+        )
+        for task_id in stale:
+            self._end_task(task_id, self._lost_report(task_id))
+
+    def _lost_report(self, task_id: int) -> dict[str, Any]:
+        return {
+            "type": "FailedPreconditionError",
+            "message": (
+                f"task {task_id} belonged to a job of an earlier life of the dispatcher at "
+                f"{self._dispatcher.address}, which restarted without a journal: the job is "
+                "gone, with the elements not yet received. Iterate the dataset again to start "
+                "a new job"
+            ),
+            "worker": self._address,
+            "task_id": task_id,
+        }
+
+    def _end_task(self, task_id: int, error: dict[str, Any] | None) -> None:
+        """Removes a task; its consumers hear ``error``, or, without one, the end of its input
+        if it reached it, else that it was cancelled."""
+        with self._lock:
+            task = self._tasks.pop(task_id, None)
+            if task is None:
+                if task_id not in self._ended and error is not None:
+                    self._remember(task_id, error)
+                return
+            if error is None and not task.completed():
+                error = task.failure() or {
+                    "type": "FailedPreconditionError",
+                    "message": (
+                        f"task {task_id} was cancelled: its job ended before the task's input "
+                        "did (its consumers were released, or the job was collected)"
+                    ),
+                    "worker": self._address,
+                    "task_id": task_id,
+                }
+            self._remember(task_id, error)
+        task.stop()
+
+    def _remember(self, task_id: int, error: dict[str, Any] | None) -> None:
+        self._ended[task_id] = error
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     def _start_task(self, task_def: dict[str, Any]) -> None:
-        dataset, compression = self._dataset(task_def["dataset_id"])
-        task = _Task(task_def, dataset, compression, self._dispatcher)
+        task_id = int(task_def["task_id"])
         with self._lock:
-            if self._stopped.is_set() or task_def["task_id"] in self._tasks:
+            if (
+                self._stopped.is_set()
+                or self._draining.is_set()
+                or task_id in self._tasks
+                or task_id in self._ended
+            ):
                 return
-            self._tasks[task_def["task_id"]] = task
+            task = _Task(task_def, self)
+            self._tasks[task_id] = task
+            self._task_started.notify_all()
         task.start()
 
-    def _dataset(self, dataset_id: str) -> tuple[Dataset, str | None]:
-        cached = self._datasets.get(dataset_id)
-        if cached is None:
-            reply, buffers = self._dispatcher.call(
-                "GetDatasetDef", {"dataset_id": dataset_id}, timeout=60.0
-            )
-            dataset = cloudpickle.loads(buffers[0])
-            cached = self._datasets[dataset_id] = (dataset, reply["compression"])
+    def _report_failure(self) -> None:
+        """Tells the dispatcher at once that a task failed (the heartbeat carries it), so that
+        its job ends and every consumer hears the error."""
+        if self._stopped.is_set():
+            return
+        try:
+            self._heartbeat(wait_s=0.0, timeout=5.0)
+        except FeedlineError as error:  # the next heartbeat carries it again
+            logger.info("worker %s: reporting a failed task: %s", self._address, error)
+
+    def dataset(self, task_def: dict[str, Any]) -> tuple[Dataset, str | None]:
+        """The dataset of ``task_def`` and its compression (called on a task's thread)."""
+        fingerprint = str(task_def.get("fingerprint", ""))
+        with self._lock:
+            cached = self._datasets.get(fingerprint) if fingerprint else None
+            self._dataset_unused_since.pop(fingerprint, None)  # a task of it runs now
+        if cached is not None:
+            return cached
+        reply, buffers = self.call_dispatcher(
+            "GetDatasetDef",
+            {"dataset_id": task_def["dataset_id"]},
+            f"fetching dataset {task_def['dataset_id']} for task {task_def['task_id']}",
+        )
+        cached = (cloudpickle.loads(buffers[0]), reply["compression"])
+        if fingerprint:
+            with self._lock:
+                self._datasets[fingerprint] = cached
+                while len(self._datasets) > _DATASETS_KEPT:
+                    self._datasets.popitem(last=False)
         return cached
+
+    def call_dispatcher(
+        self, method: str, header: dict[str, Any], what: str
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        """One call to the dispatcher, tried again while it cannot be reached, for as long as
+        a heartbeat would (``dispatcher_timeout_ms``, or forever with ``wait_forever``).
+
+        Raises:
+          UnavailableError: the dispatcher stayed unreachable; the message says doing ``what``.
+        """
+        config = self._config
+        started = time.monotonic()
+        while True:
+            try:
+                return self._dispatcher.call(method, header, timeout=10.0, wait_for_ready=True)
+            except UnavailableError:
+                waited = time.monotonic() - started
+                if self._stopped.is_set() or (
+                    not config.wait_forever and waited > config.dispatcher_timeout_s
+                ):
+                    raise UnavailableError(
+                        f"worker {self._address}: the dispatcher at {self._dispatcher.address} "
+                        f"was unreachable for {waited:.0f} s while {what}"
+                    ) from None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
 
     # -- consumers --------------------------------------------------------------------------
     def _get_elements(self, header: dict[str, Any], buffers: list[memoryview]) -> bytes:
         task_id = field(header, "task_id", int)
+        deadline = time.monotonic() + min(field(header, "wait_ms", int, 500) / 1000, _MAX_WAIT_S)
         with self._lock:
-            task = self._tasks.get(task_id)
-            deleted = task_id in self._deleted
-        if task is None:
-            # A deleted task belonged to a finished job: nothing more comes from it. Another
-            # one is on its way here (the consumer heard of it first): nothing yet.
-            if not deleted:
-                time.sleep(0.01)
-            return encode_frame({"eos": deleted})
-        return task.get_elements(header)
+            while True:
+                task = self._tasks.get(task_id)
+                ended = task_id in self._ended
+                other_life = (
+                    self._incarnation is not None and incarnation_of(task_id) != self._incarnation
+                )
+                remaining = deadline - time.monotonic()
+                if task is not None or ended or other_life or self._stopped.is_set():
+                    break
+                if self._draining.is_set() or remaining <= 0:
+                    break
+                # The task is on its way here (the consumer heard of it first): wait for it, so
+                # that every consumer already asking is waiting at the task when its first
+                # elements come, and they share them.
+                self._task_started.wait(remaining)
+            why = self._ended.get(task_id)
+        if task is not None:
+            return task.get_elements(header)
+        if ended:
+            return encode_frame({"error": why} if why is not None else {"eos": True})
+        if other_life:
+            return encode_frame({"error": self._lost_report(task_id)})
+        if self._stopped.is_set() or self._draining.is_set():
+            return encode_frame({"gone": True})
+        return encode_frame({"eos": False})
 
 
 class _DispatcherSplits:
-    """The ``SplitProvider`` of a DYNAMIC task: asks the dispatcher for the job's splits."""
+    """The ``SplitProvider`` of a DYNAMIC task: asks the dispatcher for the job's splits. A
+    draining worker asks for none: its source ends after the split it holds (``drained``)."""
 
-    def __init__(self, dispatcher: _rpc.RpcClient, job_id: int, task_id: int) -> None:
-        self._dispatcher = dispatcher
+    def __init__(self, worker: WorkerServer, job_id: int, task_id: int) -> None:
+        self._worker = worker
         self._job_id = job_id
         self._task_id = task_id
+        self.drained = False
 
     def next_split(self, repetition: int) -> list[int] | None:
-        reply, _ = self._dispatcher.call(
+        if self._worker.draining:
+            self.drained = True
+            return None
+        reply, _ = self._worker.call_dispatcher(
             "GetSplit",
             {"job_id": self._job_id, "repetition": repetition, "task_id": self._task_id},
-            timeout=60.0,
-            wait_for_ready=True,
+            f"getting a split of job {self._job_id} for task {self._task_id}",
         )
         return reply["split"]
 
@@ -290,32 +599,44 @@ def task_dataset(
 
 class _Task:
     """One task: a producer thread running the task's dataset into a bounded buffer, and the
-    replies that hand its elements out."""
+    replies that hand its elements out.
 
-    def __init__(
-        self,
-        task_def: dict[str, Any],
-        dataset: Dataset,
-        compression: str | None,
-        dispatcher: _rpc.RpcClient,
-    ) -> None:
+    The dataset is fetched, unpickled and shaped by the job's policy on the producer thread, so
+    that whatever fails there (a dataset the policy cannot shape, one that does not unpickle
+    here) fails the task like an element that raises, and the consumers hear why.
+
+    A reply to ``GetElements`` says, besides the elements, one of: ``eos`` (the task's input
+    ended and everything was handed out), ``gone`` (this worker gives nothing more, though the
+    input did not end: it drained or stops; the task is lost), ``error`` (the task failed: an
+    error report for every consumer), or nothing (more may come: ask again).
+    """
+
+    def __init__(self, task_def: dict[str, Any], worker: WorkerServer) -> None:
         self.task_id = int(task_def["task_id"])
-        mode = ShardingPolicy(task_def["mode"])
-        splits = _DispatcherSplits(dispatcher, int(task_def["job_id"]), self.task_id)
-        # Shaped on the producer thread, so that a dataset the policy cannot shape (FILE over a
-        # dataset without files) fails the task and its consumers hear why, instead of waiting.
-        self._make_dataset = lambda: task_dataset(
-            dataset, mode, int(task_def["num_workers"]), int(task_def["worker_index"]), splits
-        )
+        #: The content fingerprint of the task's dataset (what the worker caches it by).
+        self.fingerprint = str(task_def.get("fingerprint", ""))
+        self._task_def = task_def
+        self._worker = worker
+        self._mode = ShardingPolicy(task_def["mode"])
+        self._splits = _DispatcherSplits(worker, int(task_def["job_id"]), self.task_id)
         self._num_consumers: int | None = task_def["num_consumers"]
-        self._compressor = Compressor(compression)
+        self._compressor = Compressor(None)
         self._cond = threading.Condition()
         self._buffer: collections.deque[tuple[list[Any], int]] = collections.deque()
         self._buffered_bytes = 0
         self._ended = False
-        self._error: BaseException | None = None
-        self._told = False  # whether a consumer received the error
+        self._drained = False  # ended because the worker drains, not because the input did
+        self._draining = False
+        self._report: dict[str, Any] | None = None  # the task's error, as consumers get it
         self._stop = False
+        # First come, first served, shared fairly: consumers whose request waits here now,
+        # and consumers whose last request got nothing (hungry until the time given).
+        self._waiting: collections.Counter[int] = collections.Counter()
+        self._hungry: dict[int, float] = {}
+        self._shared = bool(task_def.get("shared"))
+        self._consumers_hint = 1  # the job's consumers, as the requests tell
+        self._first_ask: float | None = None
+        self._handed_out = False
         self._rounds: dict[int, list[Any]] = {}
         self._round_taken: dict[int, set[int]] = {}
         self._next_round = 0
@@ -330,20 +651,64 @@ class _Task:
         with self._cond:
             self._stop = True
             self._buffer.clear()
+            self._buffered_bytes = 0
             self._cond.notify_all()
 
-    def finished(self) -> bool:
-        """Whether every element was handed out, or the task failed and a consumer was told
-        (a failed task stays until then, so that its consumers hear the error, not an end)."""
+    def drain(self) -> None:
+        """Produces no more than it must: a DYNAMIC task finishes the split it holds (its
+        provider hands out no more), any other task stops at once. What is buffered stays."""
         with self._cond:
-            return self._ended and not self._buffer and (self._error is None or self._told)
+            self._draining = True
+            self._cond.notify_all()
+
+    def completed(self) -> bool:
+        """Whether the task's input ended and every element was handed out."""
+        with self._cond:
+            return (
+                self._ended
+                and not self._drained
+                and self._report is None
+                and not self._stop
+                and not self._buffer
+            )
+
+    def failure(self) -> dict[str, Any] | None:
+        """The task's error report, or None."""
+        with self._cond:
+            return self._report
+
+    def drained_out(self) -> bool:
+        """Whether the task produces nothing more and has handed out what it had."""
+        with self._cond:
+            return (self._ended or self._stop) and not self._buffer
+
+    def buffered(self) -> int:
+        with self._cond:
+            return len(self._buffer)
 
     def _produce(self) -> None:
         iterator = None
+        failed = False
         try:
-            iterator = iter(self._make_dataset())
-            for element in iterator:
-                leaves, _ = structure.flatten(element)
+            dataset, compression = self._worker.dataset(self._task_def)
+            self._compressor = Compressor(compression)
+            expected = structure.spec_structure(dataset.element_spec)
+            shaped = task_dataset(
+                dataset,
+                self._mode,
+                int(self._task_def["num_workers"]),
+                int(self._task_def["worker_index"]),
+                self._splits,
+            )
+            iterator = iter(shaped)
+            for index, element in enumerate(iterator):
+                leaves, treespec = structure.flatten(element)
+                if treespec != expected:
+                    raise InvalidArgumentError(
+                        f"element {index} of the dataset has the structure {treespec}, but the "
+                        f"dataset's element_spec has the structure {expected}; every element "
+                        "must have the structure of the element_spec"
+                    )
                 size = sum(leaf.nbytes for leaf in leaves)
                 with self._cond:
                     while (
@@ -360,25 +725,28 @@ class _Task:
                     self._buffer.append((leaves, size))
                     self._buffered_bytes += size
                     self._cond.notify_all()
+                    if self._draining and self._mode != ShardingPolicy.DYNAMIC:
+                        self._drained = True
+                        return
         except BaseException as error:
-            logger.warning("task %d failed: %r", self.task_id, error)
             with self._cond:
-                self._error = error
+                if not self._stop:
+                    failed = True
+                    self._report = error_report(
+                        error, worker=self._worker.worker_address, task_id=self.task_id
+                    )
+            if failed:
+                logger.warning("task %d failed: %r", self.task_id, error)
         finally:
             with self._cond:
+                self._drained = self._drained or self._splits.drained
                 self._ended = True
                 self._cond.notify_all()
             if iterator is not None:
-                iterator.close()
-
-    def _wait_for_data(self, wait_s: float) -> None:
-        """Waits (under the lock) until an element is buffered, the input ends or time runs out."""
-        deadline = time.monotonic() + wait_s
-        while not self._buffer and not self._ended and not self._stop:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cond.wait(remaining)
+                with contextlib.suppress(Exception):
+                    iterator.close()
+            if failed:
+                self._worker._report_failure()
 
     def _take(self) -> list[Any]:
         leaves, size = self._buffer.popleft()
@@ -386,28 +754,92 @@ class _Task:
         self._cond.notify_all()
         return leaves
 
+    def _end_frame(self) -> bytes | None:
+        """(Under the lock, with nothing to hand out.) What a consumer hears from a task that
+        gives nothing more; None while more may come."""
+        if self._report is not None:
+            return encode_frame({"error": self._report})
+        if self._stop or (self._ended and self._drained):
+            return encode_frame({"gone": True})
+        if self._ended:
+            return encode_frame({"eos": True})
+        return None
+
+    def _share(self, consumer: int, held: int, wanted: int) -> int:
+        """(Under the lock, with elements buffered.) How many ``consumer``, which holds
+        ``held`` elements it has not returned yet, may take now: all it wants, unless another
+        consumer waits, in which case the buffer is split between them and a consumer that
+        holds ``_AHEAD`` or more takes nothing until the others had their turn. A task of a
+        shared job gathers first (``_GATHER_S``)."""
+        now = time.monotonic()
+        if (
+            self._shared
+            and not self._handed_out
+            and self._first_ask is not None
+            and now < self._first_ask + _GATHER_S
+            and len(self._waiting) < max(2, self._consumers_hint)
+        ):
+            return 0
+        others = {c for c in self._waiting if c != consumer}
+        others.update(c for c, until in self._hungry.items() if c != consumer and until > now)
+        if not others:
+            return wanted
+        if held >= _AHEAD:
+            return 0
+        share = -(-len(self._buffer) // (len(others) + 1))
+        return max(1, min(wanted, share, _AHEAD - held))
+
     def get_elements(self, header: dict[str, Any]) -> bytes:
         wait_s = min(field(header, "wait_ms", int, 500) / 1000, _MAX_WAIT_S)
         if self._num_consumers is not None:
             return self._get_round(header, wait_s)
+        consumer = field(header, "consumer", int, 0)
+        held = field(header, "held", int, 0)
         max_elements = max(1, field(header, "max_elements", int, 1))
         max_bytes = max(1, field(header, "max_bytes", int, 8 << 20))
         elements: list[list[Any]] = []
+        deadline = time.monotonic() + wait_s
         with self._cond:
-            self._wait_for_data(wait_s)
+            self._consumers_hint = max(self._consumers_hint, field(header, "consumers", int, 1))
+            if self._first_ask is None:
+                self._first_ask = time.monotonic()
+            self._waiting[consumer] += 1
+            self._cond.notify_all()  # a gathering task may have waited for this consumer
+            try:
+                limit = 0
+                while not self._stop:
+                    if self._buffer:
+                        limit = self._share(consumer, held, max_elements)
+                        if limit:
+                            break
+                    elif self._ended:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining if not self._buffer else min(remaining, 0.01))
+            finally:
+                self._waiting[consumer] -= 1
+                if not self._waiting[consumer]:
+                    del self._waiting[consumer]
             taken = 0
-            while self._buffer and len(elements) < max_elements:
+            while self._buffer and len(elements) < limit:
                 if elements and taken + self._buffer[0][1] > max_bytes:
                     break
                 taken += self._buffer[0][1]
                 elements.append(self._take())
             if not elements:
-                if self._error is not None:
-                    self._told = True
-                    raise self._error
-                if self._stop:
-                    raise NotFoundError(f"task {self.task_id} was stopped")
-                return encode_frame({"eos": self._ended})
+                end = None if self._buffer else self._end_frame()
+                if end is not None:
+                    return end
+                if held < _AHEAD:
+                    self._hungry[consumer] = time.monotonic() + _HUNGRY_S
+                    if len(self._hungry) > 64:
+                        now = time.monotonic()
+                        self._hungry = {c: t for c, t in self._hungry.items() if t > now}
+                return encode_frame({"eos": False})
+            self._hungry.pop(consumer, None)
+            self._handed_out = True
         return self._reply(elements)
 
     def _reply(self, elements: list[list[Any]]) -> bytes:
@@ -432,13 +864,11 @@ class _Task:
                     for old in [r for r in self._rounds if r < self._next_round - _ROUND_WINDOW]:
                         del self._rounds[old], self._round_taken[old]
                     continue
-                if self._error is not None:
-                    self._told = True
-                    raise self._error
-                if self._ended:
-                    return encode_frame({"eos": True})
-                if self._stop:
-                    raise NotFoundError(f"task {self.task_id} was stopped")
+                if self._ended or self._stop:
+                    self._buffer.clear()  # less than a round: nobody can take it in step
+                    end = self._end_frame()
+                    assert end is not None
+                    return end
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return encode_frame({"eos": False})  # nothing yet: the consumer asks again

@@ -4,8 +4,10 @@
 them as with ``tf.train.Example`` and parse them with ``feedline.io.parse_example``.
 
 ``Checkpoint``, ``CheckpointManager`` and ``latest_checkpoint`` save and restore models,
-optimizers, iterators and metrics (``feedline.train.checkpoint``). They need torch, which is
-imported on first use of one of them, so that ``import feedline.train`` works without it.
+optimizers, iterators and metrics (``feedline.train.checkpoint``); ``BackupAndRestore`` saves
+them every N steps of a training loop and restores them after a failure
+(``feedline.train.backup_and_restore``). They need torch, which is imported on first use of one
+of them, so that ``import feedline.train`` works without it.
 """
 
 import importlib
@@ -23,6 +25,7 @@ from feedline.train.example_pb import (
 _CHECKPOINT_NAMES = ("Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint")
 
 __all__ = [
+    "BackupAndRestore",
     "BytesList",
     "Checkpoint",
     "CheckpointLoadStatus",
@@ -39,8 +42,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _CHECKPOINT_NAMES:
         return getattr(importlib.import_module("feedline.train.checkpoint"), name)
+    if name == "BackupAndRestore":
+        return importlib.import_module("feedline.train.backup_and_restore").BackupAndRestore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_CHECKPOINT_NAMES})
+    return sorted({*globals(), *_CHECKPOINT_NAMES, "BackupAndRestore"})

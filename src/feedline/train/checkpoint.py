@@ -8,7 +8,12 @@ TensorFlow's ``tf.train.Checkpoint``, ``tf.train.CheckpointManager`` and
 - ``state_dict()``, restored with ``load_state_dict`` (``nn.Module``, ``torch.optim.Optimizer``,
   LR schedulers);
 - ``get_state()``, restored with ``set_state`` (``feedline.data`` and ``feedline.distribute``
-  iterators, ``feedline.metrics`` metrics, ``torch.Generator``);
+  iterators, ``feedline.metrics`` metrics, ``torch.Generator``); an object may also offer
+  ``_checkpoint_state()`` (what to save instead, which may involve every worker),
+  ``_restore_checkpoint_state(state)`` (how to restore it) and ``_check_restorable(state)``
+  (why a saved state cannot be restored, checked before anything changes), as distributed
+  iterators and metrics made under a multi-worker strategy do (a metric saves its value over
+  every worker);
 - a ``torch.Tensor`` (TensorFlow's ``tf.Variable``): its value, copied back in place;
 - a nested ``Checkpoint``: a dict of the same form.
 
@@ -20,7 +25,18 @@ directory's text file ``checkpoint``, as TensorFlow does (``model_checkpoint_pat
     all_model_checkpoint_paths: "ckpt-3"
 
 Every file is written to a temporary file in the same directory and renamed into place, so a
-reader never sees a partial checkpoint and a failed save leaves nothing behind.
+reader never sees a partial checkpoint and a failed save leaves nothing behind; a process killed
+while it writes leaves at most a hidden ``.ckpt-3.*.tmp`` file, which nothing restores.
+
+In a cluster (``MultiWorkerMirroredStrategy`` with several workers) ``save``, ``write`` and
+``CheckpointManager.save`` are collectives, as in TensorFlow: every worker calls them, the chief
+writes the checkpoint, and every other worker writes to a temporary ``workertemp_<worker>``
+folder beside it that is removed at once; every worker returns the chief's path, and every
+worker raises if any worker's write failed. A distributed iterator saves every worker's position
+(gathered to the chief), so a restored cluster continues every worker's input; where its input
+is read whole or sharded by DATA, it also saves the global pipeline's position, which resumes on
+any number of workers (``feedline.distribute.DistributedIterator``). Every worker restores from
+the same file, so it must be on storage that all of them see.
 
 Checkpoints are pickles: restoring one runs code that the file names. Restore only checkpoints
 from a trusted source. Before unpickling, ``restore`` reads the file's first bytes without
@@ -42,6 +58,7 @@ from typing import Any
 import torch
 
 from feedline.errors import InvalidArgumentError, NotFoundError
+from feedline.train import _cluster
 from feedline.train.checkpoint_management import (
     CheckpointManager,
     PathLike,
@@ -143,25 +160,43 @@ class Checkpoint:
           The path written, ``{file_prefix}-{n}``.
         """
         prefix = os.fspath(file_prefix)
-        number = max(self._save_counter, _highest_number(prefix)) + 1
-        path = self._write_numbered(prefix, number, counter=number)
-        _write_index(os.path.dirname(path), path, [path])
+        cluster = _cluster.current()
+        number = cluster.decide(
+            lambda: max(self._save_counter, _highest_number(prefix)) + 1,
+            f"numbering checkpoint {prefix} (every worker calls save)",
+        )
+        path = f"{prefix}-{number}"
+        directory = os.path.dirname(path)
+        self._write(cluster, path, number, lambda: _write_index(directory, path, [path]))
         return path
-
-    def _write_numbered(self, prefix: str, number: int, counter: int) -> str:
-        previous = self._save_counter
-        self._save_counter = counter
-        try:
-            return self.write(f"{prefix}-{number}")
-        except BaseException:
-            self._save_counter = previous
-            raise
 
     def write(self, file_path: PathLike) -> str:
         """Writes a checkpoint to exactly ``file_path``: no numbering, no index file, and
         ``save_counter`` unchanged. Creates the directory if needed. Returns the path."""
         path = os.fspath(file_path)
-        state = self._state()
+        self._write(_cluster.current(), path, None, lambda: None)
+        return path
+
+    def _write(
+        self,
+        cluster: _cluster.Cluster,
+        path: str,
+        counter: int | None,
+        then: Callable[[], None],
+    ) -> None:
+        """Writes the objects (with ``save_counter`` set to ``counter``) as ``cluster`` writes:
+        the chief to ``path``, then ``then()``; the counter is put back if anything fails."""
+        previous = self._save_counter
+        if counter is not None:
+            self._save_counter = counter
+        try:
+            state = self._state()
+            cluster.write(path, lambda target: self._dump(state, target), then)
+        except BaseException:
+            self._save_counter = previous
+            raise
+
+    def _dump(self, state: dict[str, Any], path: str) -> None:
         try:
             _atomic_write(path, lambda file: torch.save(state, file))
         except Exception as error:
@@ -171,7 +206,6 @@ class Checkpoint:
                     f"written to {path}"
                 )
             raise
-        return path
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -237,6 +271,12 @@ class Checkpoint:
         """Checks ``saved`` against the objects and adds one restoring step per match."""
         matched, unmatched, unused = report
         entries = saved["objects"]
+        parameter_names = {
+            id(parameter): f"{name}.{parameter_name}"
+            for name, obj in self._objects.items()
+            if isinstance(obj, torch.nn.Module)
+            for parameter_name, parameter in obj.named_parameters()
+        }
         for name, obj in self._objects.items():
             dotted = prefix + name
             if name not in entries:
@@ -252,7 +292,7 @@ class Checkpoint:
             if isinstance(obj, Checkpoint):
                 obj._plan_restore(state, path, dotted + ".", plan, report)
                 continue
-            _check_compatible(obj, state, dotted, path)
+            _check_compatible(obj, state, dotted, path, parameter_names)
             matched.append(dotted)
             plan.append((dotted, lambda obj=obj, state=state: _set_state(obj, state)))
         unused.extend(prefix + name for name in entries if name not in self._objects)
@@ -353,6 +393,8 @@ def _get_state(obj: Any) -> Any:
         return obj._state()
     if isinstance(obj, torch.Tensor):
         return obj.detach()
+    if callable(getattr(obj, "_checkpoint_state", None)):
+        return obj._checkpoint_state()
     getter, _ = _accessors(obj)  # type: ignore[misc]  # checked when tracked
     return getattr(obj, getter)()
 
@@ -363,6 +405,8 @@ def _set_state(obj: Any, state: Any) -> None:
             obj.copy_(state)
         return
     getter, setter = _accessors(obj)  # type: ignore[misc]
+    if callable(getattr(obj, "_restore_checkpoint_state", None)):
+        setter = "_restore_checkpoint_state"
     if getter == "get_state" and isinstance(state, torch.Tensor):
         current = obj.get_state()  # metrics: keep the state on the device it is on
         if isinstance(current, torch.Tensor):
@@ -370,9 +414,25 @@ def _set_state(obj: Any, state: Any) -> None:
     getattr(obj, setter)(state)
 
 
-def _check_compatible(obj: Any, state: Any, name: str, path: str) -> None:
+def _check_compatible(
+    obj: Any, state: Any, name: str, path: str, parameter_names: Mapping[int, str]
+) -> None:
     """Raises before anything is restored if ``state`` cannot fit a module or a tensor."""
     where = f"cannot restore {name!r} ({type(obj).__name__}) from {path}"
+    check = getattr(obj, "_check_restorable", None)
+    if callable(check):
+        problem = check(state)
+        if problem is not None:
+            raise InvalidArgumentError(f"{where}: {problem}")
+        return
+    if isinstance(obj, torch.optim.Optimizer):
+        problem = _optimizer_mismatch(obj, state, parameter_names)
+        if problem is not None:
+            raise InvalidArgumentError(
+                f"{where}: {problem}; build the optimizer over the same parameters, in the same "
+                "order and groups, as the saved one"
+            )
+        return
     if isinstance(obj, torch.Tensor):
         if not isinstance(state, torch.Tensor):
             raise InvalidArgumentError(f"{where}: the checkpoint holds a {type(state).__name__}")
@@ -404,6 +464,44 @@ def _check_compatible(obj: Any, state: Any, name: str, path: str) -> None:
         raise InvalidArgumentError(
             f"{where}: {'; '.join(mismatched)}; build it with the sizes of the saved one"
         )
+
+
+def _optimizer_mismatch(
+    optimizer: torch.optim.Optimizer, state: Any, parameter_names: Mapping[int, str]
+) -> str | None:
+    """Where an optimizer's saved state does not fit it: groups, parameter counts, and the
+    shapes of per-parameter state (Adam's ``exp_avg``) against the parameters'."""
+    if not isinstance(state, Mapping) or not {"state", "param_groups"} <= state.keys():
+        return f"the checkpoint holds a {type(state).__name__}, not an optimizer's state_dict"
+    saved_groups, groups = state["param_groups"], optimizer.param_groups
+    if len(saved_groups) != len(groups):
+        return (
+            f"the optimizer has {len(groups)} parameter groups and the checkpoint's has "
+            f"{len(saved_groups)}"
+        )
+    index = 0
+    for number, (saved, group) in enumerate(zip(saved_groups, groups, strict=True)):
+        if len(saved["params"]) != len(group["params"]):
+            return (
+                f"parameter group {number} has {len(group['params'])} parameters here and "
+                f"{len(saved['params'])} in the checkpoint"
+            )
+        for saved_id, parameter in zip(saved["params"], group["params"], strict=True):
+            for key, value in state["state"].get(saved_id, {}).items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dim() > 0
+                    and not torch.nn.parameter.is_lazy(parameter)
+                    and value.shape != parameter.shape
+                ):
+                    label = parameter_names.get(id(parameter))
+                    which = f"parameter {index}" + (f" ({label})" if label else "")
+                    return (
+                        f"{which} has shape {tuple(parameter.shape)} here, but its {key!r} in "
+                        f"the checkpoint has shape {tuple(value.shape)}"
+                    )
+            index += 1
+    return None
 
 
 def _is_checkpoint_state(state: Any) -> bool:

@@ -33,7 +33,9 @@ class CheckpointManager:
     ``tf.train.CheckpointManager``: ``save()`` writes ``{directory}/{checkpoint_name}-{n}``,
     deletes the oldest files beyond ``max_to_keep`` (None keeps all) and lists the kept ones
     in the directory's ``checkpoint`` index. A manager made on a directory that already has
-    an index takes over the checkpoints it lists with its ``checkpoint_name`` prefix.
+    an index takes over the checkpoints it lists with its ``checkpoint_name`` prefix. In a
+    cluster every worker calls ``save``; the chief writes, numbers and prunes (see
+    ``feedline.train.checkpoint``), and every worker's manager lists the same checkpoints.
 
     Example:
       >>> import tempfile, torch
@@ -103,24 +105,32 @@ class CheckpointManager:
         Returns:
           The path written.
         """
+        from feedline.train import _cluster
+
         checkpoint = self._checkpoint
+        cluster = _cluster.current()
         if checkpoint_number is None:
-            number = max(checkpoint.save_counter, _highest_number(self._prefix)) + 1
-            path = checkpoint._write_numbered(self._prefix, number, counter=number)
+            number = cluster.decide(
+                lambda: max(checkpoint.save_counter, _highest_number(self._prefix)) + 1,
+                f"numbering checkpoint {self._prefix} (every worker calls save)",
+            )
+            counter = number
         else:
-            counter = checkpoint.save_counter + 1
-            path = checkpoint._write_numbered(self._prefix, int(checkpoint_number), counter)
-        if path in self._checkpoints:
-            self._checkpoints.remove(path)
-        self._checkpoints.append(path)
+            number, counter = int(checkpoint_number), checkpoint.save_counter + 1
+        path = f"{self._prefix}-{number}"
+        kept = [p for p in self._checkpoints if p != path] + [path]
         stale: list[str] = []
-        if self._max_to_keep is not None and len(self._checkpoints) > self._max_to_keep:
-            stale = self._checkpoints[: -self._max_to_keep]
-            del self._checkpoints[: -self._max_to_keep]
-        _write_index(self._directory, path, self._checkpoints)
-        for old in stale:
-            with contextlib.suppress(FileNotFoundError):  # already gone: the goal is met
-                os.remove(old)
+        if self._max_to_keep is not None and len(kept) > self._max_to_keep:
+            stale, kept = kept[: -self._max_to_keep], kept[-self._max_to_keep :]
+
+        def index_and_prune() -> None:
+            _write_index(self._directory, path, kept)
+            for old in stale:
+                with contextlib.suppress(FileNotFoundError):  # already gone: the goal is met
+                    os.remove(old)
+
+        checkpoint._write(cluster, path, counter, index_and_prune)
+        self._checkpoints = kept
         return path
 
 

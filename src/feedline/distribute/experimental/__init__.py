@@ -1,8 +1,9 @@
 """``feedline.distribute.experimental``: the names TensorFlow keeps under ``experimental``.
 
 ``ValueContext`` and ``MultiWorkerMirroredStrategy`` are the objects of ``feedline.distribute``
-(the latter resolved on first access). ``ParameterServerStrategy`` is not available in this
-version: asking for it raises an ``AttributeError`` that says so.
+(the latter resolved on first access). ``PreemptionCheckpointHandler`` and ``TerminationConfig``
+(``preemption``) are imported on first access too. ``ParameterServerStrategy`` is not available
+in this version: asking for it raises an ``AttributeError`` that says so.
 """
 
 from feedline import _porting
@@ -15,6 +16,10 @@ __getattr__, __dir__ = _porting.lazy_attributes(
     {
         "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
         "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
+        "PreemptionCheckpointHandler": (
+            "feedline.distribute.experimental.preemption:PreemptionCheckpointHandler"
+        ),
+        "TerminationConfig": "feedline.distribute.experimental.preemption:TerminationConfig",
     },
 )
 

@@ -1,0 +1,398 @@
+"""Chaos: the data service under one fault at a time, with real processes.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/chaos.py [--mode at-most-once] [--elements 12000]
+        [--only worker-kill-9,consumer-kill] [--repetitions 1]
+
+Each scenario starts a fresh cluster: a ``feedline dispatcher`` and three ``feedline worker``
+processes (``tests/service/procs.py``, on the one launcher ``tests/launcher.py``), and two
+consumer processes that share one job (``job_name``) of ``--elements`` elements under
+``distributed_epoch``. Every element carries the tag of its dataset. Once the consumers have
+read about a third of the epoch, the scenario injects its fault:
+
+======================  ====================================================================
+baseline                none
+worker-kill-9           a worker is killed (SIGKILL)
+worker-sigterm          a worker is stopped cleanly (SIGTERM; it drains first)
+dispatcher-restart      the dispatcher is killed and started again on its port at once
+map-raises              the map function starts raising on the workers
+consumer-kill           one of the two consumers is killed (SIGKILL)
+======================  ====================================================================
+
+Each consumer writes every element it receives as it receives it, then reads a follow-up
+dataset of another tag (a new job; it must hold nothing else). The table gives per scenario:
+elements expected, received (distinct), lost (expected, never received), duplicated (received
+more than once), wrong (elements of another dataset, in the epoch or the follow-up), hung (a
+consumer neither ended nor raised within ``--hang-seconds`` of the fault), each consumer's
+outcome (``end`` or the error it raised) and the time from the fault to the first error.
+
+A *mode* says what the service promises under each fault (``MODES``); the verdict column
+compares. ``at-most-once`` (the service today) may lose what a killed worker or consumer held,
+and tells its consumers with an error when it loses a job (dispatcher restart, a raising map
+function); every other column is zero. A durable mode adds its entry to ``MODES`` (and, in
+``Mode.dispatcher_args``, how its dispatcher starts) and is measured by the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import signal
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.service.procs import ServiceProcesses  # noqa: E402
+
+SCENARIOS = (
+    "baseline",
+    "worker-kill-9",
+    "worker-sigterm",
+    "dispatcher-restart",
+    "map-raises",
+    "consumer-kill",
+)
+TAG, FOLLOW_UP_TAG = 10**7, 2 * 10**7
+FOLLOW_UP_ELEMENTS = 500
+OUTSTANDING = 64  # each consumer's max_outstanding_requests
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """What a mode promises under one fault.
+
+    Attributes:
+      outcome: ``"end"`` (every surviving consumer reaches the end of the epoch) or the name
+        of the error every surviving consumer raises.
+      may_lose: what may be lost, in words (None: nothing, if the consumers reach the end).
+      lose_at_most: a bound on the elements lost, where there is one.
+    """
+
+    outcome: str = "end"
+    may_lose: str | None = None
+    lose_at_most: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """A delivery mode of the service: how its dispatcher starts and what it promises."""
+
+    name: str
+    expect: dict[str, Expect]
+    dispatcher_args: tuple[str, ...] = ()
+
+
+MODES = {
+    "at-most-once": Mode(
+        "at-most-once",
+        {
+            "baseline": Expect(),
+            "worker-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "worker-sigterm": Expect(),
+            "dispatcher-restart": Expect(outcome="FailedPreconditionError"),
+            "map-raises": Expect(outcome="RuntimeError"),
+            "consumer-kill": Expect(
+                may_lose="what the killed consumer held: its max_outstanding_requests",
+                lose_at_most=OUTSTANDING,
+            ),
+        },
+    ),
+}
+
+CONSUMER = """
+import os, time
+from feedline.data import Dataset, Options
+from feedline.service import distribute
+from tests.launcher import report
+
+target, trigger = os.environ["FEEDLINE_TARGET"], os.environ["TRIGGER"]
+elements, delay = int(os.environ["ELEMENTS"]), float(os.environ["DELAY"])
+options = Options()
+options.experimental_distribute.service_timeout_ms = int(os.environ["TIMEOUT_MS"])
+
+
+def tagged(tag, check):
+    def fn(x):
+        if check and os.path.exists(trigger):
+            raise RuntimeError("the map function raises (injected)")
+        time.sleep(delay)
+        return x + tag
+    return fn
+
+
+def read(dataset, out):
+    outcome, message, error_at = "end", "", None
+    try:
+        for x in dataset:
+            out.write(f"{int(x)}\\n")
+    except Exception as error:
+        outcome, message, error_at = type(error).__name__, str(error)[:300], time.time()
+    return outcome, message, error_at
+
+
+epoch = (
+    Dataset.range(elements)
+    .map(tagged(int(os.environ["TAG"]), True))
+    .apply(distribute("distributed_epoch", target, job_name="chaos",
+                      max_outstanding_requests=int(os.environ["OUTSTANDING"])))
+    .with_options(options)
+)
+with open(os.environ["OUT"], "w", buffering=1) as out:
+    outcome, message, error_at = read(epoch, out)
+follow_up = (
+    Dataset.range(int(os.environ["FOLLOW_UP"]))
+    .map(tagged(int(os.environ["FOLLOW_UP_TAG"]), False))
+    .apply(distribute("distributed_epoch", target))
+    .with_options(options)
+)
+with open(os.environ["OUT"] + ".follow", "w", buffering=1) as out:
+    follow = read(follow_up, out)
+report({"outcome": outcome, "message": message, "error_at": error_at, "follow_up": follow[0]})
+"""
+
+
+@dataclasses.dataclass
+class Row:
+    """One scenario's measurements, and how they compare with the mode's promise."""
+
+    scenario: str
+    expected: int
+    received: int
+    lost: int
+    duplicated: int
+    wrong: int
+    hung: bool
+    outcomes: list[str]
+    time_to_error: float | None
+    epoch_seconds: float
+    violations: list[str]
+
+    def cells(self) -> list[str]:
+        return [
+            self.scenario,
+            str(self.expected),
+            str(self.received),
+            str(self.lost),
+            str(self.duplicated),
+            str(self.wrong),
+            "yes" if self.hung else "no",
+            ", ".join(self.outcomes),
+            "—" if self.time_to_error is None else f"{self.time_to_error:.1f} s",
+            "ok" if not self.violations else "; ".join(self.violations),
+        ]
+
+
+HEADER = [
+    "scenario",
+    "expected",
+    "received",
+    "lost",
+    "duplicated",
+    "wrong",
+    "hung",
+    "consumers ended with",
+    "time to error",
+    "verdict",
+]
+
+
+def run_scenario(
+    scenario: str,
+    mode: Mode = MODES["at-most-once"],
+    *,
+    elements: int = 12_000,
+    delay: float = 0.0005,
+    hang_seconds: float = 60.0,
+    timeout_ms: int = 30_000,
+    workdir: pathlib.Path,
+) -> Row:
+    """Runs one scenario on a fresh cluster and measures it (see the module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    trigger = workdir / "raise-now"
+    outs = {name: workdir / f"{name}.txt" for name in ("first", "second")}
+    env = {
+        "ELEMENTS": str(elements),
+        "DELAY": str(delay),
+        "TAG": str(TAG),
+        "FOLLOW_UP": str(FOLLOW_UP_ELEMENTS),
+        "FOLLOW_UP_TAG": str(FOLLOW_UP_TAG),
+        "TRIGGER": str(trigger),
+        "TIMEOUT_MS": str(timeout_ms),
+        "OUTSTANDING": str(OUTSTANDING),
+    }
+    with ServiceProcesses(timeout=hang_seconds + 240) as cluster:
+        dispatcher = cluster.start_dispatcher(*mode.dispatcher_args)
+        workers = [cluster.start_worker("--drain-seconds", "30") for _ in range(3)]
+        consumers = cluster.run(
+            CONSUMER,
+            [(name, {**env, "OUT": str(path)}) for name, path in outs.items()],
+            timeout=hang_seconds + 180,
+        )
+        started = time.monotonic()
+        _wait_for_progress(outs, elements // 3, consumers, timeout=120)
+        fault_at = time.time()
+        if scenario == "worker-kill-9":
+            cluster.send(workers[0], signal.SIGKILL)
+        elif scenario == "worker-sigterm":
+            cluster.send(workers[0], signal.SIGTERM)
+        elif scenario == "dispatcher-restart":
+            cluster.send(dispatcher, signal.SIGKILL)
+            cluster.wait_exit(dispatcher, timeout=30)
+            cluster.start_dispatcher(*mode.dispatcher_args)
+        elif scenario == "map-raises":
+            trigger.touch()
+        elif scenario == "consumer-kill":
+            consumers.send("second", signal.SIGKILL)
+        elif scenario != "baseline":
+            raise ValueError(f"unknown scenario {scenario!r}; choose from {SCENARIOS}")
+        hung = _wait_or_hang(consumers, hang_seconds)
+        epoch_seconds = time.monotonic() - started
+        results = consumers.wait()
+    return _measure(scenario, mode, elements, outs, results, hung, fault_at, epoch_seconds)
+
+
+def _wait_for_progress(
+    outs: dict[str, pathlib.Path], count: int, consumers: Any, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    # Every consumer has joined the job (it read something), and together they read `count`.
+    while sum(_lines(path) for path in outs.values()) < count or not all(
+        _lines(path) for path in outs.values()
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the consumers did not read {count} elements in {timeout} s")
+        if any(consumers.poll(name) not in (None, 0) for name in consumers.names):
+            raise RuntimeError(
+                "a consumer failed before the fault:\n"
+                + "\n".join(consumers.output(name, "stderr")[-3000:] for name in consumers.names)
+            )
+        time.sleep(0.02)
+
+
+def _lines(path: pathlib.Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def _wait_or_hang(consumers: Any, seconds: float) -> bool:
+    """Whether a consumer is still running ``seconds`` after the fault (it hung)."""
+    deadline = time.monotonic() + seconds
+    while any(consumers.poll(name) is None for name in consumers.names):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _read(path: pathlib.Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _measure(
+    scenario: str,
+    mode: Mode,
+    elements: int,
+    outs: dict[str, pathlib.Path],
+    results: dict[str, Any],
+    hung: bool,
+    fault_at: float,
+    epoch_seconds: float,
+) -> Row:
+    got = [x for path in outs.values() for x in _read(path)]
+    follow = [x for path in outs.values() for x in _read(path.with_name(path.name + ".follow"))]
+    counts = Counter(got)
+    mine = {x for x in counts if TAG <= x < TAG + elements}
+    wrong = sum(n for x, n in counts.items() if x not in mine)
+    wrong += sum(1 for x in follow if not FOLLOW_UP_TAG <= x < FOLLOW_UP_TAG + FOLLOW_UP_ELEMENTS)
+    duplicated = sum(n - 1 for x, n in counts.items() if x in mine)
+    outcomes, errors_at = [], []
+    for name, result in sorted(results.items()):
+        report = result.result
+        if report is None:
+            outcomes.append("killed" if scenario == "consumer-kill" and name == "second" else "—")
+            continue
+        outcomes.append(report["outcome"])
+        if report["error_at"] is not None:
+            errors_at.append(report["error_at"])
+    row = Row(
+        scenario=scenario,
+        expected=elements,
+        received=len(mine),
+        lost=elements - len(mine),
+        duplicated=duplicated,
+        wrong=wrong,
+        hung=hung,
+        outcomes=outcomes,
+        time_to_error=min(errors_at) - fault_at if errors_at else None,
+        epoch_seconds=epoch_seconds,
+        violations=[],
+    )
+    row.violations = _violations(row, mode.expect[scenario])
+    return row
+
+
+def _violations(row: Row, expect: Expect) -> list[str]:
+    found = []
+    if row.wrong:
+        found.append(f"{row.wrong} wrong")
+    if row.duplicated:
+        found.append(f"{row.duplicated} duplicated")
+    if row.hung:
+        found.append("hung")
+    survivors = [outcome for outcome in row.outcomes if outcome != "killed"]
+    if any(outcome != expect.outcome for outcome in survivors):
+        found.append(f"expected every consumer to end with {expect.outcome}")
+    if expect.outcome == "end" and row.lost:
+        if expect.may_lose is None:
+            found.append(f"{row.lost} lost")
+        elif expect.lose_at_most is not None and row.lost > expect.lose_at_most:
+            found.append(f"{row.lost} lost, over {expect.lose_at_most}")
+    return found
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="at-most-once")
+    parser.add_argument("--elements", type=int, default=12_000)
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    parser.add_argument("--repetitions", type=int, default=1)
+    parser.add_argument("--hang-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    mode = MODES[args.mode]
+    rows = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    scratch = ROOT / "benchmarks" / "results" / f"chaos-{stamp}"
+    for repetition in range(args.repetitions):
+        for scenario in args.only.split(","):
+            row = run_scenario(
+                scenario,
+                mode,
+                elements=args.elements,
+                hang_seconds=args.hang_seconds,
+                workdir=scratch / f"{scenario}-{repetition}",
+            )
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
+    print(f"\nmode: {mode.name}, {args.elements} elements\n")
+    print(table(rows))
+    out = scratch.with_suffix(".json")
+    out.write_text(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
+    if any(row.violations for row in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

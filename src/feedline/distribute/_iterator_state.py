@@ -1,0 +1,230 @@
+"""A distributed iterator's position in a checkpoint: every worker's, and the global pipeline's.
+
+``DistributedIterator.get_state()`` is this worker's position. A checkpoint holds more: every
+worker's position (gathered to every worker, so that the chief writes them all), so that a
+restored cluster continues each worker's input exactly, and, where every worker reads the whole
+pipeline, the position of that global pipeline, so that the epoch can go on over another number
+of workers. ``gather`` builds the saved form (a collective under several workers: every worker
+calls it, as every worker calls ``Checkpoint.save``); ``restorable`` says whether a saved form
+fits an iterator; ``local_state`` picks this worker's entry or re-splits the global position::
+
+    {"format": "feedline.distribute.DistributedIterator", "version": 1,
+     "sharding": "data", "policy": "DATA", "num_workers": 2, "replicas_per_worker": 1,
+     "workers": [<worker 0's get_state()>, <worker 1's get_state()>],
+     "global": {"input": <the global pipeline's state>, "batches": [<global batches read ahead
+                but not consumed>], "finished": False}}        # None where it does not apply
+
+=========================================  ===========  =====================================
+input                                      sharding     restores on
+=========================================  ===========  =====================================
+one worker, any policy                     whole        any number of workers and replicas
+                                                        whose input is ``whole`` or ``data``
+several workers, DATA (AUTO without files)  data         the same
+several workers, FILE (AUTO over files)     files        the same workers and replicas only
+several workers, OFF / HINT                off / hint   the same workers and replicas only
+``distribute_datasets_from_function``      function     the same workers and replicas only
+=========================================  ===========  =====================================
+
+Under DATA every worker runs the same global pipeline and keeps its own slices of each global
+batch, so the workers' pipelines are at one position: the global batch that the next step cuts.
+Each worker's prefetch thread may have read a few batches further than another's, so the global
+position is taken from the worker that read least, with the batches it read ahead rebuilt from
+every worker's slices of them (the slices of a batch, in worker order, are the batch). Restored
+on M workers, the global pipeline goes back to that position, the rebuilt batches are cut first,
+over M workers: no element is lost or read twice, and the epoch goes on at the same global batch.
+Two workers saved after 2 steps of ``range(36).batch(6)`` (worker 0 had ``[0 1 2]``, ``[6 7 8]``;
+worker 1 ``[3 4 5]``, ``[9 10 11]``); on three workers the epoch goes on::
+
+    worker 0: [12 13], [18 19], [24 25], [30 31]
+    worker 1: [14 15], [20 21], [26 27], [32 33]
+    worker 2: [16 17], [22 23], [28 29], [34 35]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from feedline.data import structure
+from feedline.data.ops._background import ELEMENT
+
+FORMAT = "feedline.distribute.DistributedIterator"
+VERSION = 1
+
+_RESPLITTABLE = frozenset({"whole", "data"})
+_DESCRIPTIONS = {
+    "whole": "read whole by one worker",
+    "data": "sharded by DATA (every worker reads the whole pipeline and keeps its slices)",
+    "files": "sharded by FILE (each worker reads its own files)",
+    "off": "not sharded (AutoShardPolicy.OFF: every worker reads everything)",
+    "hint": "sharded by its SHARD_HINT shard() calls",
+    "function": "made per worker by distribute_datasets_from_function",
+    "per_replica_function": "made per replica by distribute_datasets_from_function",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputLayout:
+    """How a distributed iterator's input is shared among workers and replicas.
+
+    Attributes:
+      sharding: one of ``whole``, ``data``, ``files``, ``off``, ``hint``, ``function``,
+        ``per_replica_function`` (see the module docstring).
+      num_workers, worker_index, replicas_per_worker: where this iterator's worker sits.
+      policy: the dataset's ``AutoShardPolicy`` name where one applied (for messages).
+    """
+
+    sharding: str
+    num_workers: int = 1
+    worker_index: int = 0
+    replicas_per_worker: int = 1
+    policy: str | None = None
+
+    def describe(self) -> str:
+        how = _DESCRIPTIONS.get(self.sharding, self.sharding)
+        if self.policy == "AUTO" and self.sharding in ("data", "files"):
+            how += ", as AutoShardPolicy.AUTO chose"
+        return f"{self.shape()} (input {how})"
+
+    def shape(self) -> str:
+        return (
+            f"{_count(self.num_workers, 'worker')} x {_count(self.replicas_per_worker, 'replica')}"
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def is_saved_form(state: Any) -> bool:
+    """Whether ``state`` is the form ``gather`` makes (not one worker's ``get_state()``)."""
+    return isinstance(state, Mapping) and state.get("format") == FORMAT
+
+
+def gather(
+    local: dict[str, Any], layout: InputLayout, all_gather: Callable[[Any], list[Any]]
+) -> dict[str, Any]:
+    """Every worker's position and, where it applies, the global pipeline's (a collective under
+    several workers)."""
+    states = all_gather(local)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "sharding": layout.sharding,
+        "policy": layout.policy,
+        "num_workers": layout.num_workers,
+        "replicas_per_worker": layout.replicas_per_worker,
+        "workers": states,
+        "global": global_position(states) if layout.sharding in _RESPLITTABLE else None,
+    }
+
+
+def global_position(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """The global pipeline's position from every worker's state (see the module docstring).
+
+    Each state is ``{"steps": <prefetch>, "ahead": [steps], "finished": bool}`` whose prefetch
+    state is ``{"input": <split>, "buffer": [(kind, step)]}`` and whose split state is
+    ``{"input": <global pipeline>, "pending": [], "batches": [global batches]}``: the layout that
+    ``StepSource.from_global_batches`` builds.
+    """
+    read_ahead = [list(s["ahead"]) + _leading_elements(s["steps"]["buffer"]) for s in states]
+    least = min(range(len(states)), key=lambda i: len(read_ahead[i]))
+    depth = len(read_ahead[least])
+    batches = [_join([steps[t] for steps in read_ahead]) for t in range(depth)]
+    split = states[least]["steps"]["input"]
+    batches.extend(split.get("batches", ()))
+    return {"input": split["input"], "batches": batches, "finished": states[least]["finished"]}
+
+
+def _leading_elements(buffer: list[tuple[str, Any]]) -> list[Any]:
+    """The steps buffered before the end of input (or a buffered error), in order."""
+    steps = []
+    for kind, value in buffer:
+        if kind != ELEMENT:
+            break
+        steps.append(value)
+    return steps
+
+
+def _join(steps: list[tuple[Any, ...]]) -> Any:
+    """One global batch from every worker's step of it (each a tuple of replica slices)."""
+    parts = [part for step in steps for part in step]
+    if len(parts) == 1:
+        return parts[0]
+    return structure.map_structure(lambda *leaves: np.concatenate(leaves), *parts)
+
+
+def restorable(saved: Any, layout: InputLayout) -> str | None:
+    """Why ``saved`` cannot position an iterator of ``layout``, or None if it can."""
+    if not is_saved_form(saved):
+        if layout.num_workers > 1 and isinstance(saved, Mapping) and "steps" in saved:
+            return (
+                "the checkpoint holds one worker's position only (written by an older feedline, "
+                f"or by get_state()), which cannot position {layout.num_workers} workers; restore "
+                "it on one worker, or restore without the iterator and start the epoch again"
+            )
+        return None
+    if int(saved.get("version", 0)) > VERSION:
+        return (
+            f"its position has format version {saved['version']}; this feedline reads up to "
+            f"{VERSION}: upgrade feedline"
+        )
+    before = InputLayout(
+        saved["sharding"],
+        int(saved["num_workers"]),
+        replicas_per_worker=int(saved["replicas_per_worker"]),
+        policy=saved.get("policy"),
+    )
+    if _same_split(before, layout):
+        return None
+    if before.sharding in _RESPLITTABLE and layout.sharding in _RESPLITTABLE:
+        return None
+    if before.sharding not in _RESPLITTABLE:
+        rule = (
+            f"input {_DESCRIPTIONS.get(before.sharding, before.sharding)} resumes only on the "
+            f"same {before.shape()}"
+        )
+    else:
+        rule = (
+            "a global position is re-split only over input read whole or sharded by DATA, and "
+            f"this input is {_DESCRIPTIONS.get(layout.sharding, layout.sharding)}"
+        )
+    return (
+        f"the position was saved on {before.describe()}, and this iterator runs on "
+        f"{layout.describe()}: {rule}. To go on: resume on {before.shape()}; or feed "
+        "experimental_distribute_dataset input sharded by DATA "
+        "(options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA), whose "
+        "position resumes on any number of workers; or restore the other objects without the "
+        "iterator (Checkpoint(model=..., optimizer=...).restore(path).expect_partial()) and "
+        "start the epoch again"
+    )
+
+
+def _same_split(before: InputLayout, now: InputLayout) -> bool:
+    return (before.sharding, before.num_workers, before.replicas_per_worker) == (
+        now.sharding,
+        now.num_workers,
+        now.replicas_per_worker,
+    )
+
+
+def local_state(saved: dict[str, Any], layout: InputLayout) -> dict[str, Any]:
+    """This worker's ``get_state()``-form position from a saved form that ``restorable``
+    accepted: its own entry, or the global position re-split for ``layout``."""
+    before = InputLayout(
+        saved["sharding"], int(saved["num_workers"]), 0, int(saved["replicas_per_worker"])
+    )
+    if _same_split(before, layout):
+        return saved["workers"][layout.worker_index]
+    position = saved["global"]
+    return {
+        "steps": {
+            "input": {"input": position["input"], "pending": [], "batches": position["batches"]},
+            "buffer": [],
+        },
+        "ahead": [],
+        "finished": bool(position["finished"]),
+    }

@@ -1,0 +1,142 @@
+"""What ``PreemptionCheckpointHandler`` and ``BackupAndRestore`` share.
+
+Both count the training steps run through them (``total_run_calls``), keep that count in the
+checkpoint as the tensor ``checkpointed_runs`` (TensorFlow's name), save into one directory
+through a ``CheckpointManager`` that keeps the latest checkpoint only, and restore that
+checkpoint when they are made. In a cluster every worker makes them and calls them alike: the
+directory must be seen by every worker (checked at construction, not at the first restart), the
+chief picks the checkpoint every worker restores, and saves are the cluster's saves
+(``feedline.train._cluster``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+from feedline.errors import InvalidArgumentError
+from feedline.train import _cluster
+from feedline.train.checkpoint import Checkpoint
+from feedline.train.checkpoint_management import CheckpointManager, PathLike
+
+RUNS_NAME = "checkpointed_runs"
+
+
+class RunCheckpoint:
+    """A checkpoint of objects and of the number of steps run, in a directory of its own.
+
+    Args:
+      checkpoint_or_manager: a ``Checkpoint`` (saved in ``directory``, latest file only) or a
+        ``CheckpointManager`` (its directory; ``directory`` must then be None or the same).
+      directory: where checkpoints go; every worker must see it.
+      argument: the caller's name for ``directory``, for messages.
+      owner: the caller's class name, for messages.
+
+    Raises:
+      TypeError: ``checkpoint_or_manager`` is neither.
+      InvalidArgumentError: no directory, or one that differs from the manager's.
+      FailedPreconditionError: a worker of the cluster cannot see the directory.
+    """
+
+    def __init__(
+        self,
+        checkpoint_or_manager: Checkpoint | CheckpointManager,
+        directory: PathLike | None,
+        *,
+        argument: str,
+        owner: str,
+    ) -> None:
+        self.manager = _manager(checkpoint_or_manager, directory, argument, owner)
+        self.checkpoint = self.manager.checkpoint
+        self._runs = _runs_tensor(self.checkpoint, owner)
+        self.cluster = _cluster.current()
+        directory = self.manager.directory
+        self.cluster.check_shared(directory, argument)
+        latest = self.cluster.decide(
+            lambda: _latest_and_tidy(self.manager), f"finding the latest checkpoint in {directory}"
+        )
+        if latest is not None:
+            self.checkpoint.restore(latest)
+        self.total_run_calls = int(self._runs.item())
+
+    @property
+    def directory(self) -> str:
+        return self.manager.directory
+
+    def save(self) -> str:
+        """Saves the objects and ``total_run_calls`` as checkpoint number ``total_run_calls``
+        (every worker of a cluster calls it at the same step)."""
+        self._runs.fill_(self.total_run_calls)
+        return self.manager.save(checkpoint_number=self.total_run_calls)
+
+    def delete(self) -> None:
+        """Removes the checkpoints saved here and their index (the chief; every worker waits)."""
+        manager = self.manager
+        self.cluster.decide(lambda: _remove_checkpoints(manager), f"deleting {manager.directory}")
+        manager._checkpoints = []
+
+
+def _manager(
+    checkpoint_or_manager: Any, directory: PathLike | None, argument: str, owner: str
+) -> CheckpointManager:
+    if isinstance(checkpoint_or_manager, CheckpointManager):
+        manager = checkpoint_or_manager
+        if directory is not None and os.path.abspath(os.fspath(directory)) != os.path.abspath(
+            manager.directory
+        ):
+            raise InvalidArgumentError(
+                f"{owner} was given a CheckpointManager of {manager.directory!r} and {argument}="
+                f"{os.fspath(directory)!r}; give one of them (the manager's directory is used)"
+            )
+        return manager
+    if isinstance(checkpoint_or_manager, Checkpoint):
+        if directory is None:
+            raise InvalidArgumentError(
+                f"{owner} needs {argument}, the directory where it saves and restores the "
+                "Checkpoint (or give a CheckpointManager instead of the Checkpoint)"
+            )
+        return CheckpointManager(checkpoint_or_manager, directory, max_to_keep=1)
+    raise TypeError(
+        f"{owner} saves a feedline.train.Checkpoint or CheckpointManager, got "
+        f"{type(checkpoint_or_manager).__name__}"
+    )
+
+
+def _runs_tensor(checkpoint: Checkpoint, owner: str) -> torch.Tensor:
+    """The checkpoint's step counter, added as ``checkpointed_runs`` if it has none."""
+    existing = checkpoint._objects.get(RUNS_NAME)
+    if existing is None:
+        runs = torch.zeros((), dtype=torch.int64)
+        setattr(checkpoint, RUNS_NAME, runs)
+        return runs
+    if not (isinstance(existing, torch.Tensor) and existing.dim() == 0):
+        raise InvalidArgumentError(
+            f"{owner} counts steps in the checkpoint object {RUNS_NAME!r}, but the checkpoint "
+            f"already holds a {type(existing).__name__} under that name; rename it"
+        )
+    return existing
+
+
+def _latest_and_tidy(manager: CheckpointManager) -> str | None:
+    """The manager's latest checkpoint; also removes what a writer killed mid-save left behind
+    (hidden temporary files of this prefix: nothing restores them)."""
+    prefix = os.path.basename(manager._prefix)
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(manager.directory):
+            if name.startswith(f".{prefix}-") and name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(manager.directory, name))
+    return manager.latest_checkpoint
+
+
+def _remove_checkpoints(manager: CheckpointManager) -> None:
+    from feedline.train.checkpoint_management import INDEX_FILENAME
+
+    for path in [*manager.checkpoints, os.path.join(manager.directory, INDEX_FILENAME)]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    with contextlib.suppress(OSError):  # left where other files remain
+        os.rmdir(manager.directory)
