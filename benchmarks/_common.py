@@ -242,3 +242,24 @@ def write_results(name: str, payload: dict[str, Any]) -> pathlib.Path:
     out.write_text(json.dumps({**header, **payload}, indent=2))
     print(f"\nresults written to {out.relative_to(RESULTS.parents[1])}")
     return out
+
+
+def print_profile_tables(key: str, profile: dict) -> None:
+    """A cProfile summary as Markdown tables: by own time, then feedline's functions by
+    cumulative time (the ``own`` and ``feedline_cumulative`` rows of a profile result)."""
+    print("| own µs/step | cum µs/step | calls/step | function |")
+    print("|---:|---:|---:|---|")
+    for row in profile["own"]:
+        print(
+            f"| {row['own_us_per_step']:,.1f} | {row['cum_us_per_step']:,.1f} "
+            f"| {row['calls_per_step']:.1f} | `{row['function']}` |"
+        )
+    if profile["feedline_cumulative"]:
+        print(f"\n{key}: feedline's functions by cumulative time\n")
+        print("| cum µs/step | calls/step | function |")
+        print("|---:|---:|---|")
+        for row in profile["feedline_cumulative"]:
+            print(
+                f"| {row['cum_us_per_step']:,.1f} | {row['calls_per_step']:.1f} "
+                f"| `{row['function']}` |"
+            )

@@ -935,22 +935,7 @@ def print_profile(key: str, profile: dict[str, Any]) -> None:
     if not profile:
         return
     print(f"\ncProfile of {key}, rank 0: {profile['us_per_step']:,.0f} µs/step; by own time\n")
-    print("| own µs/step | cum µs/step | calls/step | function |")
-    print("|---:|---:|---:|---|")
-    for row in profile["own"]:
-        print(
-            f"| {row['own_us_per_step']:,.1f} | {row['cum_us_per_step']:,.1f} "
-            f"| {row['calls_per_step']:.1f} | `{row['function']}` |"
-        )
-    if profile["feedline_cumulative"]:
-        print(f"\n{key}: feedline's functions by cumulative time\n")
-        print("| cum µs/step | calls/step | function |")
-        print("|---:|---:|---|")
-        for row in profile["feedline_cumulative"]:
-            print(
-                f"| {row['cum_us_per_step']:,.1f} | {row['calls_per_step']:.1f} "
-                f"| `{row['function']}` |"
-            )
+    _common.print_profile_tables(key, profile)
 
 
 def main() -> None:

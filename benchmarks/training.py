@@ -762,22 +762,7 @@ def print_profiles(profiles: dict[str, dict[str, Any]]) -> None:
     )
     for key, profile in profiles.items():
         print(f"\n{key}: {profile['us_per_step']:,.0f} µs/step under the profiler; by own time\n")
-        print("| own µs/step | cum µs/step | calls/step | function |")
-        print("|---:|---:|---:|---|")
-        for row in profile["own"]:
-            print(
-                f"| {row['own_us_per_step']:,.1f} | {row['cum_us_per_step']:,.1f} "
-                f"| {row['calls_per_step']:.1f} | `{row['function']}` |"
-            )
-        if profile["feedline_cumulative"]:
-            print(f"\n{key}: feedline's functions by cumulative time\n")
-            print("| cum µs/step | calls/step | function |")
-            print("|---:|---:|---|")
-            for row in profile["feedline_cumulative"]:
-                print(
-                    f"| {row['cum_us_per_step']:,.1f} | {row['calls_per_step']:.1f} "
-                    f"| `{row['function']}` |"
-                )
+        _common.print_profile_tables(key, profile)
 
 
 def main() -> None:
