@@ -23,6 +23,7 @@ from tests.distribute.test_mirroring import (
     _data,
     _model,
     assert_same,
+    check_buffers_mean,
     train,
     train_on,
 )
@@ -72,19 +73,7 @@ def test_buffers_on_copies_start_equal_and_end_as_the_replicas_mean(
     ops: fdist.ReductionToOneDevice,
 ) -> None:
     strategy = _copies(2, ops)
-    with strategy.scope():
-        norm = torch.nn.BatchNorm1d(1, momentum=1.0)  # running_mean := the batch mean
-    batches = fdist.PerReplica([torch.full((4, 1), 2.0), torch.full((4, 1), 6.0)])
-    starts = []
-
-    def step(x: torch.Tensor) -> None:
-        starts.append(norm.running_mean.clone())
-        norm(x)
-
-    strategy.run(step, args=(batches,))
-    assert torch.equal(starts[0], starts[1])
-    assert norm.running_mean.item() == pytest.approx(4.0)
-    assert norm.num_batches_tracked.item() == 1
+    norm, step, batches, starts = check_buffers_mean(strategy)
     strategy.run(step, args=(batches,))
     assert starts[2].item() == starts[3].item() == pytest.approx(4.0)
     assert norm.num_batches_tracked.item() == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -97,7 +99,12 @@ def test_replicas_see_identical_parameters_and_one_update_per_step() -> None:
 
 
 def test_buffers_start_equal_and_end_as_the_replicas_mean() -> None:
-    strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+    check_buffers_mean(fdist.MirroredStrategy(["cpu:0", "cpu:1"]))
+
+
+def check_buffers_mean(strategy: fdist.Strategy) -> tuple[Any, ...]:
+    """One run of a BatchNorm over 2 replicas: both start from the same buffers and end with
+    their mean; returns ``(norm, step, batches, starts)`` for further runs."""
     with strategy.scope():
         norm = torch.nn.BatchNorm1d(1, momentum=1.0)  # running_mean := the batch mean
     batches = fdist.PerReplica([torch.full((4, 1), 2.0), torch.full((4, 1), 6.0)])
@@ -111,6 +118,7 @@ def test_buffers_start_equal_and_end_as_the_replicas_mean() -> None:
     assert torch.equal(starts[0], starts[1])
     assert norm.running_mean.item() == pytest.approx(4.0)
     assert norm.num_batches_tracked.item() == 1
+    return norm, step, batches, starts
 
 
 def test_model_made_outside_the_scope_is_a_clear_error() -> None:
