@@ -833,16 +833,15 @@ class _JobReader:
 
     def next(self) -> Any:
         with self._cond:
-            while not self._results:
-                error = self._job_error
-                if error is None and not self._finished():
-                    overdue = self._overdue()
-                    if overdue is not None:
-                        raise overdue
-                    self._cond.wait(0.5)
-                    continue
-                break
-            else:
+            # A failed job raises at every call, even where a reply that was on its way when
+            # the error came left elements behind: the job is over.
+            while self._job_error is None and not self._results and not self._finished():
+                overdue = self._overdue()
+                if overdue is not None:
+                    raise overdue
+                self._cond.wait(0.5)
+            error = self._job_error
+            if error is None and self._results:
                 element, size = self._results.popleft()
                 self._credits += 1
                 self._buffered_bytes -= size
