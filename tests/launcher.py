@@ -29,12 +29,14 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -59,23 +61,48 @@ def report(value: Any) -> None:
 FEEDLINE_CLI = "import sys\nfrom feedline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ephemeral_low() -> int:
+    """The first port of the range that the kernel gives outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports handed out by this process: never twice, even after their first user let them go.
+_handed_out: set[int] = set()
+_port_lock = threading.Lock()
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports (held open together while they are chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing listens on now.
+
+    They are drawn below the kernel's ephemeral range, so that a port chosen here is not taken
+    by an outgoing connection (which the kernel gives a port of that range) before the server
+    it is meant for binds it.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    chosen: list[int] = []
+    with _port_lock:
+        while len(chosen) < count:
+            port = random.randrange(low, high)
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            chosen.append(port)
+    return chosen
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (see ``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def torchrun_envs(world_size: int, port: int | None = None) -> list[tuple[str, dict[str, str]]]:

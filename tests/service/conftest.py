@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -53,9 +52,3 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
     yield make
     for cluster in clusters:
         cluster.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

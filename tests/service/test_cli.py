@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 from feedline.data import Dataset
 from feedline.errors import PermissionDeniedError
 from feedline.service import ShardingPolicy, distribute
+from tests.launcher import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,12 +139,6 @@ def _read(dataset: Dataset) -> list[int]:
     return sorted(int(x) for x in dataset)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_banners_name_the_addresses(spawn: Callable[..., Server]) -> None:
     dispatcher = spawn("dispatcher", "--port", "0")
     line = dispatcher.wait_for_line("feedline dispatcher serving at ")
@@ -183,7 +177,7 @@ def test_signal_stops_both_servers_cleanly(spawn: Callable[..., Server], signum:
 
 
 def test_fixed_worker_list_shards_by_data(spawn: Callable[..., Server]) -> None:
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     dispatcher = spawn("dispatcher", "--port", "0", "--worker-addresses", ",".join(addresses))
     dispatcher_address = dispatcher.address()
     for address in addresses:

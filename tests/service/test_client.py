@@ -18,7 +18,8 @@ from feedline.data import Dataset, TensorSpec, TextLineDataset
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
 from feedline.service import client
-from tests.service.conftest import Cluster, free_port
+from tests.launcher import free_port
+from tests.service.conftest import Cluster
 
 
 def ints(dataset: Any) -> list[int]:

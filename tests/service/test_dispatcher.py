@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from feedline import errors, service
+from feedline._net import rpc as _rpc
+from feedline._net.wire import encode_frame
 from feedline.data import Dataset
-from feedline.service import _rpc
-from feedline.service._wire import encode_frame
 from feedline.service.dispatcher import SERVICE_NAME
 
 TOKEN = "s3cret-token"

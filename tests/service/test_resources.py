@@ -6,16 +6,21 @@ counted run in this process. Every wait has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from feedline import service
+from feedline._net import rpc as _rpc
 from feedline.data import Dataset
 from feedline.service import distribute
+from tests import launcher
 from tests.launcher import run
 from tests.service.procs import ServiceProcesses
 
@@ -116,3 +121,105 @@ def test_a_script_that_never_stops_its_servers_exits_quietly_and_at_once() -> No
         assert result.stdout.strip() == str(sorted(list(range(10)) * 2))
         assert result.stderr == "", result.stderr  # no traceback, no warning
         assert exit_took < 1.0, f"the process took {exit_took:.2f} s to exit"
+
+
+TOKEN = "s3cret-token"
+DISPATCHER = "feedline.service.Dispatcher"
+
+
+# -- a flood of large requests ----------------------------------------------------------------
+
+# Sends each row's 16 requests of FLOOD_MIB MiB at once; reports each row's status codes.
+_FLOOD = """
+import json, os
+from concurrent import futures
+import grpc
+from tests.launcher import report
+
+payload = b"\\0" * (int(os.environ["FLOOD_MIB"]) << 20)
+codes = []
+for address, path, token in json.loads(os.environ["FLOOD_ROWS"]):
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)])
+    stub = channel.unary_unary(path)
+    metadata = () if token is None else (("feedline-token", token),)
+
+    def one(_):
+        try:
+            stub(payload, timeout=60, metadata=metadata)
+            return "OK"
+        except grpc.RpcError as error:
+            return error.code().name
+
+    with futures.ThreadPoolExecutor(16) as pool:
+        codes.append(sorted(set(pool.map(one, range(16)))))
+    channel.close()
+report(codes)
+"""
+_FLOOD_MIB = 64
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+@contextlib.contextmanager
+def _peak_rss_growth() -> Iterator[Callable[[], int]]:
+    """How much this process's RSS grew at its peak within the block, in bytes: the kernel's
+    peak counter (reset on entry) where it can be reset, and a 2 ms sampler besides."""
+    before = _status_kib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        exact = True
+    except OSError:
+        exact = False
+    sampled = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.002):
+            sampled[0] = max(sampled[0], _status_kib("VmRSS"))
+
+    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
+    sampler.start()
+    peak = [0]
+    try:
+        yield lambda: peak[0]
+    finally:
+        done.set()
+        sampler.join(5)
+        top = max(sampled[0], _status_kib("VmHWM") if exact else 0)
+        peak[0] = (top - before) * 1024
+
+
+def test_a_flood_of_large_requests_does_not_grow_the_servers(
+    make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 requests of 64 MiB at once, per row, from another process: without the token they
+    are refused from their metadata and never read; with it, over the size limit, gRPC refuses
+    them from their length prefix. The servers (in this process) stay within a few MiB and
+    keep serving."""
+    monkeypatch.setenv(_rpc.TOKEN_ENV, TOKEN)  # the workers and this process's reads use it
+    cluster = make_cluster(1, token=TOKEN)
+    dispatcher = f"/{DISPATCHER}"
+    worker = cluster.workers[0].worker_address
+    rows = [
+        (cluster.address, f"{dispatcher}/RegisterDataset", None),
+        (cluster.address, f"{dispatcher}/ClientHeartbeat", "wrong-token"),
+        (worker, "/feedline.service.Worker/GetElements", None),
+        (cluster.address, f"{dispatcher}/ClientHeartbeat", TOKEN),
+        (worker, "/feedline.service.Worker/GetElements", TOKEN),
+    ]
+    env = {"FLOOD_ROWS": json.dumps(rows), "FLOOD_MIB": str(_FLOOD_MIB)}
+    with _peak_rss_growth() as growth:
+        results = launcher.run(_FLOOD, [("flood", env)], timeout=240)
+    assert results["flood"].result == [["PERMISSION_DENIED"]] * 3 + [["RESOURCE_EXHAUSTED"]] * 2
+    # 5 x 16 x 64 MiB were sent; before the token was checked from the metadata and the
+    # servers' message size capped by role, the first row alone grew a server by ~1 GiB.
+    assert growth() < _FLOOD_MIB << 20, f"the servers grew by {growth() >> 20} MiB"
+    dataset = Dataset.range(4).apply(service.distribute("parallel_epochs", cluster.target))
+    assert sorted(int(x) for x in dataset) == [0, 1, 2, 3]

@@ -32,6 +32,10 @@ from typing import Any
 
 import cloudpickle
 
+from feedline._net import exit as _exit
+from feedline._net import rpc as _rpc
+from feedline._net.remote_errors import error_from_report
+from feedline._net.wire import decode_frame, encode_frame, unpack_elements
 from feedline.data import structure
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
@@ -47,10 +51,7 @@ from feedline.errors import (
     NotFoundError,
     UnavailableError,
 )
-from feedline.service import _exit, _rpc
-from feedline.service._errors import error_from_report
 from feedline.service._split import split_plan
-from feedline.service._wire import decode_frame, encode_frame, unpack_elements
 from feedline.service.config import ShardingPolicy
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
 from feedline.service.worker import SERVICE_NAME as WORKER_SERVICE

@@ -13,11 +13,11 @@ read (``_collect``).
 Its durable state is ``_state.DispatcherState``, changed only through ``_apply``; everything
 else here (heartbeat times, waiting heartbeats) is volatile.
 
-RPCs (each a frame of ``_wire``; see the handlers for their fields):
+RPCs (each a frame of ``feedline._net.wire``; see the handlers for their fields):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
-                    gets the same id); an upload (``_rpc``), of at most ``MAX_DATASET_BYTES``
+                    gets the same id); an upload (``feedline._net.rpc``), of at most ``MAX_DATASET_BYTES``
 GetDatasetDef       ``dataset_id`` -> the pickled dataset (for workers)
 GetElementSpec      ``dataset_id`` -> the pickled element spec (for ``from_dataset_id``)
 GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a new anonymous job;
@@ -51,13 +51,14 @@ import threading
 import time
 from typing import Any
 
+from feedline._net import exit as _exit
+from feedline._net import rpc as _rpc
+from feedline._net.rpc import field
 from feedline.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from feedline.service import _exit, _rpc
-from feedline.service._rpc import field
 from feedline.service._split import SplitCursor, SplitPlan
 from feedline.service._state import (
     AcquireClient,

@@ -44,6 +44,11 @@ from typing import Any
 
 import cloudpickle
 
+from feedline._net import exit as _exit
+from feedline._net import rpc as _rpc
+from feedline._net.remote_errors import error_report
+from feedline._net.rpc import field
+from feedline._net.wire import Compressor, encode_frame, pack_elements
 from feedline.data import structure
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import Dataset
@@ -55,12 +60,8 @@ from feedline.errors import (
     OutOfRangeError,
     UnavailableError,
 )
-from feedline.service import _exit, _rpc
-from feedline.service._errors import error_report
-from feedline.service._rpc import field
 from feedline.service._split import with_split_source
 from feedline.service._state import incarnation_of
-from feedline.service._wire import Compressor, encode_frame, pack_elements
 from feedline.service.config import ShardingPolicy, WorkerConfig
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
 

@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from feedline import errors
-from feedline.service._wire import decode_frame, encode_frame
+from feedline._net.wire import decode_frame, encode_frame
 
 __all__ = [
     "TOKEN_ENV",

@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from feedline.data.structure import bytes_array, bytes_scalar
-from feedline.errors import InvalidArgumentError
-from feedline.service import _wire
-from feedline.service._wire import (
+from feedline._net import wire as _wire
+from feedline._net.wire import (
     Compressor,
     decode_frame,
     encode_frame,
     pack_elements,
     unpack_elements,
 )
+from feedline.data.structure import bytes_array, bytes_scalar
+from feedline.errors import InvalidArgumentError
 
 
 def _round_trip(
