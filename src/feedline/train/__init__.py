@@ -6,8 +6,9 @@ them as with ``tf.train.Example`` and parse them with ``feedline.io.parse_exampl
 ``Checkpoint``, ``CheckpointManager`` and ``latest_checkpoint`` save and restore models,
 optimizers, iterators and metrics (``feedline.train.checkpoint``); ``BackupAndRestore`` saves
 them every N steps of a training loop and restores them after a failure
-(``feedline.train.backup_and_restore``). They need torch, which is imported on first use of one
-of them, so that ``import feedline.train`` works without it.
+(``feedline.train.backup_and_restore``); ``SidecarEvaluator`` evaluates each new checkpoint of
+a training job as it appears (``feedline.train.sidecar_evaluator``). They need torch, which is
+imported on first use of one of them, so that ``import feedline.train`` works without it.
 """
 
 import importlib
@@ -35,6 +36,7 @@ __all__ = [
     "Features",
     "FloatList",
     "Int64List",
+    "SidecarEvaluator",
     "latest_checkpoint",
 ]
 
@@ -44,8 +46,10 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module("feedline.train.checkpoint"), name)
     if name == "BackupAndRestore":
         return importlib.import_module("feedline.train.backup_and_restore").BackupAndRestore
+    if name == "SidecarEvaluator":
+        return importlib.import_module("feedline.train.sidecar_evaluator").SidecarEvaluator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_CHECKPOINT_NAMES, "BackupAndRestore"})
+    return sorted({*globals(), *_CHECKPOINT_NAMES, "BackupAndRestore", "SidecarEvaluator"})

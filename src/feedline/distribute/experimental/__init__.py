@@ -2,11 +2,13 @@
 
 ``ValueContext`` and ``MultiWorkerMirroredStrategy`` are the objects of ``feedline.distribute``
 (the latter resolved on first access). ``PreemptionCheckpointHandler`` and ``TerminationConfig``
-(``preemption``) are imported on first access too. ``ParameterServerStrategy`` is not available
-in this version: asking for it raises an ``AttributeError`` that says so.
+(``preemption``) are imported on first access too. ``partitioners`` holds the
+``variable_partitioner`` classes of ``ParameterServerStrategy``. ``ParameterServerStrategy`` is
+not available in this version: asking for it raises an ``AttributeError`` that says so.
 """
 
 from feedline import _porting
+from feedline.distribute.experimental import partitioners
 from feedline.distribute.experimental.worker import distribute_dataset_for_worker
 from feedline.distribute.input_context import ValueContext
 from feedline.distribute.multi_worker import CommunicationImplementation, CommunicationOptions
@@ -28,4 +30,5 @@ __all__ = [
     "CommunicationOptions",
     "ValueContext",
     "distribute_dataset_for_worker",
+    "partitioners",
 ]
