@@ -3,19 +3,25 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/chaos.py [--mode at-most-once] [--elements 12000]
-        [--only worker-kill-9,consumer-kill] [--repetitions 1]
+        [--only worker-kill-9,consumer-kill] [--repetitions 1] [--fault-at 0.33|random]
+    .venv/bin/python benchmarks/chaos.py --fault-tolerant --only dispatcher-restart,both-kill-9
+        --repetitions 10 --fault-at random
 
 Each scenario starts a fresh cluster: a ``feedline dispatcher`` and three ``feedline worker``
 processes (``tests/service/procs.py``, on the one launcher ``tests/launcher.py``), and two
 consumer processes that share one job (``job_name``) of ``--elements`` elements under
 ``distributed_epoch``. Every element carries the tag of its dataset. Once the consumers have
-read about a third of the epoch, the scenario injects its fault:
+read about a third of the epoch (``--fault-at``: another fraction, or ``random``: a fraction
+drawn in [0.05, 0.95] for each round), the scenario injects its fault:
 
 ======================  ====================================================================
 baseline                none
 worker-kill-9           a worker is killed (SIGKILL)
 worker-sigterm          a worker is stopped cleanly (SIGTERM; it drains first)
-dispatcher-restart      the dispatcher is killed and started again on its port at once
+dispatcher-restart      the dispatcher is killed (SIGKILL) and started again on its port (and,
+                        in a fault-tolerant mode, on its work dir) at once
+both-kill-9             a worker and the dispatcher are killed together; the dispatcher is
+                        started again as above
 map-raises              the map function starts raising on the workers
 consumer-kill           one of the two consumers is killed (SIGKILL)
 ======================  ====================================================================
@@ -28,10 +34,13 @@ consumer neither ended nor raised within ``--hang-seconds`` of the fault), each 
 outcome (``end`` or the error it raised) and the time from the fault to the first error.
 
 A *mode* says what the service promises under each fault (``MODES``); the verdict column
-compares. ``at-most-once`` (the service today) may lose what a killed worker or consumer held,
-and tells its consumers with an error when it loses a job (dispatcher restart, a raising map
-function); every other column is zero. A durable mode adds its entry to ``MODES`` (and, in
-``Mode.dispatcher_args``, how its dispatcher starts) and is measured by the same table.
+compares. ``at-most-once`` (the service without a journal) may lose what a killed worker or
+consumer held, and tells its consumers with an error when it loses a job (dispatcher restart, a
+raising map function); every other column is zero. ``journal`` (``--fault-tolerant``) runs the
+dispatcher with ``--work-dir D --fault-tolerant``: a dispatcher killed and started again on the
+same work dir resumes the job, and the consumers reach its end having lost nothing (a split
+whose ``GetSplit`` reply was on its way when the dispatcher died is handed out again to the
+worker that asks again); where a worker is killed too, it may lose what that worker held.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import random
 import signal
 import sys
 import time
@@ -57,12 +67,14 @@ SCENARIOS = (
     "worker-kill-9",
     "worker-sigterm",
     "dispatcher-restart",
+    "both-kill-9",
     "map-raises",
     "consumer-kill",
 )
 TAG, FOLLOW_UP_TAG = 10**7, 2 * 10**7
 FOLLOW_UP_ELEMENTS = 500
 OUTSTANDING = 64  # each consumer's max_outstanding_requests
+WORKERS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +95,17 @@ class Expect:
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """A delivery mode of the service: how its dispatcher starts and what it promises."""
+    """A delivery mode of the service: how its dispatcher starts and what it promises.
+
+    Attributes:
+      fault_tolerant: the dispatcher journals its state (``--work-dir D --fault-tolerant``, a
+        fresh ``D`` per scenario, the same after a restart).
+    """
 
     name: str
     expect: dict[str, Expect]
     dispatcher_args: tuple[str, ...] = ()
+    fault_tolerant: bool = False
 
 
 MODES = {
@@ -98,12 +116,29 @@ MODES = {
             "worker-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
             "worker-sigterm": Expect(),
             "dispatcher-restart": Expect(outcome="FailedPreconditionError"),
+            "both-kill-9": Expect(outcome="FailedPreconditionError"),
             "map-raises": Expect(outcome="RuntimeError"),
             "consumer-kill": Expect(
                 may_lose="what the killed consumer held: its max_outstanding_requests",
                 lose_at_most=OUTSTANDING,
             ),
         },
+    ),
+    "journal": Mode(
+        "journal",
+        {
+            "baseline": Expect(),
+            "worker-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "worker-sigterm": Expect(),
+            "dispatcher-restart": Expect(),
+            "both-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "map-raises": Expect(outcome="RuntimeError"),
+            "consumer-kill": Expect(
+                may_lose="what the killed consumer held: its max_outstanding_requests",
+                lose_at_most=OUTSTANDING,
+            ),
+        },
+        fault_tolerant=True,
     ),
 }
 
@@ -128,10 +163,24 @@ def tagged(tag, check):
     return fn
 
 
-def read(dataset, out):
+def joined_together():
+    # Waits (at most 60 s) until every consumer has joined the job: each starts reading at
+    # the same moment, so that no consumer reads the whole epoch before another arrives.
+    open(os.environ["OUT"] + ".joined", "w").close()
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(
+        os.path.exists(path + ".joined") for path in os.environ["ALL_OUTS"].split(",")
+    ):
+        time.sleep(0.01)
+
+
+def read(dataset, out, barrier=False):
     outcome, message, error_at = "end", "", None
     try:
-        for x in dataset:
+        iterator = iter(dataset)
+        if barrier:
+            joined_together()
+        for x in iterator:
             out.write(f"{int(x)}\\n")
     except Exception as error:
         outcome, message, error_at = type(error).__name__, str(error)[:300], time.time()
@@ -146,7 +195,7 @@ epoch = (
     .with_options(options)
 )
 with open(os.environ["OUT"], "w", buffering=1) as out:
-    outcome, message, error_at = read(epoch, out)
+    outcome, message, error_at = read(epoch, out, barrier=True)
 follow_up = (
     Dataset.range(int(os.environ["FOLLOW_UP"]))
     .map(tagged(int(os.environ["FOLLOW_UP_TAG"]), False))
@@ -174,10 +223,12 @@ class Row:
     time_to_error: float | None
     epoch_seconds: float
     violations: list[str]
+    fault_fraction: float = 1 / 3
 
     def cells(self) -> list[str]:
         return [
             self.scenario,
+            f"{self.fault_fraction:.2f}",
             str(self.expected),
             str(self.received),
             str(self.lost),
@@ -192,6 +243,7 @@ class Row:
 
 HEADER = [
     "scenario",
+    "fault at",
     "expected",
     "received",
     "lost",
@@ -212,10 +264,15 @@ def run_scenario(
     delay: float = 0.0005,
     hang_seconds: float = 60.0,
     timeout_ms: int = 30_000,
+    fault_fraction: float = 1 / 3,
     workdir: pathlib.Path,
 ) -> Row:
-    """Runs one scenario on a fresh cluster and measures it (see the module docstring)."""
+    """Runs one scenario on a fresh cluster and measures it (see the module docstring);
+    ``fault_fraction`` is the fraction of the epoch read when the fault comes."""
     workdir.mkdir(parents=True, exist_ok=True)
+    dispatcher_args = mode.dispatcher_args
+    if mode.fault_tolerant:
+        dispatcher_args += ("--work-dir", str(workdir / "dispatcher"), "--fault-tolerant")
     trigger = workdir / "raise-now"
     outs = {name: workdir / f"{name}.txt" for name in ("first", "second")}
     env = {
@@ -227,26 +284,29 @@ def run_scenario(
         "TRIGGER": str(trigger),
         "TIMEOUT_MS": str(timeout_ms),
         "OUTSTANDING": str(OUTSTANDING),
+        "ALL_OUTS": ",".join(str(path) for path in outs.values()),
     }
     with ServiceProcesses(timeout=hang_seconds + 240) as cluster:
-        dispatcher = cluster.start_dispatcher(*mode.dispatcher_args)
-        workers = [cluster.start_worker("--drain-seconds", "30") for _ in range(3)]
+        dispatcher = cluster.start_dispatcher(*dispatcher_args)
+        workers = [cluster.start_worker("--drain-seconds", "30") for _ in range(WORKERS)]
         consumers = cluster.run(
             CONSUMER,
             [(name, {**env, "OUT": str(path)}) for name, path in outs.items()],
             timeout=hang_seconds + 180,
         )
         started = time.monotonic()
-        _wait_for_progress(outs, elements // 3, consumers, timeout=120)
+        _wait_for_progress(outs, max(1, round(elements * fault_fraction)), consumers, timeout=120)
         fault_at = time.time()
         if scenario == "worker-kill-9":
             cluster.send(workers[0], signal.SIGKILL)
         elif scenario == "worker-sigterm":
             cluster.send(workers[0], signal.SIGTERM)
-        elif scenario == "dispatcher-restart":
+        elif scenario in ("dispatcher-restart", "both-kill-9"):
+            if scenario == "both-kill-9":
+                cluster.send(workers[0], signal.SIGKILL)
             cluster.send(dispatcher, signal.SIGKILL)
             cluster.wait_exit(dispatcher, timeout=30)
-            cluster.start_dispatcher(*mode.dispatcher_args)
+            cluster.start_dispatcher(*dispatcher_args)
         elif scenario == "map-raises":
             trigger.touch()
         elif scenario == "consumer-kill":
@@ -256,7 +316,9 @@ def run_scenario(
         hung = _wait_or_hang(consumers, hang_seconds)
         epoch_seconds = time.monotonic() - started
         results = consumers.wait()
-    return _measure(scenario, mode, elements, outs, results, hung, fault_at, epoch_seconds)
+    row = _measure(scenario, mode, elements, outs, results, hung, fault_at, epoch_seconds)
+    row.fault_fraction = fault_fraction
+    return row
 
 
 def _wait_for_progress(
@@ -269,9 +331,9 @@ def _wait_for_progress(
     ):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the consumers did not read {count} elements in {timeout} s")
-        if any(consumers.poll(name) not in (None, 0) for name in consumers.names):
+        if any(consumers.poll(name) is not None for name in consumers.names):
             raise RuntimeError(
-                "a consumer failed before the fault:\n"
+                f"a consumer ended before the fault (read {count} elements between them):\n"
                 + "\n".join(consumers.output(name, "stderr")[-3000:] for name in consumers.names)
             )
         time.sleep(0.02)
@@ -357,6 +419,29 @@ def _violations(row: Row, expect: Expect) -> list[str]:
     return found
 
 
+#: The processes each scenario kills with SIGKILL.
+KILLS = {"worker-kill-9": 1, "dispatcher-restart": 1, "both-kill-9": 2, "consumer-kill": 1}
+
+
+def summary(rows: list[Row]) -> str:
+    """Per scenario over its rounds: rounds, kills, elements lost, duplicated and wrong, hangs,
+    rounds that broke the mode's promise."""
+    lines = [
+        "| scenario | rounds | kills | lost (total) | lost (max) | duplicated | wrong | hangs "
+        "| broken promises |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario in dict.fromkeys(row.scenario for row in rows):
+        mine = [row for row in rows if row.scenario == scenario]
+        lines.append(
+            f"| {scenario} | {len(mine)} | {KILLS.get(scenario, 0) * len(mine)} "
+            f"| {sum(r.lost for r in mine)} | {max(r.lost for r in mine)} "
+            f"| {sum(r.duplicated for r in mine)} | {sum(r.wrong for r in mine)} "
+            f"| {sum(r.hung for r in mine)} | {sum(bool(r.violations) for r in mine)} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[Row]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
@@ -366,28 +451,46 @@ def table(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="at-most-once")
+    parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="the journal mode: the dispatcher runs with --work-dir D --fault-tolerant",
+    )
+    parser.add_argument(
+        "--fault-at",
+        default="0.33",
+        help="the fraction of the epoch read when the fault comes, or 'random' (per round)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --fault-at random")
     parser.add_argument("--elements", type=int, default=12_000)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     parser.add_argument("--repetitions", type=int, default=1)
     parser.add_argument("--hang-seconds", type=float, default=60.0)
     args = parser.parse_args()
-    mode = MODES[args.mode]
+    mode = MODES["journal" if args.fault_tolerant else args.mode]
+    rng = random.Random(args.seed)
     rows = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
     scratch = ROOT / "benchmarks" / "results" / f"chaos-{stamp}"
     for repetition in range(args.repetitions):
         for scenario in args.only.split(","):
+            fraction = (
+                rng.uniform(0.05, 0.95) if args.fault_at == "random" else float(args.fault_at)
+            )
             row = run_scenario(
                 scenario,
                 mode,
                 elements=args.elements,
                 hang_seconds=args.hang_seconds,
+                fault_fraction=fraction,
                 workdir=scratch / f"{scenario}-{repetition}",
             )
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)
     print(f"\nmode: {mode.name}, {args.elements} elements\n")
     print(table(rows))
+    if args.repetitions > 1:
+        print(f"\n{summary(rows)}")
     out = scratch.with_suffix(".json")
     out.write_text(json.dumps([dataclasses.asdict(row) for row in rows], indent=2))
     if any(row.violations for row in rows):

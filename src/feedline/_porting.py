@@ -94,20 +94,12 @@ REPLACEMENTS: dict[str, str] = {
         "use a strategy's distributed dataset: it prefetches to each replica's device"
     ),
     # tf.distribute.experimental.
-    "distribute.experimental.ParameterServerStrategy": (
-        "ParameterServerStrategy is not available in this version of feedline; "
-        "MultiWorkerMirroredStrategy trains synchronously across processes"
-    ),
     "distribute.experimental.CentralStorageStrategy": (
         "use feedline.distribute.MirroredStrategy: PyTorch keeps no central variable store"
     ),
     "distribute.experimental.TPUStrategy": "use feedline.distribute.MirroredStrategy (no TPUs)",
     # tf.distribute.
     "distribute.TPUStrategy": "use feedline.distribute.MirroredStrategy (no TPUs)",
-    "distribute.ParameterServerStrategy": (
-        "ParameterServerStrategy is not available in this version of feedline; "
-        "MultiWorkerMirroredStrategy trains synchronously across processes"
-    ),
     "distribute.HierarchicalCopyAllReduce": (
         "use feedline.distribute.ReductionToOneDevice(), or leave cross_device_ops out"
     ),

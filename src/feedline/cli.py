@@ -10,6 +10,9 @@ feedline worker --dispatcher HOST:PORT [--port 0] [--bind ADDR] [--worker-addres
         [--drain-seconds 10] [--dispatcher-timeout 60] [--wait-forever]
     a data service worker, until SIGTERM or SIGINT (it drains first) or until its dispatcher
     stays unreachable past --dispatcher-timeout (exit code 1)
+feedline server [--cluster-spec JSON --job ps|worker --task I]
+    a ps or worker task of a ParameterServerStrategy cluster (from TF_CONFIG unless
+    --cluster-spec is given), until SIGTERM or SIGINT
 """
 
 from __future__ import annotations
@@ -22,9 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="feedline", description="feedline command line")
     parser.add_argument(
-        "command", choices=["demo", "pipeline-demo", "dispatcher", "worker"], help="what to run"
+        "command",
+        choices=["demo", "pipeline-demo", "dispatcher", "worker", "server"],
+        help="what to run",
     )
     args, rest = parser.parse_known_args(argv)
+    if args.command == "server":
+        from feedline.distribute.parameter_server import server
+
+        return server.main(rest)
     if args.command in ("dispatcher", "worker"):
         from feedline.service import _cli
 

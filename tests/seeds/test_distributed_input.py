@@ -6,9 +6,9 @@ replicas in every later block. It shows no printed output, so the blocks run and
 Lines rewritten for PyTorch say so in a comment; ``docs/porting.md`` lists every kind of rewrite.
 
 Blocks (21): 1-9, 11, 12, 15, 18-21 run (18 with the names it leaves to the reader given values
-first); 16 needs ParameterServerStrategy (xfail); 10, 13, 14 and 17 only illustrate (a host
-training loop that is never called; ``Model.fit`` with ``model = ...``; ``DatasetCreator`` with
-``...``; TensorFlow Transform with ``...``).
+first); 16 runs on a chief, 2 workers and a ps (``test_parameter_server_coordinator``); 10, 13,
+14 and 17 only illustrate (a host training loop that is never called; ``Model.fit`` with
+``model = ...``; ``DatasetCreator`` with ``...``; TensorFlow Transform with ``...``).
 """
 
 from __future__ import annotations
@@ -372,9 +372,6 @@ report("created")
 """
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs ParameterServerStrategy and ClusterCoordinator, not available yet"
-)
 def test_parameter_server_coordinator() -> None:  # block 16
     processes = launcher.tf_config_envs({"chief": 1, "worker": 2, "ps": 1})
     with launcher.Processes(COORDINATOR, processes, timeout=60, env=PAGE_ENV) as running:

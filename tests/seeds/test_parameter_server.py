@@ -2,7 +2,7 @@
 
 Blocks (3):
 
-1. ``ParameterServerStrategy()`` handed to an Estimator: needs ParameterServerStrategy (xfail).
+1. ``ParameterServerStrategy()`` handed to an Estimator.
    Its Estimator lines are not Python as printed (``experimental_distribute.train_distribute=``
    as a keyword) and feed ``tf.estimator``, which feedline does not re-create; the strategy it
    builds from ``TF_CONFIG`` is what is tested.
@@ -116,7 +116,6 @@ def test_multi_worker_cluster_resolver() -> None:  # block 2
     }
 
 
-@pytest.mark.xfail(strict=True, reason="needs ParameterServerStrategy, not available yet")
 def test_parameter_server_strategy_from_tf_config() -> None:  # block 1
     cluster = launcher.tf_config_envs({"worker": 2, "ps": 1})
     results = launcher.run(PARAMETER_SERVER, cluster[:1], timeout=60, env=PAGE_ENV)

@@ -4,7 +4,9 @@ and what the service promises under it in its delivery mode.
 Each scenario runs a dispatcher, three workers and two consumers as processes; the harness
 counts what the consumers received, lost, got twice or got from another dataset, and whether
 one hung. In at-most-once mode only what a killed worker or consumer held may be lost; every
-other column is zero, and a lost job is an error every consumer sees.
+other column is zero, and a lost job is an error every consumer sees. In the journal mode
+(``--fault-tolerant``) a dispatcher killed and started again on its work dir resumes the job:
+the consumers reach its end and nothing is lost (with a worker killed too: what it held).
 """
 
 from __future__ import annotations
@@ -24,3 +26,21 @@ def test_the_service_keeps_its_promise_under_one_fault(scenario: str, tmp_path: 
     )
     assert not row.violations, table([row])
     assert row.wrong == row.duplicated == 0 and not row.hung
+
+
+@pytest.mark.parametrize(
+    ("scenario", "fault_fraction"), [("dispatcher-restart", 0.2), ("both-kill-9", 0.6)]
+)
+def test_a_journaled_dispatcher_killed_mid_job_resumes_it(
+    scenario: str, fault_fraction: float, tmp_path: Path
+) -> None:
+    row = run_scenario(
+        scenario,
+        MODES["journal"],
+        elements=3000,
+        hang_seconds=45,
+        fault_fraction=fault_fraction,
+        workdir=tmp_path,
+    )
+    assert not row.violations, table([row])
+    assert row.outcomes == ["end", "end"] and row.wrong == row.duplicated == 0 and not row.hung

@@ -689,3 +689,59 @@ def test_file_sharding_without_files_fails_the_job_instead_of_waiting(make_clust
             service.distribute(service.ShardingPolicy.FILE_OR_DATA, cluster.target)
         )
     ) == [0, 1, 2, 3]
+
+
+def test_a_task_made_after_the_consumer_joined_is_read_before_the_end(
+    make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # worker 0: [0, 1, 2, 3, 4]; worker 1, registered mid-job (it gets a task of the running
+    # job): [0, 1, 2, 3, 4]. The heartbeat that tells the consumer of worker 1's task is slow, so
+    # worker 0's task ends first: the consumer must not take that for the end of the job.
+    cluster = make_cluster(1)
+    apply_view = client._JobReader._apply_view
+    slowed = threading.Event()
+
+    def slow_news(reader: Any, view: dict[str, Any], *args: Any) -> bool:
+        if reader._tasks and any(int(t) not in reader._tasks for t, _, _ in view["tasks"]):
+            slowed.set()
+            time.sleep(1.5)  # meanwhile worker 0's task ends
+        return apply_view(reader, view, *args)
+
+    monkeypatch.setattr(client._JobReader, "_apply_view", slow_news)
+    dataset = Dataset.range(5).apply(
+        service.distribute("parallel_epochs", cluster.target, max_outstanding_requests=1)
+    )
+    iterator = iter(dataset)
+    first = int(next(iterator))  # worker 0's task holds the rest: it has not ended
+    cluster.add_worker()
+    rest = [int(x) for x in iterator]
+    assert slowed.is_set()
+    assert sorted([first, *rest]) == sorted(2 * list(range(5)))
+
+
+def test_a_consumer_released_at_exit_stops_waiting_at_once(make_cluster: Any) -> None:
+    # The process exits: the exit hook releases the consumer while a thread (a prefetch
+    # producer) waits in next() for an element that will not come. It raises at once instead
+    # of waiting out service_timeout_ms, and never ends the epoch silently.
+    cluster = make_cluster(1)
+    dataset = Dataset.from_generator(
+        lambda: (time.sleep(10), (yield 0)), output_signature=TensorSpec((), np.int64)
+    ).apply(service.distribute("parallel_epochs", cluster.target))
+    iterator = iter(dataset)
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            next(iterator)
+        except BaseException as error:
+            raised.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.5)
+    assert reader.is_alive()  # waiting for the first element
+    started = time.monotonic()
+    iterator._reader.stop_at_exit()  # type: ignore[attr-defined]
+    reader.join(timeout=5)
+    assert not reader.is_alive() and time.monotonic() - started < 2
+    assert len(raised) == 1 and isinstance(raised[0], errors.FailedPreconditionError), raised

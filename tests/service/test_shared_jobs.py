@@ -82,5 +82,7 @@ def test_a_killed_consumer_of_a_shared_job_loses_only_what_it_held(tmp_path: Pat
     assert len(seen) == len(set(seen))  # never twice
     lost = elements - len(seen)
     # What the killed consumer held (received, not yet returned) is lost: at most its
-    # max_outstanding_requests.
-    assert 0 <= lost <= outstanding, json.dumps({"lost": lost})
+    # max_outstanding_requests. The kill may also land between next() returning an element
+    # and the line that records it (the loop measures what was written, not what was
+    # returned): one element more.
+    assert 0 <= lost <= outstanding + 1, json.dumps({"lost": lost})

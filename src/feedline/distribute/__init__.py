@@ -41,15 +41,18 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "PerReplica",
     "PerReplicaSpec",
     "ReduceOp",
     "ReductionToOneDevice",
     "ReplicaContext",
+    "Server",
     "Strategy",
     "StrategyExtended",
     "ValueContext",
     "cluster_resolver",
+    "coordinator",
     "experimental",
     "get_replica_context",
     "get_strategy",
@@ -58,5 +61,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    raise _porting.missing_attribute(__name__, name)
+# The parameter-server names import gRPC: resolved on first access.
+__getattr__, __dir__ = _porting.lazy_attributes(
+    __name__,
+    {
+        "ParameterServerStrategy": (
+            "feedline.distribute.parameter_server.strategy:ParameterServerStrategy"
+        ),
+        "Server": "feedline.distribute.parameter_server.server:Server",
+        "coordinator": "feedline.distribute.coordinator",
+    },
+)

@@ -32,16 +32,34 @@ def dispatcher_main(argv: list[str]) -> int:
     parser.add_argument("--bind", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--work-dir", default=None, help="folder for the dispatcher's files")
     parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="journal the dispatcher's state in --work-dir; restarted on the same --work-dir and "
+        "port, it resumes its jobs",
+    )
+    parser.add_argument(
         "--worker-addresses",
         default=None,
         help="comma-separated fixed worker list, for static sharding (FILE, DATA, HINT)",
+    )
+    parser.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
+        "(0: any free port; default: none)",
     )
     args = parser.parse_args(argv)
     workers = None if args.worker_addresses is None else tuple(args.worker_addresses.split(","))
     return _serve(
         lambda: DispatchServer(
             DispatcherConfig(
-                port=args.port, bind=args.bind, work_dir=args.work_dir, worker_addresses=workers
+                port=args.port,
+                bind=args.bind,
+                work_dir=args.work_dir,
+                fault_tolerant_mode=args.fault_tolerant,
+                worker_addresses=workers,
+                status_port=args.status_port,
             )
         ),
         lambda server: f"feedline dispatcher serving at {server.target}",
@@ -73,6 +91,13 @@ def worker_main(argv: list[str]) -> int:
         action="store_true",
         help="keep trying an unreachable dispatcher for as long as it takes",
     )
+    parser.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
+        "(0: any free port; default: none)",
+    )
     args = parser.parse_args(argv)
     return _serve(
         lambda: WorkerServer(
@@ -83,6 +108,7 @@ def worker_main(argv: list[str]) -> int:
                 worker_address=args.worker_address,
                 dispatcher_timeout_ms=max(1, round(args.dispatcher_timeout * 1000)),
                 wait_forever=args.wait_forever,
+                status_port=args.status_port,
             )
         ),
         lambda server: f"feedline worker serving at {server.worker_address}",

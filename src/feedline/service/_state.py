@@ -10,8 +10,10 @@ life is never mistaken for one of this life (``incarnation_of``).
 The state changes in one way only: ``apply(update)``, where an update is one of the small frozen
 dataclasses below. Updates are deterministic and JSON-serialisable (``update_to_json`` /
 ``update_from_json``), so that a journal that writes each update before applying it, and replays
-them on start, restores the state exactly. What is volatile (heartbeat times, who is waiting for
-what) stays in the dispatcher server and is rebuilt by the next heartbeats.
+them on start, restores the state exactly; ``state_to_json`` / ``state_from_json`` write and read
+the whole state at once (the journal's snapshot, which bounds its replay). What is volatile
+(heartbeat times, who is waiting for what) stays in the dispatcher server and is rebuilt by the
+next heartbeats.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ __all__ = [
     "Update",
     "incarnation_of",
     "new_incarnation",
+    "state_from_json",
+    "state_to_json",
     "update_from_json",
     "update_to_json",
 ]
@@ -98,6 +102,9 @@ class TaskRecord:
     finished: bool = False
     #: The task ended because its worker left or was dropped, not because its input ended.
     lost: bool = False
+    #: The last DYNAMIC split handed to the task: ``{"request", "repetition", "cursor"}``, the
+    #: cursor *before* it (so that a retried request gets the same split again).
+    last_split: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -194,11 +201,16 @@ class ReleaseClient:
 
 @dataclasses.dataclass(frozen=True)
 class MoveSplitCursor:
-    """The split cursor of ``(job_id, repetition)`` after handing out a split."""
+    """The split cursor of ``(job_id, repetition)`` after handing out a split; with ``task_id``,
+    the split went to that task as the answer to its request number ``request``, and
+    ``previous`` is the cursor it was taken from."""
 
     job_id: int
     repetition: int
     cursor: dict[str, Any]
+    task_id: int | None = None
+    request: int | None = None
+    previous: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,8 +353,14 @@ class DispatcherState:
                 self._take_id(client_id)
             case ReleaseClient(client_id):
                 self.clients[client_id].released = True
-            case MoveSplitCursor(job_id, repetition, cursor):
+            case MoveSplitCursor(job_id, repetition, cursor, task_id, request, previous):
                 self.split_cursors[(job_id, repetition)] = cursor
+                if task_id is not None and task_id in self.tasks:
+                    self.tasks[task_id].last_split = {
+                        "request": request,
+                        "repetition": repetition,
+                        "cursor": previous,
+                    }
             case RemoveJob(job_id):
                 self._remove_job(job_id)
             case RemoveDataset(dataset_id):
@@ -380,3 +398,70 @@ class DispatcherState:
         """The tasks of the worker at ``address``, oldest first (from an index: the cost is
         the worker's own tasks, not every task the dispatcher keeps)."""
         return [self.tasks[t] for t in self._worker_task_ids.get(address, ())]
+
+
+# -- the whole state, at once -----------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def state_to_json(state: DispatcherState) -> dict[str, Any]:
+    """The whole of ``state`` as a JSON-able dict: ``state_from_json`` makes an equal state
+    (records, indexes, the next id and the incarnation)."""
+    datasets = []
+    for record in state.datasets.values():
+        fields = dataclasses.asdict(record)
+        fields["payload"], fields["element_spec"] = _b64(record.payload), _b64(record.element_spec)
+        datasets.append(fields)
+    return {
+        "incarnation": state.incarnation,
+        "next_id": state.next_id,
+        "datasets": datasets,
+        "dataset_by_fingerprint": dict(state.dataset_by_fingerprint),
+        "workers": [dataclasses.asdict(w) for w in state.workers.values()],
+        "jobs": [dataclasses.asdict(j) for j in state.jobs.values()],
+        "job_by_key": [[name, iteration, i] for (name, iteration), i in state.job_by_key.items()],
+        "tasks": [dataclasses.asdict(t) for t in state.tasks.values()],
+        "clients": [dataclasses.asdict(c) for c in state.clients.values()],
+        "split_cursors": [[j, r, cursor] for (j, r), cursor in state.split_cursors.items()],
+    }
+
+
+def state_from_json(data: dict[str, Any]) -> DispatcherState:
+    """The state ``state_to_json`` wrote.
+
+    Raises:
+      InvalidArgumentError: ``data`` is not a state ``state_to_json`` wrote.
+    """
+    try:
+        state = DispatcherState(int(data["incarnation"]))
+        state.next_id = int(data["next_id"])
+        for fields in data["datasets"]:
+            fields = dict(fields)
+            for key in ("payload", "element_spec"):
+                fields[key] = base64.b64decode(fields[key])
+            record = DatasetRecord(**fields)
+            state.datasets[record.dataset_id] = record
+        state.dataset_by_fingerprint = {
+            str(k): str(v) for k, v in data["dataset_by_fingerprint"].items()
+        }
+        for fields in data["workers"]:
+            worker = WorkerRecord(fields["address"], tuple(fields["tags"]))
+            state.workers[worker.address] = worker
+        for fields in data["jobs"]:
+            job = JobRecord(**fields)
+            state.jobs[job.job_id] = job
+        state.job_by_key = {(name, int(it)): int(i) for name, it, i in data["job_by_key"]}
+        for fields in data["tasks"]:
+            task = TaskRecord(**fields)
+            state.tasks[task.task_id] = task
+            state._worker_task_ids.setdefault(task.worker_address, {})[task.task_id] = None
+        for fields in data["clients"]:
+            client = ClientRecord(**fields)
+            state.clients[client.client_id] = client
+        state.split_cursors = {(int(j), int(r)): dict(c) for j, r, c in data["split_cursors"]}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise InvalidArgumentError(f"not a dispatcher state snapshot: {error!r}") from error
+    return state

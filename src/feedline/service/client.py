@@ -476,12 +476,18 @@ class _JobReader:
     ===============================================  ==========================================
     every task's input ended (the worker said        StopIteration
     ``eos``; or some did and the others were lost
-    with their workers), or the dispatcher ended
-    the job without error
+    with their workers) and a view of the job
+    asked for after that lists no other task (a
+    worker that registers mid-job gets a task of
+    it); or the dispatcher ended the job
+    without error
     the job failed: a task raised (any worker),      that error, at every call; the reader
     the dispatcher restarted without its journal,    stops its threads and releases the job
     the consumer was released, a round-robin
     worker is gone
+    the reader was released while ``next`` waited   ``FailedPreconditionError`` (the exit
+                                                     hook released it: a thread still reading
+                                                     stops waiting)
     the dispatcher did not answer for ``timeout_s``  ``UnavailableError``, once: the next call
     or no worker served the job for ``timeout_s``    waits again
     ===============================================  ==========================================
@@ -507,6 +513,12 @@ class _JobReader:
         self._in_flight: set[int] = set()
         self._lost: set[int] = set()  # its worker left or was dropped
         self._fetchers: dict[int, threading.Thread] = {}
+        # How many times a task ended here, and that count when the newest view applied was
+        # asked for: the end of the tasks this consumer knows is the end of the job only once a
+        # view asked for after it lists no other task (a worker that registers mid-job gets a
+        # task of it, which the consumer may not have heard of yet).
+        self._task_ends = 0
+        self._viewed_ends = 0
         self._job_finished = False
         self._version = -1
         self._consumers = 1  # the job's consumers, as the dispatcher last said
@@ -519,7 +531,7 @@ class _JobReader:
         self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, reply["client_timeout_ms"] / 4000))
         self._answered_at = time.monotonic()
         self._idle_since: float | None = None  # since when no task of the job can be read
-        self._apply_view(reply)
+        self._apply_view(reply, 0)
         _exit.register(self, "stop_at_exit", _exit.CONSUMER)
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name=f"feedline-consumer-{self._client_id}", daemon=True
@@ -556,6 +568,8 @@ class _JobReader:
         interval = self._heartbeat_s
         while not self._stopping.is_set():
             started = time.monotonic()
+            with self._cond:
+                asked_after = self._task_ends
             try:
                 reply, _ = self._dispatcher.call(
                     "ClientHeartbeat",
@@ -574,12 +588,35 @@ class _JobReader:
                 return
             with self._cond:
                 self._answered_at = time.monotonic()
-            if not self._apply_view(reply):  # no news: the next heartbeat waits its turn
+            if not self._apply_view(reply, asked_after):  # no news: the next waits its turn
                 self._stopping.wait(max(0.0, interval - (time.monotonic() - started)))
 
-    def _apply_view(self, view: dict[str, Any]) -> bool:
+    def _refresh_view(self) -> None:
+        """Asks the dispatcher for the job's view at once, without waiting for news: called when
+        every task this consumer knows has ended, to learn of a task made since the last view
+        before taking this for the end of the job. If the call fails, the heartbeat's next view
+        serves instead."""
+        with self._cond:
+            if self._stopping.is_set() or self._job_finished:
+                return
+            asked_after = self._task_ends
+        try:
+            reply, _ = self._dispatcher.call(
+                "ClientHeartbeat",
+                {"client_id": self._client_id, "version": -1, "wait_ms": 0},
+                timeout=_RPC_TIMEOUT_S,
+            )
+        except FeedlineError as error:  # the heartbeat loop meets it too, and handles it
+            logger.debug("consumer %s: asking for the job's view: %s", self._client_id, error)
+            return
+        with self._cond:
+            self._answered_at = time.monotonic()
+        self._apply_view(reply, asked_after)
+
+    def _apply_view(self, view: dict[str, Any], asked_after: int) -> bool:
         """Takes in the job's view from the dispatcher (tasks ``[task_id, address, state]``,
-        whether it finished, its error); starts reading new tasks. Whether it was news."""
+        whether it finished, its error), asked for once ``asked_after`` tasks had ended here;
+        starts reading new tasks. Whether it was news."""
         listed = [(int(t), str(a), str(s)) for t, a, s in view["tasks"]]
         if self._params.target_workers == "LOCAL":
             local = local_worker_addresses()
@@ -604,7 +641,9 @@ class _JobReader:
                     self._lost.add(task_id)
             new = sorted(t for t, _, _ in listed if t not in self._tasks)
             self._tasks.update((t, a) for t, a, _ in listed if t in new)
-            self._job_finished = bool(view["finished"])
+            self._viewed_ends = max(self._viewed_ends, asked_after)
+            # A job never starts again: an older view answered late does not undo the end.
+            self._job_finished = self._job_finished or bool(view["finished"])
             self._consumers = int(view.get("consumers", 1))
             self._note_liveness()
             self._cond.notify_all()
@@ -680,11 +719,17 @@ class _JobReader:
             self._buffered_bytes += sum(size for _, size in items)
             self._cond.notify_all()
 
-    def _end_task(self, task_id: int, completed: bool) -> None:
+    def _end_tasks(self, task_ids: Any, completed: bool) -> None:
+        """``task_ids`` ended here (a worker said so); if no task this consumer knows can be
+        read any more, asks the dispatcher whether the job has others (``_refresh_view``)."""
         with self._cond:
-            (self._completed if completed else self._lost).add(task_id)
+            (self._completed if completed else self._lost).update(task_ids)
+            self._task_ends += 1
             self._note_liveness()
             self._cond.notify_all()
+            readable = any(t not in self._completed and t not in self._lost for t in self._tasks)
+        if not readable:
+            self._refresh_view()
 
     def _read(self, worker: _rpc.RpcClient, request: dict[str, Any]) -> dict[str, Any] | None:
         """One GetElements call: its header, with ``elements`` added; None if the worker
@@ -736,7 +781,7 @@ class _JobReader:
                     self._fail(error_from_report(reply["error"]))
                     return
                 elif reply.get("eos") or reply.get("gone"):
-                    self._end_task(task_id, completed=bool(reply.get("eos")))
+                    self._end_tasks([task_id], completed=bool(reply.get("eos")))
                     return
         except BaseException as error:
             self._fail(error)
@@ -790,8 +835,8 @@ class _JobReader:
                 if reply.get("eos"):
                     self._deliver([], 1)
                     with self._cond:
-                        self._completed.update(self._tasks)
-                        self._cond.notify_all()
+                        known = list(self._tasks)
+                    self._end_tasks(known, completed=True)
                     return
                 self._deliver(reply["elements"], 1)
                 round_index += 1
@@ -800,14 +845,17 @@ class _JobReader:
 
     def _finished(self) -> bool:
         """(Under the lock.) Whether the job's input ended for this consumer: every task
-        ended, at least one because its input did (or the dispatcher ended the job)."""
+        ended, at least one because its input did, and a view asked for after the last one
+        ended lists no other task (or the dispatcher ended the job)."""
         if self._job_error is not None or self._in_flight:
             return False
         if not self._tasks:
             return self._job_finished
         if not set(self._tasks) <= self._completed | self._lost:
             return False
-        return bool(self._completed) or self._job_finished
+        if self._job_finished:
+            return True
+        return bool(self._completed) and self._viewed_ends >= self._task_ends
 
     def _overdue(self) -> BaseException | None:
         """(Under the lock, waiting for an element.) The error to raise when a wait has
@@ -837,6 +885,11 @@ class _JobReader:
             # A failed job raises at every call, even where a reply that was on its way when
             # the error came left elements behind: the job is over.
             while self._job_error is None and not self._results and not self._finished():
+                if self._stopping.is_set():  # released before the end: nothing more comes
+                    raise FailedPreconditionError(
+                        f"the consumer of job {self._job_id} was released before the job "
+                        "ended (the process is exiting, or the iterator was closed)"
+                    )
                 overdue = self._overdue()
                 if overdue is not None:
                     raise overdue

@@ -76,6 +76,20 @@ def _check_ms(value: Any, what: str, field: str) -> None:
         raise InvalidArgumentError(f"{what}.{field} must be a positive int (ms), got {value!r}")
 
 
+def _check_status_port(port: Any, service_port: int, what: str) -> None:
+    if port is None:
+        return
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidArgumentError(
+            f"{what}.status_port must be None (no status page) or an int in [0, 65535] "
+            f"(0 picks a free port), got {port!r}"
+        )
+    if port and port == service_port:
+        raise InvalidArgumentError(
+            f"{what}.status_port {port} is also its port: the status page needs a port of its own"
+        )
+
+
 def _check_token(token: Any, what: str) -> None:
     if token is not None and (not isinstance(token, str) or not token):
         raise InvalidArgumentError(f"{what}.token must be a non-empty string or None")
@@ -88,9 +102,11 @@ class DispatcherConfig:
     Attributes:
       port: the port to listen on; 0 picks a free one.
       protocol: the transport, ``"grpc"``.
-      work_dir: a folder for the dispatcher's journal (needed by ``fault_tolerant_mode``).
-      fault_tolerant_mode: journal every state change under ``work_dir`` so that a restarted
-        dispatcher resumes its datasets, jobs and split cursors.
+      work_dir: a folder for the dispatcher's journal (needed by ``fault_tolerant_mode``;
+        without it the dispatcher keeps nothing there).
+      fault_tolerant_mode: journal every state change in SQLite under ``work_dir``, durable
+        before the reply that depends on it, so that a dispatcher started again on the same
+        ``work_dir`` (and port) resumes its datasets, jobs, tasks, split cursors and consumers.
       worker_addresses: the fixed list of worker addresses that static sharding (FILE, DATA,
         FILE_OR_DATA, HINT) needs; worker ``i`` is ``worker_addresses[i]``.
       job_gc_check_interval_ms: how often the dispatcher looks for jobs and datasets to
@@ -103,6 +119,9 @@ class DispatcherConfig:
       client_timeout_ms: a consumer without a heartbeat for this long is released (default 10000).
       bind: the interface to listen on; loopback unless told otherwise.
       token: the shared secret every request must carry; ``$FEEDLINE_SERVICE_TOKEN`` when None.
+      status_port: serve an HTML status page at ``http://<bind>:<status_port>/`` and Prometheus
+        metrics at ``/metrics`` (which needs the token, when there is one); 0 picks a free
+        port; None (the default): no status server, and no metrics are collected.
     """
 
     port: int = 0
@@ -116,9 +135,11 @@ class DispatcherConfig:
     client_timeout_ms: int | None = None
     bind: str = "127.0.0.1"
     token: str | None = None
+    status_port: int | None = None
 
     def __post_init__(self) -> None:
         _check_port(self.port, "DispatcherConfig")
+        _check_status_port(self.status_port, self.port, "DispatcherConfig")
         _check_protocol(self.protocol, "DispatcherConfig")
         for name in (
             "job_gc_check_interval_ms",
@@ -134,9 +155,16 @@ class DispatcherConfig:
             raise InvalidArgumentError(
                 f"DispatcherConfig.work_dir must be a path string, got {self.work_dir!r}"
             )
-        if self.fault_tolerant_mode and self.work_dir is None:
+        if not isinstance(self.fault_tolerant_mode, bool):
             raise InvalidArgumentError(
-                "DispatcherConfig.fault_tolerant_mode needs a work_dir to keep its journal in"
+                "DispatcherConfig.fault_tolerant_mode must be a bool, got "
+                f"{self.fault_tolerant_mode!r}"
+            )
+        if self.fault_tolerant_mode and not self.work_dir:
+            # TensorFlow's message, with what the folder is for.
+            raise InvalidArgumentError(
+                "fault_tolerant_mode is True, but no work_dir is configured (DispatcherConfig."
+                "work_dir: the folder the dispatcher keeps its journal in)"
             )
         if self.worker_addresses is not None:
             addresses = self.worker_addresses
@@ -196,6 +224,9 @@ class WorkerConfig:
       worker_tags: tags reported to the dispatcher.
       bind: the interface to listen on; loopback unless told otherwise.
       token: the shared secret; ``$FEEDLINE_SERVICE_TOKEN`` when None.
+      status_port: serve an HTML status page at ``http://<bind>:<status_port>/`` and Prometheus
+        metrics at ``/metrics`` (which needs the token, when there is one); 0 picks a free
+        port; None (the default): no status server, and no metrics are collected.
     """
 
     dispatcher_address: str
@@ -209,8 +240,10 @@ class WorkerConfig:
     bind: str = "127.0.0.1"
     token: str | None = None
     wait_forever: bool = False
+    status_port: int | None = None
 
     def __post_init__(self) -> None:
+        _check_status_port(self.status_port, self.port, "WorkerConfig")
         if not isinstance(self.wait_forever, bool):
             raise InvalidArgumentError(
                 f"WorkerConfig.wait_forever must be a bool, got {self.wait_forever!r}"

@@ -11,13 +11,17 @@ dataset that no job reads ``job_gc_timeout_ms`` after it was last registered, as
 read (``_collect``).
 
 Its durable state is ``_state.DispatcherState``, changed only through ``_apply``; everything
-else here (heartbeat times, waiting heartbeats) is volatile.
+else here (heartbeat times, waiting heartbeats) is volatile. With ``fault_tolerant_mode`` every
+update also goes to the journal (``_journal``), committed before any reply is sent
+(``_durable``) and before a heartbeat waits; a dispatcher started again on the same ``work_dir``
+replays it (``_resume``) and keeps the incarnation, so its workers and consumers carry on.
 
 RPCs (each a frame of ``feedline._net.wire``; see the handlers for their fields):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
-                    gets the same id); an upload (``feedline._net.rpc``), of at most ``MAX_DATASET_BYTES``
+                    gets the same id); an upload (``feedline._net.rpc``), of at most
+                    ``MAX_DATASET_BYTES``
 GetDatasetDef       ``dataset_id`` -> the pickled dataset (for workers)
 GetElementSpec      ``dataset_id`` -> the pickled element spec (for ``from_dataset_id``)
 GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a new anonymous job;
@@ -28,8 +32,11 @@ ClientHeartbeat     the job's view once it differs from the ``version`` the cons
 ReleaseClient       a consumer is done with its job
 WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether it drains or
                     leaves -> tasks to start, tasks to delete (with their job's error), tasks of
-                    an earlier dispatcher life to drop; waits for news
-GetSplit            the next split of a DYNAMIC job's repetition, or none
+                    an earlier dispatcher life to drop; waits for news. Also what each task
+                    served (``task_stats``), for the status page (``_status_page``)
+GetSplit            the next split of a DYNAMIC job's repetition, or none; a task that asks
+                    again with the same ``request`` number gets the same split (its reply was
+                    lost), so that a dispatcher killed mid-reply skips nothing
 ==================  ============================================================================
 
 Every reply to a heartbeat and to GetOrCreateJob carries the dispatcher's ``incarnation``, drawn
@@ -47,9 +54,12 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import secrets
+import sqlite3
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
@@ -58,7 +68,10 @@ from feedline.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
 )
+from feedline.service._journal import JOURNAL_FILE, Journal, open_journal
+from feedline.service._metrics import DispatcherTelemetry
 from feedline.service._split import SplitCursor, SplitPlan
 from feedline.service._state import (
     AcquireClient,
@@ -81,6 +94,8 @@ from feedline.service._state import (
     incarnation_of,
     new_incarnation,
 )
+from feedline.service._status import StatusServer
+from feedline.service._status_page import DispatcherSnapshot, render_dispatcher
 from feedline.service.config import DispatcherConfig, ShardingPolicy
 
 __all__ = ["DispatchServer"]
@@ -122,14 +137,12 @@ class DispatchServer:
             raise InvalidArgumentError(
                 f"config must be a DispatcherConfig, got {type(self._config).__name__}"
             )
-        if self._config.fault_tolerant_mode:
-            raise InvalidArgumentError(
-                "DispatcherConfig.fault_tolerant_mode is not available yet: the dispatcher keeps "
-                "its state in memory, so a restarted dispatcher starts empty"
-            )
         self._token = _rpc.resolve_token(self._config.token)
         self._incarnation = new_incarnation()
         self._state = DispatcherState(self._incarnation)
+        # The journal of fault_tolerant_mode (``_journal``): every update, durable before the
+        # reply that depends on it (``_durable``).
+        self._journal: Journal | None = None
         self._mutex = threading.RLock()
         self._lock = threading.Condition(self._mutex)
         # Heartbeats waiting for news, by what they wait on: ("job", id) or ("worker", address).
@@ -151,8 +164,51 @@ class DispatchServer:
         self._port: int | None = None
         self._stopped = threading.Event()
         self._gc_thread: threading.Thread | None = None
+        # The status page and metrics (``status_port``): counted only when served.
+        self._started_at = time.monotonic()
+        self._telemetry = DispatcherTelemetry(
+            self._config.status_port is not None, self._status_snapshot
+        )
+        self._status_server: StatusServer | None = None
+        if self._config.fault_tolerant_mode:
+            self._resume(open_journal(self._config.work_dir, self._incarnation))
+        elif self._config.work_dir is not None:
+            journal_file = Path(self._config.work_dir) / JOURNAL_FILE
+            (logger.warning if journal_file.exists() else logger.info)(
+                "running with fault_tolerant_mode=False: the dispatcher keeps no journal in %s "
+                "and will not recover its state on restart%s",
+                self._config.work_dir,
+                f" ({journal_file} is left as it is, unread)" if journal_file.exists() else "",
+            )
         if start:
             self.start()
+
+    def _resume(self, journal: Journal) -> None:
+        """Takes the state ``journal`` replayed, and its incarnation: the workers and consumers
+        of its jobs carry on. What is volatile starts as if every one of them had just been
+        heard from, so that those that are gone are dropped after their timeouts."""
+        self._journal = journal
+        self._state = journal.state
+        self._incarnation = journal.state.incarnation
+        now = time.monotonic()
+        state = self._state
+        self._worker_seen = dict.fromkeys(state.workers, now)
+        self._client_seen = {c.client_id: now for c in state.clients.values() if not c.released}
+        # A job's version restarts far from any its consumers saw, so each hears the job anew.
+        base = secrets.randbits(40) + (1 << 40)
+        for job in state.jobs.values():
+            self._job_versions[job.job_id] = base
+            if not state.active_clients(job.job_id):
+                self._job_idle_since[job.job_id] = now
+        if state.jobs or state.datasets:
+            logger.info(
+                "dispatcher resumed from %s in %.3f s: %d datasets, %d workers, %d jobs",
+                journal.path,
+                journal.replay_seconds,
+                len(state.datasets),
+                len(state.workers),
+                len(state.jobs),
+            )
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -179,6 +235,9 @@ class DispatchServer:
             "WorkerHeartbeat": self._worker_heartbeat,
             "GetSplit": self._get_split,
         }
+        if self._journal is not None:
+            handlers = {name: self._durable(handler) for name, handler in handlers.items()}
+        handlers = self._telemetry.instrument(handlers)
         self._server, self._port = _rpc.start_server(
             SERVICE_NAME,
             handlers,
@@ -188,6 +247,8 @@ class DispatchServer:
             upload_limits={"RegisterDataset": MAX_DATASET_BYTES},
             max_workers=64,
         )
+        if self._config.status_port is not None:
+            self._start_status_server()
         self._gc_thread = threading.Thread(
             target=self._gc_loop, name="feedline-dispatcher-gc", daemon=True
         )
@@ -212,8 +273,53 @@ class DispatchServer:
             self._lock.notify_all()
             for condition, _ in self._wakeups.values():
                 condition.notify_all()
+        if self._status_server is not None:
+            self._status_server.stop()
         if self._server is not None:
             self._server.stop(grace=0.0 if _exit.exiting() else 0.5)
+        if self._journal is not None:
+            with self._lock:
+                try:
+                    self._journal.close()
+                except sqlite3.Error as error:
+                    logger.error("closing the dispatcher journal failed: %s", error)
+
+    @property
+    def status_url(self) -> str | None:
+        """``"http://host:port/"``: the status page (``status_port``), None without one; its
+        Prometheus metrics are at ``status_url + "metrics"``."""
+        return None if self._status_server is None else self._status_server.url
+
+    def _start_status_server(self) -> None:
+        """Serves the status page and metrics; a port that cannot be bound stops the
+        dispatcher again and raises (``UnavailableError``, naming the port)."""
+        try:
+            self._status_server = StatusServer(
+                owner="dispatcher",
+                bind=self._config.bind,
+                port=self._config.status_port or 0,
+                page=lambda: render_dispatcher(self._status_snapshot()),
+                metrics=self._telemetry.exposition,
+                token=self._token,
+                setting="DispatcherConfig.status_port (feedline dispatcher --status-port)",
+            )
+        except Exception:
+            self.stop()
+            raise
+
+    def _status_snapshot(self) -> DispatcherSnapshot:
+        """What the status page and the metrics' gauges show, copied under the lock."""
+        with self._lock:
+            return DispatcherSnapshot.capture(
+                target=self.target,
+                state=self._state,
+                started=self._started_at,
+                worker_seen=self._worker_seen,
+                client_seen=self._client_seen,
+                waiting=self._waiting,
+                draining=self._draining,
+                telemetry=self._telemetry,
+            )
 
     def __enter__(self) -> DispatchServer:
         return self
@@ -223,8 +329,14 @@ class DispatchServer:
 
     # -- state ------------------------------------------------------------------------------
     def _apply(self, update: Update) -> None:
-        """Applies ``update`` (call under the lock); the one place state changes."""
+        """Applies ``update`` (call under the lock); the one place state changes. With a
+        journal, the update is also appended to it, durable once ``_commit`` ran."""
         self._state.apply(update)
+        if self._journal is not None:
+            try:
+                self._journal.append(update)
+            except sqlite3.Error as error:
+                self._journal_failed(error)
         for key in self._affected(update):
             if key[0] == "job":
                 self._job_versions[key[1]] += 1
@@ -232,6 +344,37 @@ class DispatchServer:
             if entry is not None:
                 entry[0].notify_all()
         self._lock.notify_all()
+
+    def _commit(self) -> None:
+        """Makes the journaled updates durable (under the lock): before any reply, and before a
+        heartbeat waits."""
+        if self._journal is not None:
+            try:
+                self._journal.commit()
+            except sqlite3.Error as error:
+                self._journal_failed(error)
+
+    def _journal_failed(self, error: sqlite3.Error) -> NoReturn:
+        """The journal cannot be written: the dispatcher stops rather than tell anyone what it
+        could forget; started again, it resumes from what the journal holds."""
+        logger.critical("writing the dispatcher journal failed (%s); the dispatcher stops", error)
+        threading.Thread(target=self.stop, name="feedline-dispatcher-stop", daemon=True).start()
+        raise UnavailableError(
+            f"the dispatcher at {self.target.split('://')[-1]} cannot write its journal "
+            f"({error}) and stops"
+        ) from error
+
+    def _durable(self, handler: _rpc.Handler) -> _rpc.Handler:
+        """``handler``, committing the journal before its reply (or error) is sent."""
+
+        def handle(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+            try:
+                return handler(header, buffers)
+            finally:
+                with self._lock:
+                    self._commit()
+
+        return handle
 
     def _affected(self, update: Update) -> set[tuple[str, Any]]:
         """The jobs and workers whose heartbeats ``update`` (just applied) has news for."""
@@ -265,6 +408,7 @@ class DispatchServer:
             entry = self._wakeups[key] = (threading.Condition(self._mutex), [0])
         entry[1][0] += 1
         try:
+            self._commit()
             entry[0].wait(seconds)
         finally:
             entry[1][0] -= 1
@@ -557,6 +701,7 @@ class DispatchServer:
         leaving = field(header, "leaving", bool, False)
         wait_s = min(field(header, "wait_ms", int, 0) / 1000, _MAX_WAIT_S)
         deadline = time.monotonic() + wait_s
+        self._telemetry.worker_report(header.get("task_stats"))  # for the status page
         with self._lock:
             state = self._state
             allowed = self._config.worker_addresses
@@ -650,6 +795,7 @@ class DispatchServer:
             error["type"],
             error["message"],
         )
+        self._telemetry.job_failed(job.job_id, error)
         self._apply(FinishJob(job.job_id, error))
 
     def _remove_worker(self, address: str, why: str) -> None:
@@ -725,16 +871,42 @@ class DispatchServer:
             record = self._state.datasets[job.dataset_id]
             if record.split_plan is None:
                 raise FailedPreconditionError(f"job {job_id} reads a dataset without splits")
-            key = (job_id, repetition)
-            saved = self._state.split_cursors.get(key)
-            if saved is None:
-                cursor = SplitCursor.start(
-                    SplitPlan.from_json(record.split_plan), repetition, max(1, len(job.task_ids))
-                )
+            task_id = field(header, "task_id", (int, type(None)), None)
+            request = field(header, "request", (int, type(None)), None)
+            task = self._state.tasks.get(task_id) if task_id is not None else None
+            if task is not None and task.job_id != job_id:
+                raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
+            last = None if task is None else task.last_split
+            if (
+                request is not None
+                and last is not None
+                and last["request"] == request
+                and last["repetition"] == repetition
+            ):
+                # The worker asks again: the reply to its request was lost (the dispatcher
+                # restarted, or the call timed out). The same split, recomputed from the cursor
+                # it came from: nothing is skipped.
+                split = SplitCursor.from_json(last["cursor"]).next()
             else:
-                cursor = SplitCursor.from_json(saved)
-            split = cursor.next()
-            self._apply(MoveSplitCursor(job_id, repetition, cursor.to_json()))
+                saved = self._state.split_cursors.get((job_id, repetition))
+                if saved is None:
+                    plan = SplitPlan.from_json(record.split_plan)
+                    cursor = SplitCursor.start(plan, repetition, max(1, len(job.task_ids)))
+                else:
+                    cursor = SplitCursor.from_json(saved)
+                previous = cursor.to_json()
+                split = cursor.next()
+                mine = task is not None and request is not None
+                self._apply(
+                    MoveSplitCursor(
+                        job_id,
+                        repetition,
+                        cursor.to_json(),
+                        task_id if mine else None,
+                        request if mine else None,
+                        previous if mine else None,
+                    )
+                )
             return {"split": None if split is None else [int(i) for i in split]}, ()
 
     # -- garbage collection -----------------------------------------------------------------
@@ -757,6 +929,7 @@ class DispatchServer:
                         address,
                         now - seen,
                     )
+                    self._telemetry.heartbeat_missed("worker", address)
                     self._remove_worker(address, "it missed heartbeats")
             for client_id, seen in list(self._client_seen.items()):
                 if now - seen > config.client_timeout_s and client_id not in self._waiting:
@@ -768,6 +941,8 @@ class DispatchServer:
                     # A consumer of an ended job may stop heartbeating before it says goodbye.
                     log = logger.debug if job.finished else logger.warning
                     log("consumer %d missed heartbeats; releasing it", client_id)
+                    if not job.finished:
+                        self._telemetry.heartbeat_missed("consumer", client_id)
                     self._release(client_id, job)
             for job_id, since in list(self._job_idle_since.items()):
                 job = state.jobs.get(job_id)
@@ -778,6 +953,7 @@ class DispatchServer:
                         self._apply(FinishJob(job_id))
                     self._remove_job(job)
             self._collect_datasets(now)
+            self._commit()
 
     def _collect_datasets(self, now: float) -> None:
         """Forgets the datasets that no job reads and that nobody registered, asked about or

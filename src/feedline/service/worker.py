@@ -60,8 +60,11 @@ from feedline.errors import (
     OutOfRangeError,
     UnavailableError,
 )
+from feedline.service._metrics import WorkerTelemetry
 from feedline.service._split import with_split_source
 from feedline.service._state import incarnation_of
+from feedline.service._status import StatusServer
+from feedline.service._status_page import WorkerSnapshot, render_worker
 from feedline.service.config import ShardingPolicy, WorkerConfig
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
 
@@ -152,6 +155,10 @@ class WorkerServer:
         self._server: Any = None
         self._address: str | None = None
         self._heartbeat_thread: threading.Thread | None = None
+        # The status page and metrics (``status_port``): counted only when served.
+        self._started_at = time.monotonic()
+        self._telemetry = WorkerTelemetry(config.status_port is not None, self._status_snapshot)
+        self._status_server: StatusServer | None = None
         if start:
             self.start()
 
@@ -185,7 +192,7 @@ class WorkerServer:
         config = self._config
         self._server, port = _rpc.start_server(
             SERVICE_NAME,
-            {"GetElements": self._get_elements},
+            {"GetElements": self._telemetry.instrument(self._get_elements)},
             bind=config.bind,
             port=config.port,
             token=self._token,
@@ -197,6 +204,8 @@ class WorkerServer:
             _local_addresses.add(self._address)
         _exit.register(self, "stop", _exit.WORKER)
         try:
+            if config.status_port is not None:
+                self._start_status_server(config.status_port)
             self._heartbeat(wait_s=0.0, timeout=config.dispatcher_timeout_s, wait_for_ready=True)
         except Exception:
             self.stop()
@@ -230,6 +239,8 @@ class WorkerServer:
             _local_addresses.discard(self._address or "")
         if self._server is not None:
             self._server.stop(grace=0.0 if _exit.exiting() else 0.2)
+        if self._status_server is not None:
+            self._status_server.stop()
         with self._lock:
             tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
@@ -239,6 +250,47 @@ class WorkerServer:
     def cancel_drain(self) -> None:
         """Ends a drain in progress (``stop(drain_seconds=...)``) now; safe in a signal handler."""
         self._drain_cancelled.set()
+
+    @property
+    def status_url(self) -> str | None:
+        """``"http://host:port/"``: the status page (``status_port``), None without one; its
+        Prometheus metrics are at ``status_url + "metrics"``."""
+        return None if self._status_server is None else self._status_server.url
+
+    def _start_status_server(self, port: int) -> None:
+        self._status_server = StatusServer(
+            owner="worker",
+            bind=self._config.bind,
+            port=port,
+            page=lambda: render_worker(self._status_snapshot()),
+            metrics=self._telemetry.exposition,
+            token=self._token,
+            setting="WorkerConfig.status_port (feedline worker --status-port)",
+        )
+
+    def _status_snapshot(self) -> WorkerSnapshot:
+        """What the status page and the metrics' gauges show; each task is read under its own
+        lock, one after the other."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+            ended = [
+                {"task_id": task_id, "outcome": "input ended" if why is None else
+                 f"{why.get('type')}: {why.get('message')}"}
+                for task_id, why in list(self._ended.items())[-10:][::-1]
+            ]  # fmt: skip
+        seen = self._telemetry.last_heartbeat
+        stopped = self._stopped.is_set()
+        return WorkerSnapshot(
+            address=self._address or "",
+            dispatcher=self._dispatcher.address,
+            incarnation=self._incarnation,
+            uptime_s=time.monotonic() - self._started_at,
+            state="stopped" if stopped else "draining" if self.draining else "serving",
+            since_heartbeat=None if seen is None else time.monotonic() - seen,
+            tasks=[task.status(self._telemetry.rates) for task in tasks],
+            ended=ended,
+            errors=self._telemetry.errors.list(),
+        )
 
     def __enter__(self) -> WorkerServer:
         return self
@@ -286,6 +338,7 @@ class WorkerServer:
             except UnavailableError as error:
                 if self._stopped.is_set():
                     return
+                self._telemetry.heartbeat_failed(error)
                 now = time.monotonic()
                 if unreachable_since is None:
                     unreachable_since = now
@@ -310,6 +363,7 @@ class WorkerServer:
             except Exception as error:
                 if self._stopped.is_set():
                     return
+                self._telemetry.heartbeat_failed(error)
                 logger.warning("worker %s: heartbeat failed: %r", self._address, error)
                 self._stopped.wait(1.0)
             else:
@@ -346,6 +400,10 @@ class WorkerServer:
             current = sorted(self._tasks)
             finished = sorted(t for t, task in self._tasks.items() if task.completed())
             failed = [r for task in self._tasks.values() if (r := task.failure()) is not None]
+            # What each task served, for the status pages.
+            stats = [
+                [t, task.served_elements, task.served_bytes] for t, task in self._tasks.items()
+            ]
         reply, _ = self._dispatcher.call(
             "WorkerHeartbeat",
             {
@@ -357,10 +415,12 @@ class WorkerServer:
                 "draining": self._draining.is_set(),
                 "leaving": leaving,
                 "wait_ms": int(wait_s * 1000),
+                "task_stats": stats,
             },
             timeout=timeout + wait_s,
             wait_for_ready=wait_for_ready,
         )
+        self._telemetry.heartbeat(stats)
         self._apply_reply(reply)
         self._forget_unused_datasets()
 
@@ -557,23 +617,36 @@ class WorkerServer:
 
 class _DispatcherSplits:
     """The ``SplitProvider`` of a DYNAMIC task: asks the dispatcher for the job's splits. A
-    draining worker asks for none: its source ends after the split it holds (``drained``)."""
+    draining worker asks for none: its source ends after the split it holds (``drained``).
+
+    Each request carries its number (``request``), the same when it is tried again, so that a
+    dispatcher that handed out a split whose reply was lost (it was killed, the call timed out)
+    hands out the same split again instead of skipping it."""
 
     def __init__(self, worker: WorkerServer, job_id: int, task_id: int) -> None:
         self._worker = worker
         self._job_id = job_id
         self._task_id = task_id
+        self._requests = 0  # the splits received so far: the number of the next request
+        self._requests_lock = threading.Lock()
         self.drained = False
 
     def next_split(self, repetition: int) -> list[int] | None:
         if self._worker.draining:
             self.drained = True
             return None
-        reply, _ = self._worker.call_dispatcher(
-            "GetSplit",
-            {"job_id": self._job_id, "repetition": repetition, "task_id": self._task_id},
-            f"getting a split of job {self._job_id} for task {self._task_id}",
-        )
+        with self._requests_lock:
+            reply, _ = self._worker.call_dispatcher(
+                "GetSplit",
+                {
+                    "job_id": self._job_id,
+                    "repetition": repetition,
+                    "task_id": self._task_id,
+                    "request": self._requests,
+                },
+                f"getting a split of job {self._job_id} for task {self._task_id}",
+            )
+            self._requests += 1
         return reply["split"]
 
 
@@ -641,6 +714,9 @@ class _Task:
         self._rounds: dict[int, list[Any]] = {}
         self._round_taken: dict[int, set[int]] = {}
         self._next_round = 0
+        # Elements and their bytes handed to consumers (for the status pages).
+        self.served_elements = 0
+        self.served_bytes = 0
         self._thread = threading.Thread(
             target=self._produce, name=f"feedline-task-{self.task_id}", daemon=True
         )
@@ -686,6 +762,38 @@ class _Task:
     def buffered(self) -> int:
         with self._cond:
             return len(self._buffer)
+
+    def status(self, rates: Any) -> dict[str, Any]:
+        """What the worker's status page shows of this task (``rates``: a ``RateTracker``)."""
+        task_def = self._task_def
+        with self._cond:
+            buffered, nbytes = len(self._buffer), self._buffered_bytes
+            if self._report is not None:
+                state = f"failed: {self._report.get('type')}: {self._report.get('message')}"
+            elif self._stop or (self._ended and self._drained):
+                state = "stopped"
+            elif self._ended:
+                state = "input ended"
+            else:
+                state = "draining" if self._draining else "running"
+        _, _, per_s, bytes_per_s = rates.get(self.task_id)
+        consumers = self._num_consumers
+        return {
+            "task_id": self.task_id,
+            "job_id": task_def["job_id"],
+            "dataset_id": task_def["dataset_id"],
+            "mode": self._mode.name,
+            "worker_index": task_def["worker_index"],
+            "num_workers": task_def["num_workers"],
+            "consumers": "shared" if consumers is None else f"round robin of {consumers}",
+            "buffered": buffered,
+            "buffered_bytes": nbytes,
+            "fill": max(buffered / _BUFFER_ELEMENTS, nbytes / _BUFFER_BYTES),
+            "elements": self.served_elements,
+            "elements_per_s": per_s,
+            "bytes_per_s": bytes_per_s,
+            "state": state,
+        }
 
     def _produce(self) -> None:
         iterator = None
@@ -738,6 +846,7 @@ class _Task:
                     )
             if failed:
                 logger.warning("task %d failed: %r", self.task_id, error)
+                self._worker._telemetry.task_failed(self.task_id, self._report or {})
         finally:
             with self._cond:
                 self._drained = self._drained or self._splits.drained
@@ -841,6 +950,9 @@ class _Task:
                 return encode_frame({"eos": False})
             self._hungry.pop(consumer, None)
             self._handed_out = True
+            self.served_elements += len(elements)
+            self.served_bytes += taken
+            self._worker._telemetry.served(len(elements), taken)
         return self._reply(elements)
 
     def _reply(self, elements: list[list[Any]]) -> bytes:
@@ -884,4 +996,8 @@ class _Task:
             taken.add(consumer)
             if len(taken) == num_consumers:
                 del self._rounds[round_index], self._round_taken[round_index]
+            nbytes = sum(leaf.nbytes for leaf in element)
+            self.served_elements += 1
+            self.served_bytes += nbytes
+            self._worker._telemetry.served(1, nbytes)
         return self._reply([element])

@@ -3,8 +3,9 @@
 ``ValueContext`` and ``MultiWorkerMirroredStrategy`` are the objects of ``feedline.distribute``
 (the latter resolved on first access). ``PreemptionCheckpointHandler`` and ``TerminationConfig``
 (``preemption``) are imported on first access too. ``partitioners`` holds the
-``variable_partitioner`` classes of ``ParameterServerStrategy``. ``ParameterServerStrategy`` is
-not available in this version: asking for it raises an ``AttributeError`` that says so.
+``variable_partitioner`` classes of ``ParameterServerStrategy``; ``ParameterServerStrategy`` (the
+object of ``feedline.distribute``) and ``coordinator`` (``feedline.distribute.coordinator``) are
+resolved on first access.
 """
 
 from feedline import _porting
@@ -18,6 +19,7 @@ __getattr__, __dir__ = _porting.lazy_attributes(
     {
         "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
         "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
+        "coordinator": "feedline.distribute.coordinator",
         "PreemptionCheckpointHandler": (
             "feedline.distribute.experimental.preemption:PreemptionCheckpointHandler"
         ),

@@ -1,0 +1,68 @@
+"""Tensors on the wire: a JSON description (dtype, shape) and the raw bytes of the tensor.
+
+>>> import torch
+>>> meta, buffer = pack(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+>>> meta
+{'dtype': 'float32', 'shape': [2, 3]}
+>>> unpack(meta, memoryview(buffer)).tolist()
+[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from feedline.errors import InvalidArgumentError
+
+__all__ = ["dtype_name", "pack", "parse_dtype", "unpack"]
+
+# Dtypes NumPy lacks travel as integers of the same width.
+_CARRIERS = {torch.bfloat16: torch.int16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: Any) -> torch.dtype:
+    """The torch dtype called ``name``; a name that is not one is an ``InvalidArgumentError``."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError(f"malformed request: {name!r} is not a torch dtype")
+    return dtype
+
+
+def pack(tensor: torch.Tensor) -> tuple[dict[str, Any], np.ndarray]:
+    """The description of ``tensor`` and a NumPy array holding its bytes (a CPU copy if needed)."""
+    value = tensor.detach().cpu().contiguous()
+    carrier = _CARRIERS.get(value.dtype)
+    array = (value.view(carrier) if carrier is not None else value).numpy()
+    return {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape)}, array
+
+
+def unpack(meta: Any, buffer: memoryview) -> torch.Tensor:
+    """The tensor ``pack`` described, in memory of its own (writable, on the CPU).
+
+    Raises:
+      InvalidArgumentError: a malformed description, or a buffer of the wrong size.
+    """
+    if not isinstance(meta, dict) or not isinstance(meta.get("shape"), list):
+        raise InvalidArgumentError(f"malformed request: {meta!r} does not describe a tensor")
+    dtype = parse_dtype(meta.get("dtype"))
+    shape = meta["shape"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise InvalidArgumentError(f"malformed request: bad tensor shape {shape!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    if buffer.nbytes != expected:
+        raise InvalidArgumentError(
+            f"malformed request: a {dtype_name(dtype)} tensor of shape {shape} needs {expected} "
+            f"bytes, got {buffer.nbytes}"
+        )
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)

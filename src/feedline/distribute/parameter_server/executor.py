@@ -1,0 +1,144 @@
+"""What a ``worker`` task's server does for a ``ClusterCoordinator``: makes per-worker resources
+and runs scheduled functions, one at a time.
+
+==============  ================================================================================
+CreateResource  ``{"incarnation", "id", "kind", "source"}`` + [pickled dataset or function]:
+                ``kind`` ``"dataset"`` calls the function (with an ``InputContext`` of this worker
+                if it takes one argument) or takes the dataset; ``"iterator"`` is ``iter()`` of
+                the resource ``source``.
+Run             ``{"incarnation", "values": [ids]}`` + the pickled closure and this worker's
+                element of each ``PerWorkerValues``: runs it and replies ``{"result": true}`` +
+                the pickled result, or ``{"error": report, "ps_task": i | null}``.
+==============  ================================================================================
+
+Every request names the incarnation of the server it was meant for (``Ping`` tells it): a
+worker that restarted since replies ``{"restarted": true}`` and the coordinator makes its
+resources again. An error of the function travels inside the reply, with the remote traceback
+(``remote_errors``); only a failed RPC means that the worker is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+
+from feedline._net.remote_errors import error_report
+from feedline._net.rpc import field
+from feedline.distribute.input_context import InputContext
+from feedline.distribute.parameter_server import closures, variables
+from feedline.distribute.parameter_server.runtime import failed_ps_task
+from feedline.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+
+__all__ = ["ClosureExecutor", "current_worker"]
+
+_local = threading.local()
+
+
+def current_worker() -> tuple[int, int] | None:
+    """``(worker index, number of workers)`` while this thread runs a coordinator's function or
+    makes a per-worker resource; else None."""
+    return getattr(_local, "worker", None)
+
+
+@contextlib.contextmanager
+def _as_worker(index: int, count: int) -> Iterator[None]:
+    previous = current_worker()
+    _local.worker = (index, count)
+    try:
+        yield
+    finally:
+        _local.worker = previous
+
+
+class ClosureExecutor:
+    """The per-worker resources of one worker server and the functions it runs."""
+
+    def __init__(self, index: int, num_workers: int, incarnation: str, address: str) -> None:
+        self._index = index
+        self._num_workers = num_workers
+        self._incarnation = incarnation
+        self._address = address
+        self._resources: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def handlers(self) -> dict[str, Any]:
+        return {"CreateResource": self._create_resource, "Run": self._run}
+
+    def _restarted(self, header: dict[str, Any]) -> bool:
+        return field(header, "incarnation", str) != self._incarnation
+
+    def _create_resource(
+        self, header: dict[str, Any], buffers: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        if self._restarted(header):
+            return {"restarted": True}, []
+        ident = field(header, "id", int)
+        kind = field(header, "kind", str)
+        with self._lock, _as_worker(self._index, self._num_workers):
+            try:
+                if kind == "dataset":
+                    self._resources[ident] = self._make_dataset(closures.loads(buffers[0])[0])
+                elif kind == "iterator":
+                    source = field(header, "source", int)
+                    if source not in self._resources:
+                        raise FailedPreconditionError(
+                            f"per-worker dataset {source} could not be made on this worker (its "
+                            "function raised: see the first error), so it has no iterator"
+                        )
+                    self._resources[ident] = iter(self._resources[source])
+                else:
+                    raise InvalidArgumentError(f"malformed request: resource kind {kind!r}")
+            except Exception as error:
+                return self._failure(error), []
+        return {}, []
+
+    def _make_dataset(self, source: Any) -> Any:
+        if not callable(source):
+            return source
+        try:
+            takes_context = len(inspect.signature(source).parameters) == 1
+        except (TypeError, ValueError):
+            takes_context = False
+        if takes_context:
+            return source(InputContext(self._num_workers, self._index, 1))
+        return source()
+
+    def _run(
+        self, header: dict[str, Any], buffers: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        if self._restarted(header):
+            return {"restarted": True}, []
+        ids = field(header, "values", list)
+        if len(buffers) != len(ids) + 1:
+            raise InvalidArgumentError("malformed request: one buffer per value and the closure")
+        with self._lock, _as_worker(self._index, self._num_workers):
+            try:
+                values = {
+                    ident: closures.loads(buffer, self._resources)
+                    for ident, buffer in zip(ids, buffers[1:], strict=True)
+                }
+                fn, args, kwargs = closures.ClosureUnpickler(
+                    bytes(buffers[0]), self._resources, values
+                ).load()
+                with variables.step():
+                    try:
+                        result = fn(*args, **kwargs)
+                    except StopIteration as error:  # not to be mistaken for the caller's
+                        raise OutOfRangeError(
+                            "a per-worker iterator read by the function reached its end; "
+                            "repeat() the per-worker dataset, or schedule fewer steps"
+                        ) from error
+                return {"result": True}, [cloudpickle.dumps(result)]
+            except Exception as error:
+                return self._failure(error), []
+
+    def _failure(self, error: BaseException) -> dict[str, Any]:
+        return {
+            "error": error_report(error, worker=self._address),
+            "ps_task": failed_ps_task(error),
+        }

@@ -1,0 +1,366 @@
+"""A process's connection to the parameter servers of one cluster, and its local copies.
+
+Every process that computes with ps-held parameters (a between-graph worker, a worker running
+a coordinator's functions, the coordinator itself) keeps one ``Runtime`` per cluster: a gRPC
+client per ps task and, for each variable it knows, the local ``PSParameter`` that holds the
+values last pulled. Calls to several ps tasks go out in parallel. Until a ps has answered once,
+calls wait for it (up to the cluster's ``connect_timeout``, trying every 0.1 s), so workers may
+start before the ps tasks; after that a ps that does not answer is gone, and every error from it
+is a ``ParameterServerUnavailableError`` naming it: a ps failure is not recoverable (TensorFlow's
+rule); the cluster restarts from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent import futures
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from feedline._net import rpc as _rpc
+from feedline.distribute.parameter_server import _tensors
+from feedline.distribute.parameter_server.protocol import SERVICE_NAME, UPLOADS
+from feedline.errors import NotFoundError, UnavailableError
+
+if TYPE_CHECKING:
+    from feedline.distribute.parameter_server.variables import PSParameter
+
+__all__ = ["Cluster", "ParameterServerUnavailableError", "Runtime", "failed_ps_task"]
+
+#: How long one call to a ps that answered before may take.
+CALL_TIMEOUT_S = 120.0
+
+
+class ParameterServerUnavailableError(UnavailableError):
+    """A parameter server cannot be reached or lost its variables (it restarted).
+
+    Attributes:
+      task_id: the ps task's index.
+      address: its address.
+    """
+
+    def __init__(self, message: str, task_id: int | None = None, address: str | None = None):
+        super().__init__(message)
+        self.task_id = task_id
+        self.address = address
+
+
+def failed_ps_task(error: BaseException | None) -> int | None:
+    """The ps task whose failure caused ``error`` (following its causes), else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ParameterServerUnavailableError):
+            return error.task_id
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The ps tasks' addresses, in task order, and how long to wait for one at first."""
+
+    addresses: tuple[str, ...]
+    connect_timeout: float = 60.0
+
+
+class Runtime:
+    """The ps clients and local variables of one cluster in this process. Thread-safe."""
+
+    _instances: dict[Cluster, Runtime] = {}
+    _instances_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> Runtime:
+        with cls._instances_lock:
+            runtime = cls._instances.get(cluster)
+            if runtime is None:
+                runtime = cls._instances[cluster] = Runtime(cluster)
+            return runtime
+
+    @classmethod
+    def every(cls) -> list[Runtime]:
+        with cls._instances_lock:
+            return list(cls._instances.values())
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._token = _rpc.resolve_token(None)
+        self._clients = [_rpc.RpcClient(a, SERVICE_NAME, self._token) for a in cluster.addresses]
+        self._answered = [False] * len(self._clients)
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=max(1, len(self._clients)), thread_name_prefix="feedline-ps-client"
+        )
+        self._lock = threading.RLock()
+        self.params: dict[str, PSParameter] = {}
+        self._uncreated: dict[str, PSParameter] = {}
+        self._fresh: set[str] = set()
+        self._touched: dict[str, list[torch.Tensor]] = {}
+
+    # -- calls -----------------------------------------------------------------------------
+    def call(
+        self, ps: int, method: str, header: dict[str, Any], buffers: Sequence[Any] = ()
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        """One RPC to ps task ``ps``; its failures are ``ParameterServerUnavailableError``."""
+        first = not self._answered[ps]
+        if first:
+            self._await(ps)
+        client = self._clients[ps]
+        timeout = CALL_TIMEOUT_S
+        send = client.upload if method in UPLOADS else client.call
+        try:
+            reply = send(method, header, buffers, timeout=timeout)
+        except UnavailableError as error:
+            # A fresh channel, which waits for the task again: a ps restarted with the cluster
+            # is reached at once, free of gRPC's reconnect backoff.
+            self._clients[ps] = _rpc.RpcClient(client.address, SERVICE_NAME, self._token)
+            self._answered[ps] = False
+            client.close()
+            raise self._unavailable(ps, f" ({error})") from error
+        except NotFoundError as error:
+            raise ParameterServerUnavailableError(
+                f"parameter server /job:ps/task:{ps} at {client.address} lost its variables: "
+                f"{error}",
+                ps,
+                client.address,
+            ) from error
+        self._answered[ps] = True
+        return reply
+
+    def _unavailable(self, ps: int, why: str) -> ParameterServerUnavailableError:
+        address = self.cluster.addresses[ps]
+        return ParameterServerUnavailableError(
+            f"parameter server /job:ps/task:{ps} at {address} is unavailable{why}; a ps failure "
+            "is not recoverable: restart the cluster and restore the last checkpoint",
+            ps,
+            address,
+        )
+
+    def _await(self, ps: int) -> None:
+        """Waits up to ``connect_timeout`` for ps task ``ps`` to answer a first time, trying
+        every 0.1 s on a fresh channel (free of gRPC's reconnect backoff)."""
+        deadline = time.monotonic() + self.cluster.connect_timeout
+        while True:
+            client = self._clients[ps]
+            try:
+                client.call("Ping", {}, timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                return
+            except UnavailableError as error:
+                if time.monotonic() >= deadline:
+                    raise self._unavailable(
+                        ps, f" within {self.cluster.connect_timeout:g} s ({error})"
+                    ) from error
+            self._clients[ps] = _rpc.RpcClient(client.address, SERVICE_NAME, self._token)
+            client.close()
+            time.sleep(0.1)
+
+    def fanout(
+        self, requests: dict[int, tuple[str, dict[str, Any], list[Any]]]
+    ) -> dict[int, tuple[dict[str, Any], list[memoryview]]]:
+        """Sends one request per ps task, in parallel; their replies by task."""
+        if len(requests) <= 1:
+            return {ps: self.call(ps, *request) for ps, request in requests.items()}
+        pending = {ps: self._pool.submit(self.call, ps, *req) for ps, req in requests.items()}
+        return {ps: future.result() for ps, future in pending.items()}
+
+    def ping(self, ps: int, timeout: float) -> None:
+        """Raises ``UnavailableError`` unless ps task ``ps`` answers within ``timeout``."""
+        self._clients[ps].call("Ping", {}, timeout=timeout)
+
+    # -- local variables ---------------------------------------------------------------------
+    def register(self, param: PSParameter, created: bool) -> None:
+        with self._lock:
+            self.params[param.spec.name] = param
+            if not created:
+                self._uncreated[param.spec.name] = param
+
+    def begin_step(self, clear_grads: bool) -> None:
+        """A new step: every local value is stale; touched rows and (optionally) gradients are
+        forgotten."""
+        with self._lock:
+            self._fresh.clear()
+            self._touched.clear()
+            params = list(self.params.values()) if clear_grads else []
+        for param in params:
+            param.grad = None
+
+    def mark_stale(self, params: Iterable[PSParameter]) -> None:
+        with self._lock:
+            for param in params:
+                self._fresh.discard(param.spec.name)
+                self._touched.pop(param.spec.name, None)
+
+    def touched_rows(self, param: PSParameter) -> torch.Tensor | None:
+        with self._lock:
+            parts = self._touched.get(param.spec.name)
+        return torch.unique(torch.cat(parts)) if parts else None
+
+    def ensure_created(self) -> None:
+        """Creates on the ps every variable of this process not known to be there (with its
+        local value; a variable that exists keeps its value)."""
+        with self._lock:
+            pending = dict(self._uncreated)
+        if not pending:
+            return
+        self._create(list(pending.values()), overwrite=False)
+        with self._lock:
+            for name in pending:
+                self._uncreated.pop(name, None)
+
+    def assign(self, params: Sequence[PSParameter]) -> None:
+        """Writes the local values of ``params`` to the ps (a restored checkpoint)."""
+        self._create(params, overwrite=True)
+        with self._lock:
+            for param in params:
+                self._uncreated.pop(param.spec.name, None)
+                self._fresh.add(param.spec.name)
+
+    def _create(self, params: Sequence[PSParameter], overwrite: bool) -> None:
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        for param in params:
+            for ps, name, part in param.spec.parts(param.detach()):
+                meta, array = _tensors.pack(part)
+                _, header, buffers = requests.setdefault(ps, ("Create", {"variables": []}, []))
+                header["variables"].append({"name": name, "value": meta, "overwrite": overwrite})
+                buffers.append(array)
+        self.fanout(requests)
+
+    # -- pulls and pushes --------------------------------------------------------------------
+    def pull_stale(self) -> None:
+        """Pulls every dense variable of this process not pulled since it became stale."""
+        with self._lock:
+            stale = [p for n, p in self.params.items() if n not in self._fresh and not p.spec.rows]
+        if stale:
+            self.pull(stale)
+
+    def pull(self, params: Sequence[PSParameter]) -> None:
+        """Pulls the whole of each of ``params`` into its local copy."""
+        self.ensure_created()
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        targets: dict[int, list[tuple[PSParameter, slice | None]]] = {}
+        for param in params:
+            for ps, name, where in param.spec.shard_slices():
+                requests.setdefault(ps, ("Pull", {"variables": []}, []))[1]["variables"].append(
+                    {"name": name, "rows": False}
+                )
+                targets.setdefault(ps, []).append((param, where))
+        self._write(self.fanout(requests), targets)
+        with self._lock:
+            self._fresh.update(p.spec.name for p in params)
+
+    def pull_rows(self, param: PSParameter, ids: torch.Tensor) -> None:
+        """Pulls rows ``ids`` (unique, int64) of ``param`` into its local copy, and remembers
+        them as touched (their gradient is what a push sends)."""
+        self.ensure_created()
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        targets: dict[int, list[tuple[PSParameter, torch.Tensor]]] = {}
+        for ps, name, first, count in param.spec.shards():
+            mask = (ids >= first) & (ids < first + count)
+            if not bool(mask.any()):
+                continue
+            rows = ids[mask]
+            _, header, buffers = requests.setdefault(ps, ("Pull", {"variables": []}, []))
+            header["variables"].append({"name": name, "rows": True})
+            buffers.append((rows - first).numpy())
+            targets.setdefault(ps, []).append((param, rows))
+        self._write(self.fanout(requests), targets)
+        with self._lock:
+            self._touched.setdefault(param.spec.name, []).append(ids)
+
+    @staticmethod
+    def _write(replies: dict[int, Any], targets: dict[int, list[tuple[Any, Any]]]) -> None:
+        with torch.no_grad():
+            for ps, (header, buffers) in replies.items():
+                for (param, where), meta, buffer in zip(
+                    targets[ps], header["values"], buffers, strict=True
+                ):
+                    value = _tensors.unpack(meta, buffer)
+                    if where is None:
+                        param.data.copy_(value)
+                    elif isinstance(where, slice):
+                        param.data[where].copy_(value)
+                    else:
+                        device = param.device
+                        param.data.index_copy_(0, where.to(device), value.to(device, param.dtype))
+
+    def push(self, items: Sequence[tuple[PSParameter, torch.Tensor, str, dict[str, Any]]]) -> None:
+        """Sends each ``(param, grad, optimizer name, hyperparameters)``: the touched rows of
+        a row-wise variable (or of a sparse gradient), else the whole gradient."""
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+
+        def add(ps: int, entry: dict[str, Any], arrays: list[Any]) -> None:
+            _, header, buffers = requests.setdefault(ps, ("Push", {"variables": []}, []))
+            header["variables"].append(entry)
+            buffers.extend(arrays)
+
+        for param, grad, kind, hyper in items:
+            rows, values = _rows_of(self, param, grad)
+            for ps, name, first, count in param.spec.shards():
+                entry = {"name": name, "optimizer": kind, "hyper": hyper, "rows": rows is not None}
+                if rows is None:
+                    part = grad if param.spec.single else grad[first : first + count]
+                    meta, array = _tensors.pack(part)
+                    add(ps, {**entry, "grad": meta}, [array])
+                    continue
+                mask = (rows >= first) & (rows < first + count)
+                if not bool(mask.any()):
+                    continue
+                meta, array = _tensors.pack(values[mask])
+                add(ps, {**entry, "grad": meta}, [(rows[mask] - first).numpy(), array])
+        self.fanout(requests)
+        self.mark_stale([item[0] for item in items])
+
+    def get_state(self, params: Sequence[PSParameter]) -> list[list[dict[str, Any]]]:
+        """Each variable's shards as the ps holds them: value, optimizer, hyper and state."""
+        from feedline.distribute.parameter_server.storage import unpack_state
+
+        self.ensure_created()
+        order: dict[int, list[tuple[int, int]]] = {}
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        for i, param in enumerate(params):
+            for k, (ps, name, _, _) in enumerate(param.spec.shards()):
+                requests.setdefault(ps, ("GetState", {"names": []}, []))[1]["names"].append(name)
+                order.setdefault(ps, []).append((i, k))
+        result: list[list[dict[str, Any]]] = [
+            [{} for _ in range(len(p.spec.shard_list))] for p in params
+        ]
+        for ps, (header, buffers) in self.fanout(requests).items():
+            parts = iter(buffers)
+            for (i, k), item in zip(order[ps], header["variables"], strict=True):
+                value = _tensors.unpack(item["value"], next(parts))
+                state = unpack_state(item["state"], parts)
+                result[i][k] = {**item, "value": value, "state": state}
+        return result
+
+    def set_state(self, entries: Sequence[tuple[PSParameter, list[dict[str, Any]]]]) -> None:
+        """Writes shards (``value``, ``optimizer``, ``hyper``, ``state``) of each variable."""
+        from feedline.distribute.parameter_server.storage import pack_state
+
+        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        for param, shards in entries:
+            for (ps, name, _, _), shard in zip(param.spec.shards(), shards, strict=True):
+                meta, array = _tensors.pack(shard["value"])
+                state_meta, state_buffers = pack_state(shard["state"])
+                _, header, buffers = requests.setdefault(ps, ("SetState", {"variables": []}, []))
+                header["variables"].append({"name": name, "value": meta, "state": state_meta,
+                    "optimizer": shard["optimizer"], "hyper": shard["hyper"]})  # fmt: skip
+                buffers.extend([array, *state_buffers])
+        self.fanout(requests)
+
+
+def _rows_of(
+    runtime: Runtime, param: PSParameter, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The rows of ``grad`` to push and their values, or (None, None) for the whole."""
+    if grad.is_sparse:
+        grad = grad.coalesce()
+        return grad.indices()[0].to("cpu", torch.int64), grad.values().cpu()
+    if param.spec.rows:
+        rows = runtime.touched_rows(param)
+        if rows is not None:
+            return rows, grad.index_select(0, rows.to(grad.device)).cpu()
+    return None, None

@@ -1,0 +1,128 @@
+"""Optimizer updates applied on a parameter server.
+
+A worker pushes a gradient with the name of its optimizer (``SGD``, ``Adam``, ``AdamW``,
+``Adagrad``) and the hyperparameters of the parameter's group; the ps keeps one torch optimizer
+per variable (per shard of a partitioned one) and steps it, so training through the ps computes
+what the same optimizer computes locally. These optimizers work element by element, so stepping
+each shard on its own is stepping the whole. A gradient of some rows (an embedding) is applied
+to those rows alone where the rule allows it: SGD without momentum or weight decay, and Adagrad
+without weight decay (TensorFlow's sparse updates); otherwise it is made dense first, which is
+what the local optimizer computes for a dense gradient that is zero outside those rows.
+
+    >>> import torch
+    >>> variable = torch.nn.Parameter(torch.zeros(3, 2))
+    >>> update = Update("SGD", {"lr": 0.5}, variable)
+    >>> update.apply(torch.ones(3, 2), None)
+    >>> variable[0].tolist()
+    [-0.5, -0.5]
+    >>> update.apply(torch.ones(1, 2), torch.tensor([2]))
+    >>> variable[:, 0].tolist()
+    [-0.5, -0.5, -1.0]
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from feedline.errors import InvalidArgumentError
+
+__all__ = ["SUPPORTED", "Update", "hyperparameters"]
+
+#: The optimizers whose state and updates a parameter server holds, by class name.
+SUPPORTED: dict[str, type[torch.optim.Optimizer]] = {
+    "SGD": torch.optim.SGD,
+    "Adam": torch.optim.Adam,
+    "AdamW": torch.optim.AdamW,
+    "Adagrad": torch.optim.Adagrad,
+}
+# Group settings that say how to compute, not what: the ps picks its own.
+_HOW = ("params", "foreach", "fused", "capturable", "differentiable")
+
+
+def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter group's hyperparameters as JSON-able values (tensors become floats)."""
+    hyper: dict[str, Any] = {}
+    for key, value in group.items():
+        if key in _HOW:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        elif isinstance(value, tuple):
+            value = [v.item() if isinstance(v, torch.Tensor) else v for v in value]
+        hyper[key] = value
+    return hyper
+
+
+def _constructor_args(kind: str, hyper: Any) -> dict[str, Any]:
+    if kind not in SUPPORTED:
+        raise InvalidArgumentError(
+            f"a parameter server applies updates of {sorted(SUPPORTED)}, not of {kind!r}"
+        )
+    if not isinstance(hyper, dict):
+        raise InvalidArgumentError(f"malformed request: hyperparameters {hyper!r}")
+    accepted = inspect.signature(SUPPORTED[kind].__init__).parameters
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items() if k in accepted}
+    args["foreach"] = False
+    return args
+
+
+class Update:
+    """One variable's optimizer on a parameter server: ``kind`` with ``hyper``, over
+    ``variable`` (a ``torch.nn.Parameter`` that the ps owns).
+
+    Not thread-safe: the ps holds the variable's lock around every call.
+    """
+
+    def __init__(self, kind: str, hyper: dict[str, Any], variable: torch.nn.Parameter) -> None:
+        self.kind = kind
+        self._variable = variable
+        args = _constructor_args(kind, hyper)  # checks the kind first
+        self.optimizer = SUPPORTED[kind]([variable], **args)
+
+    def set_hyperparameters(self, hyper: dict[str, Any]) -> None:
+        """Takes the group's current values (a learning-rate schedule changes ``lr``)."""
+        group = self.optimizer.param_groups[0]
+        for key, value in _constructor_args(self.kind, hyper).items():
+            if key in group:
+                group[key] = value
+
+    def _sparse_ok(self) -> bool:
+        group = self.optimizer.param_groups[0]
+        if group.get("weight_decay", 0) or group.get("maximize", False):
+            return False
+        if self.kind == "SGD":
+            return not group.get("momentum", 0)
+        return self.kind == "Adagrad"
+
+    def apply(self, grad: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Applies ``grad``: the whole variable's, or (``rows`` given) the rows ``rows``'."""
+        variable = self._variable
+        if rows is not None:
+            if self._sparse_ok() and self.kind == "SGD":
+                lr = float(self.optimizer.param_groups[0]["lr"])
+                with torch.no_grad():
+                    variable.index_add_(0, rows, grad.to(variable.dtype), alpha=-lr)
+                return
+            if self._sparse_ok():
+                variable.grad = torch.sparse_coo_tensor(
+                    rows[None], grad.to(variable.dtype), variable.shape, check_invariants=True
+                )
+            else:
+                dense = torch.zeros_like(variable)
+                dense.index_add_(0, rows, grad.to(variable.dtype))
+                variable.grad = dense
+        else:
+            variable.grad = grad.to(variable.dtype)
+        with torch.sparse.check_sparse_tensor_invariants():
+            self.optimizer.step()
+        variable.grad = None
+
+    def state(self) -> dict[str, Any]:
+        """The optimizer's state of the variable (tensors and numbers), as torch keeps it."""
+        return dict(self.optimizer.state.get(self._variable, {}))
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.state[self._variable] = dict(state)

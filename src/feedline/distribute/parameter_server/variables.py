@@ -1,0 +1,283 @@
+"""Parameters held on parameter servers: where each goes, and how a step pulls and pushes them.
+
+Under ``ParameterServerStrategy.scope()``, every parameter a module registers becomes a
+``PSParameter``: a ``torch.nn.Parameter`` whose values live on the ps tasks and whose local
+tensor is a copy of them. Placement is TensorFlow's: variables go to the ps tasks round-robin in
+creation order; with a ``variable_partitioner``, a parameter is split by rows into shards
+(``partitioners.shard_rows``: the first shards get one more row), each shard taking the next ps.
+
+==========================  =====================================================================
+creation                    the variable exists on the ps from its first use: its local initial
+                            value is sent then, unless it exists already (between-graph workers
+                            make the same variables; the first one's values win)
+forward of a module         pulls the values not pulled since they went stale: every dense
+                            variable of the process at once (one call per ps), and for
+                            ``nn.Embedding``/``nn.EmbeddingBag`` only the rows that the input
+                            ids touch; under ``torch.no_grad()`` the module's own, always
+``optimizer.step()``        pushes the gradients (touched rows only for an embedding or a sparse
+                            gradient); the ps applies the optimizer
+stale                       at the start of each scheduled function and of ``strategy.run``,
+                            at ``optimizer.zero_grad()``, and once pushed
+pickled                     as the variable's name and place (``VariableSpec``), never its value
+``state_dict()``            pulls the module's variables whole first; ``load_state_dict`` writes
+                            them to the ps
+==========================  =====================================================================
+
+A module with parameters made outside the scope, called inside a step (a scheduled function or
+``strategy.run``), is an error: its values would train on the worker alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from feedline.distribute import context
+from feedline.distribute.experimental.partitioners import shard_rows
+from feedline.distribute.parameter_server._tensors import dtype_name, parse_dtype
+from feedline.distribute.parameter_server.runtime import Cluster, Runtime
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
+
+__all__ = ["PSParameter", "Placer", "VariableSpec", "install_hooks", "step"]
+
+_ROW_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """A ps-held variable: its name, shape, dtype, shards ``(ps, first row, rows)``, whether
+    it is read and written by rows (an embedding table), and its cluster."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    shard_list: tuple[tuple[int, int, int], ...]
+    rows: bool
+    cluster: Cluster
+
+    @property
+    def single(self) -> bool:
+        return len(self.shard_list) == 1
+
+    def shard_name(self, k: int) -> str:
+        return self.name if self.single else f"{self.name}/part_{k}"
+
+    def shards(self) -> Iterator[tuple[int, str, int, int]]:
+        """``(ps, name on the ps, first row, rows)`` of each shard."""
+        for k, (ps, first, count) in enumerate(self.shard_list):
+            yield ps, self.shard_name(k), first, count
+
+    def shard_slices(self) -> Iterator[tuple[int, str, slice | None]]:
+        for ps, name, first, count in self.shards():
+            yield ps, name, None if self.single else slice(first, first + count)
+
+    def parts(self, value: torch.Tensor) -> Iterator[tuple[int, str, torch.Tensor]]:
+        for ps, name, where in self.shard_slices():
+            yield ps, name, value if where is None else value[where]
+
+
+class PSParameter(torch.nn.Parameter):
+    """A parameter whose values live on parameter servers (see the module docstring).
+
+    Pickles as its ``VariableSpec``: unpickled in another process of the cluster, it is that
+    process's local copy of the same variable.
+    """
+
+    spec: VariableSpec
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuild, (self.spec, self.requires_grad)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PSParameter:
+        copy = _make(self.data.clone(), self.requires_grad, self.spec)
+        memo[id(self)] = copy
+        return copy
+
+    @property
+    def runtime(self) -> Runtime:
+        return Runtime.of(self.spec.cluster)
+
+
+def _make(data: torch.Tensor, requires_grad: bool, spec: VariableSpec) -> PSParameter:
+    param = PSParameter(data, requires_grad)
+    param.spec = spec
+    return param
+
+
+def _rebuild(spec: VariableSpec, requires_grad: bool) -> PSParameter:
+    """The local copy of ``spec`` in this process: the one it has, else a new one (its values
+    come from the ps at first use)."""
+    install_hooks()
+    runtime = Runtime.of(spec.cluster)
+    existing = runtime.params.get(spec.name)
+    if existing is not None and existing.spec == spec:
+        return existing
+    param = _make(torch.empty(spec.shape, dtype=parse_dtype(spec.dtype)), requires_grad, spec)
+    runtime.register(param, created=True)
+    return param
+
+
+class Placer:
+    """Places the variables one strategy creates: round-robin over the ps tasks, split by
+    ``partitioner`` where it says so."""
+
+    def __init__(self, cluster: Cluster, partitioner: Callable[..., Any] | None) -> None:
+        self.cluster = cluster
+        self._partitioner = partitioner
+        self._created = 0
+        self._next_ps = 0
+        self._lock = threading.Lock()
+
+    @property
+    def runtime(self) -> Runtime:
+        return Runtime.of(self.cluster)
+
+    def place(self, module: torch.nn.Module, name: str, param: torch.Tensor) -> PSParameter:
+        shape = tuple(param.shape)
+        counts = [shape[0]] if shape else [1]
+        if self._partitioner is not None and shape and shape[0] > 1:
+            counts = shard_rows(shape[0], self._num_shards(shape, param.dtype))
+        with self._lock:
+            shards = []
+            first = 0
+            for count in counts:
+                shards.append((self._next_ps, first, count))
+                self._next_ps = (self._next_ps + 1) % len(self.cluster.addresses)
+                first += count
+            spec = VariableSpec(
+                name=f"{self._created}/{type(module).__name__}.{name}",
+                shape=shape,
+                dtype=dtype_name(param.dtype),
+                shard_list=tuple(shards),
+                rows=isinstance(module, _ROW_MODULES) and name == "weight",
+                cluster=self.cluster,
+            )
+            self._created += 1
+        ps_param = _make(param.data, param.requires_grad, spec)
+        self.runtime.register(ps_param, created=False)
+        return ps_param
+
+    def _num_shards(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        parts = list(self._partitioner(torch.Size(shape), dtype))  # type: ignore[misc]
+        if not parts or any(int(p) != 1 for p in parts[1:]) or int(parts[0]) < 1:
+            raise InvalidArgumentError(
+                f"variable_partitioner returned {parts} for shape {list(shape)}: feedline splits "
+                "along axis 0 only, so it must return [n, 1, ...] with n >= 1"
+            )
+        return min(int(parts[0]), shape[0])
+
+
+# -- hooks ---------------------------------------------------------------------------------------
+_install_lock = threading.Lock()
+_installed = False
+_local = threading.local()
+
+
+def install_hooks() -> None:
+    """Registers the global hooks (once per process): parameter registration under a
+    ``ParameterServerStrategy`` scope, pulls before forward, optimizers over ps variables."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        from feedline.distribute.parameter_server import optimizer
+
+        torch.nn.modules.module.register_module_parameter_registration_hook(_on_parameter)
+        torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
+        optimizer.install()
+        _installed = True
+
+
+def _placer() -> Placer | None:
+    if not context.has_strategy():
+        return None
+    return getattr(context.get_strategy(), "_ps_placer", None)
+
+
+def _on_parameter(module: torch.nn.Module, name: str, param: Any) -> PSParameter | None:
+    if param is None or isinstance(param, PSParameter):
+        return None
+    placer = _placer()
+    if placer is None:
+        return None
+    if not getattr(module, "_feedline_ps_hooks", False):
+        module.register_state_dict_pre_hook(_before_state_dict)
+        module.register_load_state_dict_post_hook(_after_load_state_dict)
+        module._feedline_ps_hooks = True  # type: ignore[assignment]
+    return placer.place(module, name, param)
+
+
+def _in_step() -> bool:
+    return getattr(_local, "steps", 0) > 0
+
+
+@contextlib.contextmanager
+def step(clear_grads: bool = True) -> Iterator[None]:
+    """One step (a scheduled function, ``strategy.run``): local values start stale, and a
+    module with parameters made outside the scope may not be called."""
+    for runtime in Runtime.every():
+        runtime.begin_step(clear_grads)
+    _local.steps = getattr(_local, "steps", 0) + 1
+    try:
+        yield
+    finally:
+        _local.steps -= 1
+
+
+def _before_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    own = [p for p in module._parameters.values() if p is not None]
+    if not own:
+        return
+    ps = [p for p in own if isinstance(p, PSParameter)]
+    if len(ps) != len(own) and _in_step():
+        names = [
+            n
+            for n, p in module._parameters.items()
+            if p is not None and p.requires_grad and not isinstance(p, PSParameter)
+        ]
+    else:
+        names = []
+    if names:
+        raise FailedPreconditionError(
+            f"{type(module).__name__} has parameters {names} made outside the scope of the "
+            "ParameterServerStrategy, used in a step: they would train on this worker alone. "
+            "Create the model (and its optimizer) inside `with strategy.scope():`"
+        )
+    if not ps:
+        return
+    runtime = ps[0].runtime
+    weight = module._parameters.get("weight")
+    if isinstance(weight, PSParameter) and weight.spec.rows:
+        if args and isinstance(args[0], torch.Tensor):
+            ids = torch.unique(args[0].detach().reshape(-1).to("cpu", torch.int64))
+            runtime.pull_rows(weight, ids[ids >= 0])
+        else:
+            runtime.pull([weight])
+        ps = [p for p in ps if p is not weight]
+        if not ps:
+            return
+    if torch.is_grad_enabled():
+        runtime.pull_stale()
+    else:
+        runtime.pull(ps)
+
+
+def _own_ps(module: torch.nn.Module) -> list[PSParameter]:
+    return [p for p in module._parameters.values() if isinstance(p, PSParameter)]
+
+
+def _before_state_dict(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+    params = _own_ps(module)
+    if params:
+        params[0].runtime.pull(params)
+
+
+def _after_load_state_dict(module: torch.nn.Module, incompatible_keys: Any) -> None:
+    params = _own_ps(module)
+    if params:
+        params[0].runtime.assign(params)

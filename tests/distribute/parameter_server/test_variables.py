@@ -1,0 +1,137 @@
+"""Variables on parameter servers: placement, pulls and pushes of touched rows, pickling,
+checkpoints (in-process ps servers, real gRPC on loopback)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from feedline.distribute.experimental import partitioners
+from feedline.distribute.parameter_server import PSParameter
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.train import Checkpoint, latest_checkpoint
+from tests.distribute.parameter_server._cluster import chief_strategy
+
+
+def test_round_robin_placement_in_creation_order(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    table = {name: p.spec.shard_list for name, p in model.named_parameters()}
+    # TF's rule: one ps after the other, in creation order.
+    assert table == {
+        "0.weight": ((0, 0, 3),),
+        "0.bias": ((1, 0, 3),),
+        "1.weight": ((0, 0, 1),),
+        "1.bias": ((1, 0, 1),),
+    }
+    assert all(isinstance(p, PSParameter) for p in model.parameters())
+
+
+def test_partitioned_rows_first_shards_get_one_more(ps_spec) -> None:
+    strategy = chief_strategy(
+        ps_spec, variable_partitioner=partitioners.FixedShardsPartitioner(num_shards=5)
+    )
+    with strategy.scope():
+        table = torch.nn.Embedding(13, 2)
+    # 13 rows over 5 shards: 3, 3, 3, 2, 2; shards take the ps tasks round-robin.
+    assert table.weight.spec.shard_list == ((0, 0, 3), (1, 3, 3), (0, 6, 3), (1, 9, 2), (0, 11, 2))
+    expected = table.weight.detach().clone()
+    assert torch.equal(table(torch.arange(13)), expected)  # created, then pulled by rows
+
+
+def test_a_partitioner_must_split_rows_only(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec, variable_partitioner=lambda shape, dtype: [1, 2])
+    with (
+        pytest.raises(InvalidArgumentError, match=r"returned \[1, 2\].*axis 0 only"),
+        strategy.scope(),
+    ):
+        torch.nn.Linear(3, 4)
+
+
+def _spy(strategy, method: str) -> list:
+    """Records the header of every ``method`` call this process sends to the ps tasks."""
+    seen: list = []
+    runtime = strategy._ps_placer.runtime
+    original = runtime.call
+
+    def call(ps, name, header, buffers=()):
+        if name == method:
+            seen.append((ps, header, [memoryview(b).nbytes for b in buffers]))
+        return original(ps, name, header, buffers)
+
+    runtime.call = call
+    return seen
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_only_touched_rows_travel(ps_spec, sparse: bool) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        table = torch.nn.EmbeddingBag(1000, 8, mode="sum", sparse=sparse)
+        optimizer = torch.optim.SGD(table.parameters(), lr=1.0)
+    before = table.weight.detach().clone()
+    pulls, pushes = _spy(strategy, "Pull"), _spy(strategy, "Push")
+
+    def step() -> None:
+        optimizer.zero_grad()
+        table(torch.tensor([[3, 7, 7]])).sum().backward()
+        optimizer.step()
+
+    strategy.run(step)
+    assert [header["variables"][0]["rows"] for _, header, _ in pulls] == [True]
+    assert pulls[0][2] == [2 * 8]  # the ids of rows 3 and 7, no more
+    ((_, header, sizes),) = pushes
+    assert header["variables"][0]["rows"] is True
+    assert sizes == [2 * 8, 2 * 8 * 4]  # 2 row ids, 2 rows of 8 float32 gradients
+    after = table.state_dict()["weight"]
+    changed = (after != before).any(dim=1).nonzero().flatten().tolist()
+    assert changed == [3, 7]
+    assert torch.allclose(after[7], before[7] - 2.0)  # row 7 counted twice in the bag
+
+
+def test_pickled_parameters_are_references(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        model = torch.nn.Embedding(100_000, 16)
+    assert len(pickle.dumps(model)) < 10_000  # the 6.4 MB table is not in it
+    assert pickle.loads(pickle.dumps(model)).weight is model.weight  # this process's copy
+
+
+def test_a_module_made_outside_the_scope_fails_in_a_step(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        inside = torch.nn.Linear(2, 1)
+    outside = torch.nn.Linear(1, 1)
+    with pytest.raises(
+        FailedPreconditionError, match=r"Linear has parameters \['weight', 'bias'\]"
+    ):
+        strategy.run(lambda: outside(inside(torch.ones(2))))
+    outside(inside(torch.ones(2)))  # outside a step, a local module is the user's business
+
+
+def test_checkpoint_saves_what_the_ps_holds_and_restores_it(ps_spec, tmp_path) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.ones(3)).sum().backward()
+        optimizer.step()
+
+    strategy.run(step)
+    checkpoint = Checkpoint(model=model, optimizer=optimizer)
+    path = checkpoint.save(tmp_path / "ckpt")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_step = optimizer.state_dict()["state"][0]["step"].item()
+    for _ in range(3):
+        strategy.run(step)
+    assert not torch.equal(model.state_dict()["bias"], saved["bias"])
+    checkpoint.restore(latest_checkpoint(tmp_path)).assert_consumed()
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert optimizer.state_dict()["state"][0]["step"].item() == saved_step == 1
+    assert path.endswith("ckpt-1")
