@@ -1,0 +1,271 @@
+"""Parameter-server training: steps/s with 1 and 2 workers, and what a step moves.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/parameter_server.py [--quick] [--steps 400] [--rounds 2]
+
+Three parts, in one run:
+
+1. **Scaling.** The demo's model (``feedline demo --parameter-server``: ``EmbeddingBag(200_000,
+   32, mode="mean", sparse=True)`` split over 2 ps by ``MinSizePartitioner(max_shards=2)``, then
+   ``Linear(32, 1)``, Adagrad, batches of 256 synthetic examples of 4 ids each) trained through
+   ``ClusterCoordinator.schedule`` on a local cluster (``LocalCluster``: this benchmark's child
+   is the chief; the workers and the 2 ps are ``feedline server`` processes on 127.0.0.1) with
+   1 and with 2 workers. Each cluster runs in a child process (killed after ``--child-timeout``)
+   that warms up for ``--warmup`` steps, then times ``--steps`` steps with 4 functions per worker
+   in flight; the clusters take turns for ``--rounds`` rounds and each keeps its best. Beside
+   it, the machine's own 2-process scaling (``_common.process_scaling``: two processes of pure
+   Python work against one), measured in the same run.
+2. **What a step moves.** With 2 ps (``feedline server`` processes) and this process as the
+   chief: a dense model of ~10 MB (``Linear(1600, 1600)``, split over the 2 ps) and a 1M x 64
+   ``EmbeddingBag`` (256 MB, split over the 2 ps) whose steps each touch 4,096 distinct rows. A
+   step is ``zero_grad`` (local values go stale), the forward (which pulls), ``backward`` and
+   ``optimizer.step()`` (SGD; the push, answered once the ps applied it). Pull latency is the
+   forward's time, push latency the ``step``'s; bytes are counted at the RPC layer (every frame
+   this process sends and receives: headers, row ids and values), per step, median of
+   ``--transfer-steps`` steps.
+3. **TensorFlow.** Not measured yet: the peer (``ParameterServerStrategy`` + ``ClusterCoordinator``
+   under ``.venv-tf``) is to be written; the run says so.
+
+Raw numbers go to ``benchmarks/results/parameter_server-*.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import _common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- 1. scaling: one cluster per child process -------------------------------------------------
+def child_steps_per_second(workers: int, warmup: int, steps: int) -> dict[str, Any]:
+    """In a child: the demo's model on a fresh local cluster of ``workers`` workers and 2 ps;
+    steps per second over ``steps`` steps after ``warmup``."""
+    import torch
+
+    import feedline.distribute as fdist
+    from feedline.distribute.cluster_resolver import SimpleClusterResolver
+    from feedline.distribute.experimental.partitioners import MinSizePartitioner
+    from feedline.examples import parameter_server_demo as demo
+
+    torch.set_num_threads(1)
+    with demo.LocalCluster(workers=workers, ps=2) as cluster:
+        strategy = fdist.ParameterServerStrategy(
+            SimpleClusterResolver(cluster.spec, task_type="chief", task_id=0),
+            variable_partitioner=MinSizePartitioner(max_shards=2),
+            connect_timeout=30,
+        )
+        model, optimizer = demo.build_model(strategy, 200_000, 32)
+        coordinator = fdist.coordinator.ClusterCoordinator(
+            strategy, function_timeout=60.0, worker_timeout=60.0
+        )
+        iterator = iter(coordinator.create_per_worker_dataset(demo.dataset_fn(200_000, 256)))
+        step = demo.make_train_step(model, optimizer)
+
+        def run(count: int) -> tuple[float, list[float]]:
+            in_flight: deque[Any] = deque()
+            losses = []
+            start = time.perf_counter()
+            for _ in range(count):
+                if len(in_flight) >= 4 * workers:
+                    losses.append(in_flight.popleft().fetch(timeout=120))
+                in_flight.append(coordinator.schedule(step, args=(iterator,)))
+            while in_flight:
+                losses.append(in_flight.popleft().fetch(timeout=120))
+            coordinator.join(timeout=120)
+            return count / (time.perf_counter() - start), losses
+
+        run(warmup)
+        rate, losses = run(steps)
+        coordinator._stop()  # no public close yet; the cluster goes next
+    return {"workers": workers, "steps_per_s": rate, "last_loss": statistics.fmean(losses[-20:])}
+
+
+def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs ``child_steps_per_second`` in a fresh interpreter, with a timeout."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--child-workers", str(workers), "--warmup",
+         str(args.warmup), "--steps", str(args.steps)],
+        capture_output=True, text=True, timeout=args.child_timeout, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the {workers}-worker child failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")  # fmt: skip
+    return json.loads(lines[-1])
+
+
+# -- 2. what a step moves ---------------------------------------------------------------------
+class _WireCounter:
+    """Counts the bytes of every RPC frame this process sends and receives."""
+
+    def __init__(self) -> None:
+        from feedline._net import rpc
+
+        self.sent = 0
+        self.received = 0
+        self._rpc = rpc
+        self._encode, self._decode = rpc.encode_frame, rpc.decode_frame
+
+        def encode(*a: Any, **k: Any) -> Any:
+            frame = self._encode(*a, **k)
+            self.sent += len(frame)
+            return frame
+
+        def decode(frame: Any, *a: Any, **k: Any) -> Any:
+            self.received += len(frame)
+            return self._decode(frame, *a, **k)
+
+        rpc.encode_frame, rpc.decode_frame = encode, decode
+
+    def take(self) -> tuple[int, int]:
+        sent, received, self.sent, self.received = self.sent, self.received, 0, 0
+        return sent, received
+
+
+def transfers(steps: int) -> dict[str, Any]:
+    """Pull/push latency and bytes per step for the dense and the embedding model."""
+    import torch
+
+    import feedline.distribute as fdist
+    from feedline.distribute.cluster_resolver import SimpleClusterResolver
+    from feedline.distribute.experimental.partitioners import FixedShardsPartitioner
+    from feedline.examples import parameter_server_demo as demo
+
+    torch.set_num_threads(1)
+    counter = _WireCounter()
+    results: dict[str, Any] = {}
+    with demo.LocalCluster(workers=1, ps=2) as cluster:
+        strategy = fdist.ParameterServerStrategy(
+            SimpleClusterResolver(cluster.spec, task_type="chief", task_id=0),
+            variable_partitioner=FixedShardsPartitioner(2),
+            connect_timeout=30,
+        )
+        torch.manual_seed(0)
+        generator = torch.Generator().manual_seed(1)
+        with strategy.scope():
+            dense = torch.nn.Linear(1600, 1600)
+            table = torch.nn.EmbeddingBag(1_000_000, 64, mode="sum", sparse=True)
+            dense_opt = torch.optim.SGD(dense.parameters(), lr=0.01)
+            table_opt = torch.optim.SGD(table.parameters(), lr=0.01)
+
+        def dense_input() -> tuple[torch.Tensor, ...]:
+            return (torch.randn(32, 1600, generator=generator),)
+
+        def table_input() -> tuple[torch.Tensor, ...]:
+            ids = torch.randperm(1_000_000, generator=generator)[:4096]
+            return (ids.view(1024, 4),)
+
+        cases = [
+            ("dense Linear(1600, 1600)", dense, dense_opt, dense_input),
+            ("EmbeddingBag(1M, 64), 4,096 rows a step", table, table_opt, table_input),
+        ]
+        for name, model, optimizer, make_input in cases:
+            size = sum(p.numel() * p.element_size() for p in model.parameters())
+            rows: dict[str, list[float]] = {k: [] for k in ("pull_ms", "push_ms")}
+            keys = ("pull_sent", "pull_received", "push_sent", "push_received")
+            wire: dict[str, list[int]] = {k: [] for k in keys}
+            for i in range(steps + 2):  # the first two: creation and warm-up
+                inputs = make_input()
+                optimizer.zero_grad()
+                counter.take()
+                start = time.perf_counter()
+                out = model(*inputs)
+                pulled = time.perf_counter()
+                pull = counter.take()
+                out.square().mean().backward()
+                counter.take()
+                pushing = time.perf_counter()
+                optimizer.step()
+                pushed = time.perf_counter()
+                push = counter.take()
+                if i < 2:
+                    continue
+                rows["pull_ms"].append((pulled - start) * 1e3)
+                rows["push_ms"].append((pushed - pushing) * 1e3)
+                for key, value in zip(wire, (*pull, *push), strict=True):
+                    wire[key].append(value)
+            results[name] = {
+                "model_bytes": size,
+                **{k: statistics.median(v) for k, v in rows.items()},
+                **{k: statistics.median(v) for k, v in wire.items()},
+            }
+    return results
+
+
+# -- the run -----------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    parser.add_argument("--steps", type=int, default=400, help="timed steps per cluster")
+    parser.add_argument("--warmup", type=int, default=60, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of the 1- and 2-worker runs")
+    parser.add_argument("--transfer-steps", type=int, default=20)
+    parser.add_argument("--child-timeout", type=float, default=300.0)
+    parser.add_argument("--child-workers", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_workers is not None:
+        print(json.dumps(child_steps_per_second(args.child_workers, args.warmup, args.steps)))
+        return 0
+    if args.quick:
+        args.steps, args.warmup, args.rounds, args.transfer_steps = 100, 20, 1, 5
+
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for round_ in range(args.rounds):
+        for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
+            runs[workers].append(steps_per_second(workers, args))
+            print(f"round {round_ + 1}: {workers} worker(s): "
+                  f"{runs[workers][-1]['steps_per_s']:.1f} steps/s", flush=True)  # fmt: skip
+    best = {w: max(r["steps_per_s"] for r in rs) for w, rs in runs.items()}
+    busy = _common.calibrate_busy()
+    machine = _common.process_scaling(busy, seconds=1.0, repetitions=3)
+    moved = transfers(args.transfer_steps)
+
+    cpus = os.cpu_count()
+    print(f"\n{cpus} CPUs; cluster: this process the chief, workers and 2 ps as `feedline "
+          "server` processes on 127.0.0.1\n")  # fmt: skip
+    print("| workers (2 ps) | steps/s (best of rounds) | rounds |")
+    print("|---:|---:|---|")
+    for workers in (1, 2):
+        rates = ", ".join(f"{r['steps_per_s']:.1f}" for r in runs[workers])
+        print(f"| {workers} | {best[workers]:.1f} | {rates} |")
+    print(f"| **2 / 1** | **{best[2] / best[1]:.2f}x** | machine's own 2-process scaling: "
+          f"{machine:.2f}x ({cpus} cores) |")  # fmt: skip
+    print("\n| model | size | pull ms | push ms | pull: sent / received | "
+          "push: sent / received |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in moved.items():
+        print(
+            f"| {name} | {_mb(r['model_bytes'])} | {r['pull_ms']:.2f} | {r['push_ms']:.2f} | "
+            f"{_mb(r['pull_sent'])} / {_mb(r['pull_received'])} | "
+            f"{_mb(r['push_sent'])} / {_mb(r['push_received'])} |"
+        )
+    print(f"\n4,096 rows x 64 x 4 bytes = {_mb(4096 * 64 * 4)} (+ 4,096 x 8 bytes of row ids = "
+          f"{_mb(4096 * 8)})")  # fmt: skip
+    print("TensorFlow peer: not measured (no `.venv-tf` peer for ParameterServerStrategy yet)")
+    _common.write_results(
+        "parameter_server",
+        {"steps": args.steps, "warmup": args.warmup, "runs": runs, "best": best,
+         "ratio": best[2] / best[1], "machine_2_process_scaling": machine,
+         "transfers": moved},
+    )  # fmt: skip
+    return 0
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,366 @@
+"""Parameter-server training on a local cluster: ``feedline demo --parameter-server``.
+
+It starts a cluster on 127.0.0.1 with free ports: this process is the chief, and 2 ``worker``
+and 2 ``ps`` tasks are ``feedline server`` processes, each given its ``TF_CONFIG``. The chief
+makes a model with a large embedding, split by rows over the two ps tasks
+(``MinSizePartitioner(max_shards=2)``), and Adagrad under ``ParameterServerStrategy.scope()``;
+its ``ClusterCoordinator`` schedules ``--steps`` training steps on whichever worker is free.
+Each worker reads its own synthetic data (made in code, a different seed per worker), pulls the
+embedding rows its batch touches, and pushes their gradients; the ps tasks apply Adagrad. Every
+``--print-every`` steps the chief prints the steps done, steps per second and the mean loss of
+those steps::
+
+    $ feedline demo --parameter-server
+    cluster: chief (this process), 2 workers, 2 ps on 127.0.0.1 ...
+    0.weight: 200000 x 32 float32, shards ['ps:0 rows 0-99999', 'ps:1 rows 100000-199999']
+    step 100/1000: 18.5 steps/s (with start-up), loss 0.1970
+    step 200/1000: 82.7 steps/s, loss 0.1517
+    ...
+    step 1000/1000: 73.8 steps/s, loss 0.0490
+    done: 1000 steps in 17.2 s (58.2 steps/s)
+
+Every child has a timeout on each wait, is stopped when the demo ends (normally, on an error or
+on Ctrl-C: SIGTERM, then SIGKILL) and, on Linux, also when this process dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+import feedline.data as fd
+import feedline.distribute as fdist
+from feedline.distribute.cluster_resolver import ClusterSpec, SimpleClusterResolver
+from feedline.distribute.experimental.partitioners import MinSizePartitioner
+
+__all__ = [
+    "LocalCluster",
+    "build_model",
+    "dataset_fn",
+    "free_ports",
+    "main",
+    "make_train_step",
+]
+
+#: Seconds a ``feedline server`` child may take to print that it serves.
+START_TIMEOUT_S = 60.0
+#: Seconds a child may take to exit after SIGTERM before it is killed.
+STOP_TIMEOUT_S = 10.0
+BAG = 4  # ids per example
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that the kernel says are free now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """On Linux, a ``preexec_fn`` after which the child gets SIGTERM when this process dies
+    (even by SIGKILL); None elsewhere. ``prctl`` is looked up here, in the parent, so that the
+    child runs no import between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Child:
+    """One ``feedline server`` process and the last lines of its output."""
+
+    def __init__(self, name: str, cluster: dict[str, list[str]], job: str, index: int) -> None:
+        self.name = name
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "feedline.cli", "server"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches the chief only; it stops the children
+            preexec_fn=_parent_death_signal(),
+        )
+        self.lines: collections.deque[str] = collections.deque(maxlen=40)
+        self.serving = threading.Event()
+        self._reader = threading.Thread(
+            target=self._read, name=f"feedline-demo-{name}-output", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+            if line.startswith("feedline server "):
+                self.serving.set()
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def terminate(self) -> None:
+        """Sends SIGTERM (a server stops cleanly) unless the process has exited."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.terminate()
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``; the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+        self._reader.join(STOP_TIMEOUT_S)
+        return self.process.returncode
+
+
+class LocalCluster:
+    """A cluster on 127.0.0.1: this process is the chief; ``workers`` worker and ``ps`` ps
+    tasks run ``feedline server`` in child processes. A context manager that stops them all.
+
+    Args:
+      workers: number of worker tasks.
+      ps: number of ps tasks.
+      start_timeout: seconds each child may take to serve.
+
+    Raises:
+      RuntimeError: a child exited or did not serve within ``start_timeout`` (with its output).
+    """
+
+    def __init__(self, workers: int = 2, ps: int = 2, start_timeout: float = START_TIMEOUT_S):
+        ports = iter(free_ports(1 + workers + ps))
+        self.cluster: dict[str, list[str]] = {
+            "chief": [f"127.0.0.1:{next(ports)}"],
+            "worker": [f"127.0.0.1:{next(ports)}" for _ in range(workers)],
+            "ps": [f"127.0.0.1:{next(ports)}" for _ in range(ps)],
+        }
+        self._start_timeout = start_timeout
+        self.children: list[_Child] = []
+
+    @property
+    def spec(self) -> ClusterSpec:
+        return ClusterSpec(self.cluster)
+
+    def start(self) -> LocalCluster:
+        """Starts every child and waits until each serves."""
+        try:
+            for job in ("ps", "worker"):
+                for index in range(len(self.cluster[job])):
+                    self.children.append(_Child(f"{job}:{index}", self.cluster, job, index))
+            deadline = time.monotonic() + self._start_timeout
+            for child in self.children:
+                while not child.serving.wait(0.1):
+                    if child.process.poll() is not None or time.monotonic() > deadline:
+                        how = (
+                            f"exited with code {child.process.returncode}"
+                            if child.process.poll() is not None
+                            else f"did not serve within {self._start_timeout:g} s"
+                        )
+                        raise RuntimeError(
+                            f"feedline server {child.name} {how}; its output:\n{child.output()}"
+                        )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> dict[str, int | None]:
+        """Stops every child (the workers, then the ps tasks, each group at once); their exit
+        codes by name. Idempotent."""
+        codes = {}
+        for job in ("worker", "ps"):
+            group = [child for child in self.children if child.name.startswith(job)]
+            for child in group:
+                child.terminate()
+            for child in group:
+                codes[child.name] = child.stop()
+        return codes
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def build_model(
+    strategy: fdist.ParameterServerStrategy, rows: int, dim: int, lr: float = 0.5
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``EmbeddingBag(rows, dim, sparse=True)`` + ``Linear(dim, 1)`` and Adagrad, under the
+    strategy's scope (so their values and Adagrad's state live on the ps)."""
+    torch.manual_seed(0)
+    with strategy.scope():
+        model = torch.nn.Sequential(
+            torch.nn.EmbeddingBag(rows, dim, mode="mean", sparse=True), torch.nn.Linear(dim, 1)
+        )
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
+    return model, optimizer
+
+
+def _synthetic_batch(seed: int, rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of ``BAG`` ids per example (skewed towards small ids, as real ids are) and a
+    label: the mean over the bag of a fixed function of each id, plus a little noise."""
+    rng = np.random.default_rng(seed)
+    ids = (rows * rng.random((batch_size, BAG)) ** 3).astype(np.int64)
+    target = np.sin(ids * 0.37).mean(axis=1) + 0.05 * rng.standard_normal(batch_size)
+    return ids, target.astype(np.float32)
+
+
+def dataset_fn(
+    rows: int, batch_size: int, seed: int = 0
+) -> Callable[[fdist.InputContext], fd.Dataset]:
+    """A ``dataset_fn(input_context)`` for ``create_per_worker_dataset``: endless synthetic
+    batches ``(ids [batch, BAG], labels [batch])``, a different stream on each worker."""
+
+    def make(context: fdist.InputContext) -> fd.Dataset:
+        base = (seed * 1_000_003 + context.input_pipeline_id) * 1_000_000_007
+        return fd.Dataset.range(1 << 62).map(
+            lambda i: _synthetic_batch(int(base + i), rows, batch_size)
+        )
+
+    return make
+
+
+def make_train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> Callable[[Iterator[Any]], float]:
+    """The function the coordinator schedules: one step on the worker's next batch; its loss."""
+
+    def train_step(iterator: Iterator[Any]) -> float:
+        ids, labels = next(iterator)
+        optimizer.zero_grad()
+        prediction = model(torch.as_tensor(ids)).squeeze(1)
+        loss = torch.nn.functional.mse_loss(prediction, torch.as_tensor(labels))
+        loss.backward()
+        optimizer.step()  # pushed to the ps, which apply Adagrad
+        return loss.item()
+
+    return train_step
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="feedline demo --parameter-server",
+        description="Trains a model with a large sharded embedding on a local cluster "
+        "(1 chief, 2 workers, 2 ps) through ClusterCoordinator.schedule.",
+    )
+    parser.add_argument("--parameter-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=1000, help="steps to train (1000)")
+    parser.add_argument("--print-every", type=int, default=100, help="print every N steps")
+    parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
+    parser.add_argument("--rows", type=int, default=200_000, help="embedding rows")
+    parser.add_argument("--dim", type=int, default=32, help="embedding width")
+    parser.add_argument("--workers", type=int, default=2, help="worker tasks (2)")
+    parser.add_argument("--ps", type=int, default=2, help="ps tasks (2)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds the training may take in all"
+    )
+    args = parser.parse_args(argv)
+    for name in ("steps", "print_every", "batch_size", "rows", "dim", "workers", "ps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def train(cluster: LocalCluster, args: argparse.Namespace, say: Callable[[str], None]) -> float:
+    """Trains ``args.steps`` steps on ``cluster``, printing progress; the steps per second."""
+    resolver = SimpleClusterResolver(cluster.spec, task_type="chief", task_id=0)
+    strategy = fdist.ParameterServerStrategy(
+        resolver, variable_partitioner=MinSizePartitioner(max_shards=2), connect_timeout=30
+    )
+    model, optimizer = build_model(strategy, args.rows, args.dim)
+    for name, param in model.named_parameters():
+        shards = [f"ps:{ps} rows {first}-{first + n - 1}" for ps, first, n in param.spec.shard_list]
+        shape = " x ".join(map(str, param.shape))
+        say(f"{name}: {shape} {str(param.dtype).removeprefix('torch.')}, shards {shards}")
+    coordinator = fdist.coordinator.ClusterCoordinator(
+        strategy, function_timeout=60.0, worker_timeout=60.0
+    )
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn(args.rows, args.batch_size)))
+    train_step = make_train_step(model, optimizer)
+    deadline = time.monotonic() + args.timeout
+    start = last = time.perf_counter()
+    # A few functions per worker in flight: the workers never wait for the chief, and the
+    # chief's pickling is spread over the run instead of all before it.
+    in_flight: collections.deque[Any] = collections.deque()
+    scheduled = 0
+    window: list[float] = []
+    for step in range(1, args.steps + 1):
+        while scheduled < args.steps and len(in_flight) < 4 * args.workers:
+            in_flight.append(coordinator.schedule(train_step, args=(iterator,)))
+            scheduled += 1
+        remote = in_flight.popleft()
+        window.append(remote.fetch(timeout=max(0.1, deadline - time.monotonic())))
+        if step % args.print_every == 0 or step == args.steps:
+            now = time.perf_counter()
+            first = " (with start-up)" if step <= args.print_every else ""
+            say(
+                f"step {step}/{args.steps}: {len(window) / (now - last):.1f} steps/s{first}, "
+                f"loss {sum(window) / len(window):.4f}"
+            )
+            window, last = [], now
+    coordinator.join(timeout=max(0.1, deadline - time.monotonic()))
+    elapsed = time.perf_counter() - start
+    say(f"done: {args.steps} steps in {elapsed:.1f} s ({args.steps / elapsed:.1f} steps/s)")
+    return args.steps / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``feedline demo --parameter-server [--steps N] [--print-every N] ...``; the exit code:
+    0 when trained, 1 on an error (said on stderr), 130 on Ctrl-C."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(1)
+    cluster = LocalCluster(workers=args.workers, ps=args.ps)
+    print(
+        f"cluster: chief (this process), {args.workers} workers, {args.ps} ps on 127.0.0.1 "
+        f"({json.dumps(cluster.cluster)})",
+        flush=True,
+    )
+    try:
+        with cluster:
+            train(cluster, args, lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print("interrupted: the cluster is stopped", file=sys.stderr)
+        return 130
+    except Exception as error:  # the demo's answer to any failure: say it, exit 1
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        for child in cluster.children:
+            if child.process.returncode not in (0, None):
+                print(f"--- {child.name} (exit {child.process.returncode}) ---", file=sys.stderr)
+                print(child.output(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

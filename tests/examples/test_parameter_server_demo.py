@@ -1,0 +1,91 @@
+"""Tests of feedline/examples/parameter_server_demo.py: ``feedline demo --parameter-server``
+as a user runs it (a real cluster of ``feedline server`` processes on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+
+
+def _servers_of(banner: str) -> set[int]:
+    """Process ids of the live processes whose ``TF_CONFIG`` names the cluster that the demo's
+    first line (``cluster: ... ({"chief": [...], ...})``) describes."""
+    cluster = json.loads(banner[banner.index("({") + 1 : banner.rindex(")")])
+    address = cluster["ps"][0].encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"TF_CONFIG=") and address in v for v in environ):
+            found.add(int(entry))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_demo_trains_on_a_local_cluster_and_stops_it() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "feedline.cli", "demo", "--parameter-server",
+         "--steps", "60", "--print-every", "20", "--rows", "20000"],
+        env=_env(), capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("cluster: chief (this process), 2 workers, 2 ps on 127.0.0.1")
+    assert lines[1] == (
+        "0.weight: 20000 x 32 float32, shards ['ps:0 rows 0-9999', 'ps:1 rows 10000-19999']"
+    )
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 20/60", "step 40/60", "step 60/60"]
+    pattern = r"step \d+/60: \d+\.\d steps/s( \(with start-up\))?, loss \d+\.\d{4}"
+    assert all(re.fullmatch(pattern, line) for line in steps), steps
+    assert re.fullmatch(r"done: 60 steps in \d+\.\d s \(\d+\.\d steps/s\)", lines[-1])
+    assert _servers_of(lines[0]) == set()  # every child stopped
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_the_cluster() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "feedline.cli", "demo", "--parameter-server",
+         "--steps", "100000", "--print-every", "1", "--rows", "20000"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()
+        deadline = time.monotonic() + 60
+        for line in process.stdout:  # training has begun once a step is reported
+            if line.startswith("step ") or time.monotonic() > deadline:
+                break
+        assert len(_servers_of(banner)) == 4
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+        assert "interrupted: the cluster is stopped" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert _servers_of(banner) == set()
+
+
+def test_bad_arguments_are_refused() -> None:
+    from feedline.examples import parameter_server_demo
+
+    with pytest.raises(SystemExit) as raised:
+        parameter_server_demo.main(["--steps", "0"])
+    assert raised.value.code == 2
