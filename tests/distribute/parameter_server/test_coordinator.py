@@ -202,7 +202,7 @@ def test_schedule_blocks_only_when_the_queue_is_full(ps_spec) -> None:
     assert extra.is_alive() and not coordinator.done()  # full: they wait for room
     with pytest.raises(UnavailableError, match=r"did not finish within 0\.2 s"):
         coordinator.join(timeout=0.2)
-    coordinator._stop()
+    coordinator.close()
     extra.join(5)
     assert isinstance(blocked[0], FailedPreconditionError)
     with pytest.raises(InvalidArgumentError, match="runs on the chief"):
@@ -232,4 +232,4 @@ def test_functions_do_not_wait_forever_for_workers_that_never_answer(ps_spec) ->
         coordinator.join(timeout=30)
     with pytest.raises(UnavailableError, match="no worker answered"):
         value.fetch(timeout=30)
-    coordinator._stop()
+    coordinator.close()

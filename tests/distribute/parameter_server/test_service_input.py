@@ -135,7 +135,7 @@ def _cluster() -> Iterator[tuple[ClusterCoordinator, launcher.Processes, list]]:
         try:
             yield coordinator, workers, only(cluster, "worker:1")
         finally:
-            coordinator._stop()
+            coordinator.close()
 
 
 def test_a_shared_job_gives_each_element_to_exactly_one_step(

@@ -110,7 +110,7 @@ class ClusterCoordinator:
             target=self._watch_ps, name="feedline-coordinator-ps-watch", daemon=True
         )
         self._monitor.start()
-        _exit.register(self, "_stop", _exit.CONSUMER)
+        _exit.register(self, "close", _exit.CONSUMER)
 
     # -- the public API ----------------------------------------------------------------------
     def schedule(
@@ -300,6 +300,11 @@ class ClusterCoordinator:
         with self._cond:
             self._running -= 1
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stops scheduling and closes the connections to the workers; idempotent. Closures
+        still queued are not run. Called at interpreter exit for a coordinator never closed."""
+        self._stop()
 
     def _stop(self) -> None:
         self._stopping.set()
