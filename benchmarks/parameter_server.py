@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/parameter_server.py [--quick] [--steps 400] [--rounds 2]
+    .venv/bin/python benchmarks/parameter_server.py [--quick] [--tf] [--steps 400] [--rounds 2]
 
 Three parts, in one run:
 
@@ -24,8 +24,14 @@ Three parts, in one run:
    forward's time, push latency the ``step``'s; bytes are counted at the RPC layer (every frame
    this process sends and receives: headers, row ids and values), per step, median of
    ``--transfer-steps`` steps.
-3. **TensorFlow.** Not measured yet: the peer (``ParameterServerStrategy`` + ``ClusterCoordinator``
-   under ``.venv-tf``) is to be written; the run says so.
+3. **TensorFlow** (``--tf``). ``_tf_ps_peer.py`` under ``.venv-tf/bin/python``:
+   ``tf.distribute.ParameterServerStrategy`` (``MinSizePartitioner(max_shards=2)``) +
+   ``ClusterCoordinator`` on a local cluster of ``tf.distribute.Server`` processes (the peer the
+   chief, 1 or 2 workers, 2 ps), the same model in tf-keras (``Embedding(200_000, 32)`` + mean over
+   the bag + ``Dense(1)``, Adagrad lr 0.5) on the same synthetic batches, the same warm-up, steps
+   and functions in flight; it runs in the same rounds, right after feedline's cluster of the same
+   size, and the run reports feedline / TensorFlow steps/s. Skipped, with a message, when
+   ``.venv-tf/bin/python`` is missing.
 
 Raw numbers go to ``benchmarks/results/parameter_server-*.json``.
 """
@@ -43,8 +49,10 @@ from collections import deque
 from typing import Any
 
 import _common
+from _common import TF_PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF_PEER = os.path.join(ROOT, "benchmarks", "_tf_ps_peer.py")
 
 
 # -- 1. scaling: one cluster per child process -------------------------------------------------
@@ -87,7 +95,7 @@ def child_steps_per_second(workers: int, warmup: int, steps: int) -> dict[str, A
 
         run(warmup)
         rate, losses = run(steps)
-        coordinator._stop()  # no public close yet; the cluster goes next
+        coordinator.close()  # the cluster goes next
     return {"workers": workers, "steps_per_s": rate, "last_loss": statistics.fmean(losses[-20:])}
 
 
@@ -102,6 +110,22 @@ def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the {workers}-worker child failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")  # fmt: skip
+    return json.loads(lines[-1])
+
+
+def tf_steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The TensorFlow peer (``_tf_ps_peer.py``): the same model and data on a TensorFlow
+    cluster of ``workers`` workers and 2 ps; its JSON line."""
+    done = subprocess.run(
+        [str(TF_PYTHON), TF_PEER, "--workers", str(workers), "--warmup", str(args.warmup),
+         "--steps", str(args.steps), "--timeout", str(int(args.child_timeout))],
+        capture_output=True, text=True, timeout=args.child_timeout + 30, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=""),
+    )  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the TensorFlow {workers}-worker peer failed ({done.returncode}):\n"
                            f"{done.stderr[-3000:]}")  # fmt: skip
     return json.loads(lines[-1])
 
@@ -213,6 +237,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="turns of the 1- and 2-worker runs")
     parser.add_argument("--transfer-steps", type=int, default=20)
     parser.add_argument("--child-timeout", type=float, default=300.0)
+    parser.add_argument("--tf", action="store_true", help="also run the TensorFlow peer")
     parser.add_argument("--child-workers", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_workers is not None:
@@ -221,13 +246,25 @@ def main() -> int:
     if args.quick:
         args.steps, args.warmup, args.rounds, args.transfer_steps = 100, 20, 1, 5
 
+    tf_note = None
+    if args.tf and not TF_PYTHON.exists():
+        tf_note = f"{TF_PYTHON} is missing (see benchmarks/README.md): no TensorFlow peer"
+        print(tf_note, file=sys.stderr)
+    elif not args.tf:
+        tf_note = "not measured (run with --tf)"
     runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    tf_runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     for round_ in range(args.rounds):
         for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
             runs[workers].append(steps_per_second(workers, args))
             print(f"round {round_ + 1}: {workers} worker(s): "
                   f"{runs[workers][-1]['steps_per_s']:.1f} steps/s", flush=True)  # fmt: skip
+            if tf_note is None:
+                tf_runs[workers].append(tf_steps_per_second(workers, args))
+                print(f"round {round_ + 1}: {workers} worker(s), TensorFlow: "
+                      f"{tf_runs[workers][-1]['steps_per_s']:.1f} steps/s", flush=True)  # fmt: skip
     best = {w: max(r["steps_per_s"] for r in rs) for w, rs in runs.items()}
+    tf_best = {w: max(r["steps_per_s"] for r in rs) for w, rs in tf_runs.items() if rs}
     busy = _common.calibrate_busy()
     machine = _common.process_scaling(busy, seconds=1.0, repetitions=3)
     moved = transfers(args.transfer_steps)
@@ -253,12 +290,25 @@ def main() -> int:
         )
     print(f"\n4,096 rows x 64 x 4 bytes = {_mb(4096 * 64 * 4)} (+ 4,096 x 8 bytes of row ids = "
           f"{_mb(4096 * 8)})")  # fmt: skip
-    print("TensorFlow peer: not measured (no `.venv-tf` peer for ParameterServerStrategy yet)")
+    if tf_note is not None:
+        print(f"\nTensorFlow peer: {tf_note}")
+    else:
+        print(f"\nTensorFlow: {tf_runs[1][0]['framework']}, `_tf_ps_peer.py` (a cluster of "
+              "`tf.distribute.Server` processes, the peer the chief)\n")  # fmt: skip
+        print("| workers (2 ps) | feedline steps/s | TensorFlow steps/s | feedline / TF | "
+              "TF rounds |")  # fmt: skip
+        print("|---:|---:|---:|---:|---|")
+        for workers in (1, 2):
+            rates = ", ".join(f"{r['steps_per_s']:.1f}" for r in tf_runs[workers])
+            print(f"| {workers} | {best[workers]:.1f} | {tf_best[workers]:.1f} | "
+                  f"**{best[workers] / tf_best[workers]:.2f}x** | {rates} |")  # fmt: skip
+        print(f"| **2 / 1** | {best[2] / best[1]:.2f}x | {tf_best[2] / tf_best[1]:.2f}x | | |")
     _common.write_results(
         "parameter_server",
         {"steps": args.steps, "warmup": args.warmup, "runs": runs, "best": best,
          "ratio": best[2] / best[1], "machine_2_process_scaling": machine,
-         "transfers": moved},
+         "transfers": moved, "tensorflow": {"note": tf_note, "runs": tf_runs, "best": tf_best,
+         "ratio": {w: best[w] / tf_best[w] for w in tf_best}}},
     )  # fmt: skip
     return 0
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,30 @@ class ServiceProcesses:
         return self._stack.enter_context(
             Processes(code, processes, timeout=kw.pop("timeout", self._timeout), env=env, **kw)
         )
+
+
+def read_in_thread(iterator: Any, timeout: float) -> tuple[list[int], BaseException | None]:
+    """Reads ``iterator`` to its end on a thread: what it gave (as ints), and what it raised.
+
+    Raises:
+      AssertionError: it had not ended after ``timeout`` seconds (a hang); the iterator is closed.
+    """
+    got: list[int] = []
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for x in iterator:
+                got.append(int(x))
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=read, name="read-in-thread", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        iterator.close()
+        raise AssertionError(
+            f"the consumer hung: no end and no error after {timeout} s ({len(got)} read)"
+        )
+    return got, (raised[0] if raised else None)

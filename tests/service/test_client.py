@@ -461,7 +461,7 @@ def test_a_consumer_that_stops_reading_does_not_stall_the_others(make_cluster: A
     rest = [int(x) for x in iter(shared())]
     reader = idle._reader  # type: ignore[attr-defined]
     with reader._cond:
-        held = [int(e) for e, _ in reader._results]
+        held = [int(e) for e, *_ in reader._results]
     assert len(held) <= 4
     assert sorted(taken + held + rest) == list(range(300))
 
@@ -472,10 +472,10 @@ def test_elements_on_their_way_are_read_before_the_end(
     cluster = make_cluster(1)
     deliver = client._JobReader._deliver
 
-    def slow_deliver(reader: Any, elements: list[Any], credits: int) -> None:
+    def slow_deliver(reader: Any, elements: list[Any], *rest: Any) -> None:
         if elements:  # meanwhile the worker says its task is done, and the job ends
             time.sleep(2.5)
-        deliver(reader, elements, credits)
+        deliver(reader, elements, *rest)
 
     monkeypatch.setattr(client._JobReader, "_deliver", slow_deliver)
     dataset = Dataset.range(5).apply(service.distribute("parallel_epochs", cluster.target))
@@ -497,9 +497,10 @@ def test_an_iterator_dropped_unclosed_releases_its_job(make_cluster: Any) -> Non
         time.sleep(0.05)
 
 
-def test_service_iterators_cannot_be_checkpointed(make_cluster: Any) -> None:
+def test_dynamic_service_iterators_cannot_be_checkpointed(make_cluster: Any) -> None:
+    # OFF and static sharding can (tests/service/test_checkpoint.py).
     cluster = make_cluster(1)
-    iterator = iter(Dataset.range(3).apply(service.distribute("parallel_epochs", cluster.target)))
+    iterator = iter(Dataset.range(3).apply(service.distribute("distributed_epoch", cluster.target)))
     with pytest.raises(errors.FailedPreconditionError, match="checkpoint"):
         iterator.get_state()
     iterator.close()

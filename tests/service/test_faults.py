@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from feedline import errors
 from feedline.data import Dataset, Options
 from feedline.service import ShardingPolicy, distribute
 from tests.launcher import free_port
-from tests.service.procs import ServiceProcesses
+from tests.service.procs import ServiceProcesses, read_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,28 +36,6 @@ def with_timeout(dataset: Dataset, ms: int) -> Dataset:
     options = Options()
     options.experimental_distribute.service_timeout_ms = ms
     return dataset.with_options(options)
-
-
-def read_in_thread(iterator: Any, timeout: float) -> tuple[list[int], BaseException | None]:
-    """Reads ``iterator`` to its end on a thread: what it gave, and what it raised; fails the
-    test if it has not ended after ``timeout`` seconds (a hang)."""
-    got: list[int] = []
-    raised: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            for x in iterator:
-                got.append(int(x))
-        except BaseException as error:
-            raised.append(error)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        iterator.close()
-        pytest.fail(f"the consumer hung: no end and no error after {timeout} s ({len(got)} read)")
-    return got, (raised[0] if raised else None)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import signal
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ from feedline.service import _state as st
 from feedline.service.client import register_dataset
 from feedline.service.dispatcher import SERVICE_NAME
 from tests.launcher import FEEDLINE_CLI, Processes
-from tests.service.procs import ServiceProcesses
+from tests.service.procs import ServiceProcesses, read_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,23 +44,9 @@ def cluster() -> Iterator[ServiceProcesses]:
 
 def read_rest(iterator: Any, timeout: float) -> list[int]:
     """Reads ``iterator`` to its end on a thread; fails the test on an error or a hang."""
-    got: list[int] = []
-    raised: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            got.extend(int(x) for x in iterator)
-        except BaseException as error:
-            raised.append(error)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        iterator.close()
-        pytest.fail(f"the consumer hung: no end after {timeout} s ({len(got)} read)")
-    if raised:
-        raise raised[0]
+    got, raised = read_in_thread(iterator, timeout)
+    if raised is not None:
+        raise raised
     return got
 
 

@@ -42,13 +42,7 @@ def dispatcher_main(argv: list[str]) -> int:
         default=None,
         help="comma-separated fixed worker list, for static sharding (FILE, DATA, HINT)",
     )
-    parser.add_argument(
-        "--status-port",
-        type=int,
-        default=None,
-        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
-        "(0: any free port; default: none)",
-    )
+    _add_status_port(parser)
     args = parser.parse_args(argv)
     workers = None if args.worker_addresses is None else tuple(args.worker_addresses.split(","))
     return _serve(
@@ -91,13 +85,7 @@ def worker_main(argv: list[str]) -> int:
         action="store_true",
         help="keep trying an unreachable dispatcher for as long as it takes",
     )
-    parser.add_argument(
-        "--status-port",
-        type=int,
-        default=None,
-        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
-        "(0: any free port; default: none)",
-    )
+    _add_status_port(parser)
     args = parser.parse_args(argv)
     return _serve(
         lambda: WorkerServer(
@@ -167,3 +155,13 @@ def _start(
         started.append(make())
     except BaseException as error:
         started.append(error)
+
+
+def _add_status_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
+        "(0: any free port; default: none)",
+    )

@@ -105,6 +105,9 @@ class TaskRecord:
     #: The last DYNAMIC split handed to the task: ``{"request", "repetition", "cursor"}``, the
     #: cursor *before* it (so that a retried request gets the same split again).
     last_split: dict[str, Any] | None = None
+    #: Elements the worker skips before serving: the count a resumed consumer had already
+    #: received from this task's stream (``GetOrCreateJob``'s ``resume``), else 0.
+    skip: int = 0
 
 
 @dataclasses.dataclass
@@ -168,11 +171,15 @@ class CreateJob:
 
 @dataclasses.dataclass(frozen=True)
 class CreateTask:
+    """A task of ``job_id`` on the worker at ``worker_address``; ``skip`` elements of its
+    stream were already received by a consumer that resumed the job from a checkpoint."""
+
     task_id: int
     job_id: int
     worker_address: str
     worker_index: int
     num_workers: int
+    skip: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,10 @@ tasks and reads them:
   byte budget), several per reply when they are small;
 - round robin (``consumer_index``/``num_consumers``): round ``r`` is read from task
   ``r % num_tasks``; every consumer reads the same worker at each step.
+
+An iterator's ``get_state`` is its position: per task, the elements ``next`` returned
+(``_position``; OFF and static sharding, read first come). ``set_state`` releases the job it
+joined and joins a new one of the same name that resumes there.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from feedline.errors import (
     NotFoundError,
     UnavailableError,
 )
+from feedline.service._position import JobPosition, TaskPosition, check_checkpointable
 from feedline.service._split import split_plan
 from feedline.service.config import ShardingPolicy
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
@@ -444,24 +449,40 @@ class DataServiceDataset(Dataset):
 class _ServiceIterator(DatasetIterator):
     """One job's elements. Single-threaded API. The reading happens in a ``_JobReader``, whose
     threads do not hold the iterator: an iterator dropped unclosed is collected, and closing it
-    releases the job."""
+    releases the job.
+
+    Its state is the consumer's position in the job (``_position``): per task, the elements
+    ``next`` has returned. ``set_state`` releases the job joined so far and joins a new job of
+    the same name and iteration whose tasks skip what the position counts, so that the elements
+    after it come next (OFF and static sharding; DYNAMIC and round robin raise
+    ``FailedPreconditionError``). A saved position is the job's only if this consumer read the
+    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it.
+    """
 
     def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:
         super().__init__(dataset, ctx)
         timeout_ms = ctx.options.experimental_distribute.service_timeout_ms
-        self._reader = _JobReader(dataset, iteration, (timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000)
+        self._timeout_s = (timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000
+        self._iteration = iteration
+        self._service_dataset = dataset
+        self._reader = _JobReader(dataset, iteration, self._timeout_s)
 
     def _next(self) -> Any:
         return self._reader.next()
 
     def _get_state(self) -> dict[str, Any]:
-        raise FailedPreconditionError(
-            "an iterator over the data service cannot be checkpointed: its elements come from "
-            "a shared job on remote workers. Checkpoint the model and start a new job instead"
-        )
+        params = self._reader._params
+        check_checkpointable(int(params.mode), params.num_consumers)
+        return self._reader.position().to_state()
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        self._get_state()
+        params = self._reader._params
+        check_checkpointable(int(params.mode), params.num_consumers)
+        position = JobPosition.from_state(state, int(params.mode))
+        if self._closed:
+            raise InvalidArgumentError("the iterator is closed: restore into a new iterator")
+        self._reader.release()
+        self._reader = _JobReader(self._service_dataset, self._iteration, self._timeout_s, position)
 
     def _close(self) -> None:
         self._reader.release()
@@ -496,13 +517,25 @@ class _JobReader:
     a worker arrives inside a reply, whatever its type, and fails the job.
     """
 
-    def __init__(self, dataset: DataServiceDataset, iteration: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        dataset: DataServiceDataset,
+        iteration: int,
+        timeout_s: float,
+        resume: JobPosition | None = None,
+    ) -> None:
         params = self._params = dataset._params
+        self._resume = resume
         self._dispatcher = _dispatcher(params.address)
         self._timeout_s = timeout_s
         self._treespec = structure.spec_structure(dataset.element_spec)
         self._cond = threading.Condition()
-        self._results: collections.deque[tuple[Any, int]] = collections.deque()
+        # (element, its size, the task it came from), in the order next() returns them.
+        self._results: collections.deque[tuple[Any, int, int]] = collections.deque()
+        # Per task: the elements next() returned, and (worker_index, num_workers, skip).
+        self._returned: collections.Counter[int] = collections.Counter()
+        self._task_info: dict[int, tuple[int, int, int]] = {}
+        self._joined = 1  # the consumers that ever joined the job, as the dispatcher last said
         self._job_error: BaseException | None = None  # the job failed: raised at every call
         self._credits = params.max_outstanding_requests or _DEFAULT_OUTSTANDING
         self._buffered_bytes = 0
@@ -559,6 +592,7 @@ class _JobReader:
             "iteration": iteration,
             "num_consumers": params.num_consumers,
             "target_workers": params.target_workers,
+            "resume": None if self._resume is None else self._resume.to_state(),
         }
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(self._dispatcher, "GetOrCreateJob", header, self._timeout_s, what)
@@ -618,6 +652,7 @@ class _JobReader:
         whether it finished, its error), asked for once ``asked_after`` tasks had ended here;
         starts reading new tasks. Whether it was news."""
         listed = [(int(t), str(a), str(s)) for t, a, s in view["tasks"]]
+        info = {int(t): (int(i), int(n), int(k)) for t, i, n, k in view.get("streams", ())}
         if self._params.target_workers == "LOCAL":
             local = local_worker_addresses()
             if listed and not any(a in local for _, a, _ in listed):
@@ -645,6 +680,8 @@ class _JobReader:
             # A job never starts again: an older view answered late does not undo the end.
             self._job_finished = self._job_finished or bool(view["finished"])
             self._consumers = int(view.get("consumers", 1))
+            self._joined = int(view.get("joined", 1))
+            self._task_info.update(info)
             self._note_liveness()
             self._cond.notify_all()
             readable = [t for t in new if t not in self._completed and t not in self._lost]
@@ -702,7 +739,7 @@ class _JobReader:
             self._credits -= share
             return share
 
-    def _deliver(self, elements: list[list[Any]], credits: int) -> None:
+    def _deliver(self, elements: list[list[Any]], credits: int, task_id: int) -> None:
         treespec = self._treespec
         items = []
         for leaves in elements:
@@ -712,11 +749,11 @@ class _JobReader:
                 leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
                 for leaf in leaves
             ]
-            items.append((structure.unflatten(treespec, leaves), size))
+            items.append((structure.unflatten(treespec, leaves), size, task_id))
         with self._cond:
             self._results.extend(items)
             self._credits += credits - len(items)
-            self._buffered_bytes += sum(size for _, size in items)
+            self._buffered_bytes += sum(size for _, size, _ in items)
             self._cond.notify_all()
 
     def _end_tasks(self, task_ids: Any, completed: bool) -> None:
@@ -770,7 +807,7 @@ class _JobReader:
                             "wait_ms": _POLL_MS,
                         },
                     )
-                    self._deliver([] if reply is None else reply["elements"], credits)
+                    self._deliver([] if reply is None else reply["elements"], credits, task_id)
                 finally:
                     with self._cond:
                         self._in_flight.discard(task_id)
@@ -833,12 +870,12 @@ class _JobReader:
                     if reply is None:
                         self._stopping.wait(0.1)
                 if reply.get("eos"):
-                    self._deliver([], 1)
+                    self._deliver([], 1, task_id)
                     with self._cond:
                         known = list(self._tasks)
                     self._end_tasks(known, completed=True)
                     return
-                self._deliver(reply["elements"], 1)
+                self._deliver(reply["elements"], 1, task_id)
                 round_index += 1
         except BaseException as error:
             self._fail(error)
@@ -896,7 +933,8 @@ class _JobReader:
                 self._cond.wait(0.5)
             error = self._job_error
             if error is None and self._results:
-                element, size = self._results.popleft()
+                element, size, task_id = self._results.popleft()
+                self._returned[task_id] += 1
                 self._credits += 1
                 self._buffered_bytes -= size
                 self._cond.notify_all()
@@ -905,6 +943,48 @@ class _JobReader:
         if error is not None:
             raise error
         raise StopIteration
+
+    def position(self) -> JobPosition:
+        """This consumer's position in its job: per task, the elements ``next`` returned
+        (plus those the task skipped for a resumed consumer). Asks the dispatcher for the job's
+        view first, so that a consumer that joined since the last heartbeat is known.
+
+        Raises:
+          FailedPreconditionError: another consumer joined the job (its reads are not counted
+            here), or the dispatcher could not say whether one did.
+        """
+        with self._cond:
+            live = not self._stopping.is_set() and not self._job_finished
+        if live:
+            try:
+                reply, _ = self._dispatcher.call(
+                    "ClientHeartbeat",
+                    {"client_id": self._client_id, "version": -1, "wait_ms": 0},
+                    timeout=_RPC_TIMEOUT_S,
+                )
+            except FeedlineError as error:
+                raise FailedPreconditionError(
+                    f"cannot save the position of the consumer of job {self._job_id}: the "
+                    f"dispatcher at {self._params.address} did not say whether other consumers "
+                    f"read the job ({error})"
+                ) from error
+            self._apply_view(reply, self._task_ends)
+        with self._cond:
+            if self._joined > 1:
+                raise FailedPreconditionError(
+                    f"cannot save the position of a consumer of job {self._job_id} "
+                    f"({self._params.job_name!r}): {self._joined} consumers joined it and share "
+                    "its elements first come, first served, so what one of them received is "
+                    "not the job's position. Give each checkpointed consumer its own job_name"
+                )
+            tasks = []
+            num_workers = 0
+            for task_id, address in sorted(self._tasks.items()):
+                index, num_workers, skip = self._task_info[task_id]
+                tasks.append(TaskPosition(index, address, skip + self._returned[task_id]))
+            if not ShardingPolicy(self._params.mode).is_static:
+                num_workers = len(tasks)
+            return JobPosition(int(self._params.mode), num_workers, tuple(tasks))
 
     def release(self, timeout: float = 5.0) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""

@@ -25,10 +25,15 @@ RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same 
 GetDatasetDef       ``dataset_id`` -> the pickled dataset (for workers)
 GetElementSpec      ``dataset_id`` -> the pickled element spec (for ``from_dataset_id``)
 GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a new anonymous job;
-                    the reply carries the job's view (below)
+                    the reply carries the job's view (below). With ``resume`` (a consumer's
+                    position from a checkpoint, ``_position``) it joins a new job whose tasks
+                    skip what the consumer had received; a named job of no consumer that is
+                    still kept is collected first
 ClientHeartbeat     the job's view once it differs from the ``version`` the consumer has (or after
-                    ``wait_ms``): its tasks ``[task_id, address, "running"|"done"|"lost"]``,
-                    whether it finished, its error, its number of consumers
+                    ``wait_ms``): its tasks ``[task_id, address, "running"|"done"|"lost"]``
+                    and their streams ``[task_id, worker_index, num_workers, skip]``, whether
+                    it finished, its error, its number of consumers (``consumers``) and of
+                    consumers ever (``joined``)
 ReleaseClient       a consumer is done with its job
 WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether it drains or
                     leaves -> tasks to start, tasks to delete (with their job's error), tasks of
@@ -72,6 +77,7 @@ from feedline.errors import (
 )
 from feedline.service._journal import JOURNAL_FILE, Journal, open_journal
 from feedline.service._metrics import DispatcherTelemetry
+from feedline.service._position import JobPosition, check_checkpointable, resume_skips
 from feedline.service._split import SplitCursor, SplitPlan
 from feedline.service._state import (
     AcquireClient,
@@ -496,6 +502,11 @@ class DispatchServer:
             raise InvalidArgumentError(
                 f"target_workers must be one of {_TARGET_WORKERS}, got {target_workers!r}"
             )
+        resume = header.get("resume")
+        position = None
+        if resume is not None:
+            check_checkpointable(int(mode), num_consumers)
+            position = JobPosition.from_state(resume, int(mode))
         with self._lock:
             record = self._dataset(header.get("dataset_id"))
             if mode == ShardingPolicy.DYNAMIC and record.split_plan is None:
@@ -510,11 +521,14 @@ class DispatchServer:
                     f"cardinality {record.cardinality}. Add .repeat() at the end of the dataset"
                 )
             job = self._find_job(job_name, iteration)
+            if job is not None and position is not None:
+                self._collect_for_resume(job)
+                job = None
             if job is not None:
                 self._check_same_job(job, record.dataset_id, mode, num_consumers, target_workers)
             else:
                 job = self._create_job(
-                    record, mode, job_name, iteration, num_consumers, target_workers
+                    record, mode, job_name, iteration, num_consumers, target_workers, position
                 )
             client_id = self._state.new_id()
             self._apply(AcquireClient(client_id, job.job_id))
@@ -539,11 +553,18 @@ class DispatchServer:
             ]
             for task in self._state.job_tasks(job.job_id)
         ]
+        # What a consumer saves as its position (``_position``).
+        streams = [
+            [task.task_id, task.worker_index, task.num_workers, task.skip]
+            for task in self._state.job_tasks(job.job_id)
+        ]
         return {
             "tasks": tasks,
+            "streams": streams,
             "finished": job.finished,
             "error": job.error,
             "consumers": len(self._state.active_clients(job.job_id)),
+            "joined": len(job.client_ids),
             "version": self._job_versions[job.job_id],
         }
 
@@ -578,9 +599,14 @@ class DispatchServer:
         iteration: int,
         num_consumers: int | None,
         target_workers: str,
+        position: JobPosition | None = None,
     ) -> JobRecord:
+        """A new job and its tasks; with ``position``, tasks skip what it says was read."""
         state = self._state
         addresses = self._job_workers(mode, num_consumers)
+        skips = [0] * len(addresses)
+        if position is not None:
+            skips = resume_skips(position, int(mode), addresses)
         job_id = state.new_id()
         self._apply(
             CreateJob(
@@ -594,8 +620,30 @@ class DispatchServer:
             )
         )
         for index, address in enumerate(addresses):
-            self._apply(CreateTask(state.new_id(), job_id, address, index, len(addresses)))
+            self._apply(
+                CreateTask(state.new_id(), job_id, address, index, len(addresses), skips[index])
+            )
         return state.jobs[job_id]
+
+    def _collect_for_resume(self, job: JobRecord) -> None:
+        """A consumer resumes the named ``job`` from a checkpoint: the job is collected, so
+        that a new one of its name starts at the consumer's position (under the lock).
+
+        Raises:
+          FailedPreconditionError: other consumers read the job: the position of one of them
+            is not the job's.
+        """
+        active = self._state.active_clients(job.job_id)
+        if active:
+            raise FailedPreconditionError(
+                f"cannot resume job {job.job_name!r} (iteration {job.iteration}) from a "
+                f"checkpoint: {len(active)} other consumer(s) read it now, and a consumer's "
+                "position is the job's only when it reads the job alone. Resume before other "
+                "consumers join, or use another job_name"
+            )
+        if not job.finished:
+            self._apply(FinishJob(job.job_id))
+        self._remove_job(job)
 
     def _job_workers(self, mode: ShardingPolicy, num_consumers: int | None) -> tuple[str, ...]:
         """The workers a new job's tasks go to; checked before the job is made, so that a job
@@ -838,6 +886,7 @@ class DispatchServer:
             "worker_index": task.worker_index,
             "num_workers": task.num_workers,
             "num_consumers": job.num_consumers,
+            "skip": task.skip,
             # Consumers of a named job share its tasks' elements first come, first served.
             "shared": job.job_name is not None and job.num_consumers is None,
         }

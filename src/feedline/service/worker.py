@@ -14,6 +14,9 @@ FILE_OR_DATA  FILE where the dataset reads files, else DATA
 HINT          ``auto_shard(HINT)``: ``shard(SHARD_HINT, SHARD_HINT)`` filled in
 ============  ==================================================================================
 
+A task of a job resumed from a consumer's checkpoint skips the ``skip`` elements of its stream
+that the consumer had received (``_position``) before it serves any.
+
 Consumers call ``GetElements``. First come, first served: a reply carries as many buffered
 elements as fit in the consumer's request (several small ones, or one large one as raw NumPy
 buffers), but while another consumer of the task waits, the buffer is split between them and a
@@ -809,6 +812,9 @@ class _Task:
                 int(self._task_def["worker_index"]),
                 self._splits,
             )
+            skip = int(self._task_def.get("skip", 0))
+            if skip:  # a consumer resumed the job: it had received these from this stream
+                shaped = shaped.skip(skip)
             iterator = iter(shaped)
             for index, element in enumerate(iterator):
                 leaves, treespec = structure.flatten(element)
