@@ -40,13 +40,14 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from feedline._net.ports import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -258,17 +259,11 @@ WORKERS = {"checkpoint": worker_checkpoint, "overhead": worker_overhead, "preemp
 # -- the parent ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Pair:
     """Two worker processes of one mode; their JSON lines as they come."""
 
     def __init__(self, mode: str, args: argparse.Namespace, folder: str) -> None:
-        port = _free_port()
+        port = free_port()
         self.procs = []
         for rank in range(2):
             env = {

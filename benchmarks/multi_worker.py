@@ -65,7 +65,6 @@ import os
 import pathlib
 import queue
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,7 @@ import numpy as np
 import _common
 from _common import TF_PYTHON
 from _tf_training_peer import EpochBatches
+from feedline._net.ports import free_port, free_ports
 from training import FIXED_MALLOC, batch_indices, load_data, profile_steps
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -450,24 +450,6 @@ def worker_main(argv: list[str]) -> None:
 
 
 # -- the parent: groups of processes taking turns -----------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1 (held open together while chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import feedline.distribute as fdist
 import feedline.metrics
 import feedline.nn
 import feedline.train
+from feedline._net.ports import free_port
 from feedline.datasets import digits, fashion_mnist
 from feedline.errors import NotFoundError
 
@@ -111,9 +111,7 @@ def make_strategy(replicas: int | None) -> fdist.Strategy:
 def launch_workers(workers: int, argv: Sequence[str], timeout: float | None = None) -> int:
     """Runs this demo as ``workers`` processes on this machine through torchrun's launcher
     (``torch.distributed.run``); the exit code is the launcher's."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
         "--nproc-per-node", str(workers), "--master-addr", "127.0.0.1",

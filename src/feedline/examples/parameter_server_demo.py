@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +43,7 @@ import torch
 
 import feedline.data as fd
 import feedline.distribute as fdist
+from feedline._net.ports import free_ports
 from feedline.distribute.cluster_resolver import ClusterSpec, SimpleClusterResolver
 from feedline.distribute.experimental.partitioners import MinSizePartitioner
 
@@ -61,18 +61,6 @@ START_TIMEOUT_S = 60.0
 #: Seconds a child may take to exit after SIGTERM before it is killed.
 STOP_TIMEOUT_S = 10.0
 BAG = 4  # ids per example
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that the kernel says are free now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
