@@ -1,4 +1,5 @@
-"""Tests of feedline/service/client.py: distribute() and its options, end to end in process.
+"""Tests of feedline/service/client.py and _job_reader.py: distribute() and its options, end
+to end in process.
 
 The seed's examples are tests with their printed outputs.
 """
@@ -17,7 +18,7 @@ from feedline import errors, service
 from feedline.data import Dataset, TensorSpec, TextLineDataset
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
-from feedline.service import client
+from feedline.service import _job_reader
 from tests.launcher import free_port
 from tests.service.conftest import Cluster
 
@@ -419,7 +420,7 @@ def test_target_workers_local_reads_only_workers_in_this_process(
 ) -> None:
     cluster = make_cluster(2)
     local = cluster.workers[0].worker_address
-    monkeypatch.setattr(service.client, "local_worker_addresses", lambda: frozenset({local}))
+    monkeypatch.setattr(_job_reader, "local_worker_addresses", lambda: frozenset({local}))
     dataset = Dataset.range(10).apply(
         service.distribute("parallel_epochs", cluster.target, target_workers="LOCAL")
     )
@@ -430,7 +431,7 @@ def test_target_workers_local_without_a_local_worker_is_an_error(
     make_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = make_cluster(1)
-    monkeypatch.setattr(service.client, "local_worker_addresses", lambda: frozenset())
+    monkeypatch.setattr(_job_reader, "local_worker_addresses", lambda: frozenset())
     dataset = Dataset.range(10).apply(
         service.distribute("parallel_epochs", cluster.target, target_workers="local")
     )
@@ -470,14 +471,14 @@ def test_elements_on_their_way_are_read_before_the_end(
     make_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = make_cluster(1)
-    deliver = client._JobReader._deliver
+    deliver = _job_reader._JobReader._deliver
 
     def slow_deliver(reader: Any, elements: list[Any], *rest: Any) -> None:
         if elements:  # meanwhile the worker says its task is done, and the job ends
             time.sleep(2.5)
         deliver(reader, elements, *rest)
 
-    monkeypatch.setattr(client._JobReader, "_deliver", slow_deliver)
+    monkeypatch.setattr(_job_reader._JobReader, "_deliver", slow_deliver)
     dataset = Dataset.range(5).apply(service.distribute("parallel_epochs", cluster.target))
     assert ints(dataset) == [0, 1, 2, 3, 4]
 
@@ -699,7 +700,7 @@ def test_a_task_made_after_the_consumer_joined_is_read_before_the_end(
     # job): [0, 1, 2, 3, 4]. The heartbeat that tells the consumer of worker 1's task is slow, so
     # worker 0's task ends first: the consumer must not take that for the end of the job.
     cluster = make_cluster(1)
-    apply_view = client._JobReader._apply_view
+    apply_view = _job_reader._JobReader._apply_view
     slowed = threading.Event()
 
     def slow_news(reader: Any, view: dict[str, Any], *args: Any) -> bool:
@@ -708,7 +709,7 @@ def test_a_task_made_after_the_consumer_joined_is_read_before_the_end(
             time.sleep(1.5)  # meanwhile worker 0's task ends
         return apply_view(reader, view, *args)
 
-    monkeypatch.setattr(client._JobReader, "_apply_view", slow_news)
+    monkeypatch.setattr(_job_reader._JobReader, "_apply_view", slow_news)
     dataset = Dataset.range(5).apply(
         service.distribute("parallel_epochs", cluster.target, max_outstanding_requests=1)
     )
