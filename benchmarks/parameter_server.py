@@ -99,6 +99,14 @@ def child_steps_per_second(workers: int, warmup: int, steps: int) -> dict[str, A
     return {"workers": workers, "steps_per_s": rate, "last_loss": statistics.fmean(losses[-20:])}
 
 
+def _last_json_line(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
+    """The JSON result a child printed last; RuntimeError with its stderr if it failed."""
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
 def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """Runs ``child_steps_per_second`` in a fresh interpreter, with a timeout."""
     done = subprocess.run(
@@ -107,11 +115,7 @@ def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
         capture_output=True, text=True, timeout=args.child_timeout, cwd=ROOT,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )  # fmt: skip
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the {workers}-worker child failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")  # fmt: skip
-    return json.loads(lines[-1])
+    return _last_json_line(done, f"the {workers}-worker child")
 
 
 def tf_steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,11 +127,7 @@ def tf_steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any
         capture_output=True, text=True, timeout=args.child_timeout + 30, cwd=ROOT,
         env=dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=""),
     )  # fmt: skip
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the TensorFlow {workers}-worker peer failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")  # fmt: skip
-    return json.loads(lines[-1])
+    return _last_json_line(done, f"the TensorFlow {workers}-worker peer")
 
 
 # -- 2. what a step moves ---------------------------------------------------------------------

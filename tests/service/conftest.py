@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from feedline import service
+from tests.launcher import free_port
 
 
 class Cluster:
@@ -52,3 +53,14 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+def static_cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    """A cluster of two workers at fixed addresses, which the dispatcher lists (static
+    sharding)."""
+    ports = [free_port(), free_port()]
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    cluster = make_cluster(0, worker_addresses=addresses)
+    for port, address in zip(ports, addresses, strict=True):
+        cluster.add_worker(port=port, worker_address=address)
+    return cluster

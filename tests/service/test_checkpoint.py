@@ -25,8 +25,7 @@ from feedline.service import _position
 from feedline.service import _state as st
 from feedline.service._position import JobPosition, TaskPosition, resume_skips
 from feedline.train import Checkpoint
-from tests.launcher import free_port
-from tests.service.conftest import Cluster
+from tests.service.conftest import static_cluster
 
 # Fewer in flight than a task's elements: a restore re-reads what was buffered, not returned.
 _OUTSTANDING = 3
@@ -52,15 +51,6 @@ def _save_and_resume(
     after = [int(x) for x in second]
     second.close()
     return before, after
-
-
-def _static_cluster(make_cluster: Any) -> Cluster:
-    ports = [free_port(), free_port()]
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    cluster = make_cluster(0, worker_addresses=addresses)
-    for port, address in zip(ports, addresses, strict=True):
-        cluster.add_worker(port=port, worker_address=address)
-    return cluster
 
 
 # -- OFF and static sharding resume exactly ---------------------------------------------------
@@ -118,7 +108,7 @@ def test_an_anonymous_job_resumes_too(make_cluster: Any, tmp_path: Path) -> None
 
 
 def test_data_sharding_resumes_each_shard(make_cluster: Any, tmp_path: Path) -> None:
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     for k in (0, 4, 9, 10):
         name = f"data-{k}"
 
@@ -134,7 +124,7 @@ def test_data_sharding_resumes_each_shard(make_cluster: Any, tmp_path: Path) -> 
 
 
 def test_state_counts_returned_elements_per_worker(make_cluster: Any) -> None:
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     dataset = Dataset.range(10).apply(
         service.distribute("DATA", cluster.target, job_name="table", max_outstanding_requests=2)
     )

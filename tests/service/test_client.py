@@ -19,8 +19,7 @@ from feedline.data import Dataset, TensorSpec, TextLineDataset
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
 from feedline.service import _job_reader
-from tests.launcher import free_port
-from tests.service.conftest import Cluster
+from tests.service.conftest import static_cluster
 
 
 def ints(dataset: Any) -> list[int]:
@@ -510,17 +509,8 @@ def test_dynamic_service_iterators_cannot_be_checkpointed(make_cluster: Any) -> 
 # -- static sharding ------------------------------------------------------------------------
 
 
-def _static_cluster(make_cluster: Any) -> Cluster:
-    ports = [free_port(), free_port()]
-    addresses = [f"127.0.0.1:{port}" for port in ports]
-    cluster = make_cluster(0, worker_addresses=addresses)
-    for port, address in zip(ports, addresses, strict=True):
-        cluster.add_worker(port=port, worker_address=address)
-    return cluster
-
-
 def test_data_sharding_splits_elements_by_worker_index(make_cluster: Any) -> None:
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     dataset = (
         Dataset.range(10)
         .map(lambda x: x)
@@ -530,7 +520,7 @@ def test_data_sharding_splits_elements_by_worker_index(make_cluster: Any) -> Non
 
 
 def test_file_sharding_splits_files_by_worker_index(make_cluster: Any, tmp_path: Any) -> None:
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     for index in range(4):
         (tmp_path / f"part-{index}.txt").write_text(
             "".join(f"{index}-{line}\n" for line in range(3))
@@ -645,7 +635,7 @@ def test_file_sharding_finds_readers_made_inside_interleave(
     from feedline.data import TFRecordDataset
     from feedline.io import TFRecordWriter
 
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     text, records = [], []
     for index in range(4):
         path = tmp_path / f"part-{index}.txt"
@@ -675,7 +665,7 @@ def test_file_sharding_finds_readers_made_inside_interleave(
 
 
 def test_file_sharding_without_files_fails_the_job_instead_of_waiting(make_cluster: Any) -> None:
-    cluster = _static_cluster(make_cluster)
+    cluster = static_cluster(make_cluster)
     dataset = Dataset.range(4).apply(
         service.distribute(service.ShardingPolicy.FILE, cluster.target)
     )
