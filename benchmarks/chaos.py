@@ -37,10 +37,12 @@ A *mode* says what the service promises under each fault (``MODES``); the verdic
 compares. ``at-most-once`` (the service without a journal) may lose what a killed worker or
 consumer held, and tells its consumers with an error when it loses a job (dispatcher restart, a
 raising map function); every other column is zero. ``journal`` (``--fault-tolerant``) runs the
-dispatcher with ``--work-dir D --fault-tolerant``: a dispatcher killed and started again on the
-same work dir resumes the job, and the consumers reach its end having lost nothing (a split
-whose ``GetSplit`` reply was on its way when the dispatcher died is handed out again to the
-worker that asks again); where a worker is killed too, it may lose what that worker held.
+dispatcher with ``--work-dir D --fault-tolerant``, which hands out the job's splits exactly once
+(``feedline.service._ledger``): a dispatcher killed and started again on the same work dir
+resumes the job (a split whose ``GetSplit`` reply was on its way when the dispatcher died is
+handed out again to the worker that asks again), the splits a killed worker held are run again
+on the others minus what the consumers already received, and under worker kills, dispatcher
+restarts and both at once the consumers reach the end with nothing lost or duplicated.
 """
 
 from __future__ import annotations
@@ -128,10 +130,10 @@ MODES = {
         "journal",
         {
             "baseline": Expect(),
-            "worker-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "worker-kill-9": Expect(),
             "worker-sigterm": Expect(),
             "dispatcher-restart": Expect(),
-            "both-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "both-kill-9": Expect(),
             "map-raises": Expect(outcome="RuntimeError"),
             "consumer-kill": Expect(
                 may_lose="what the killed consumer held: its max_outstanding_requests",

@@ -184,17 +184,88 @@ def test_a_fresh_process_resumes_the_job(make_cluster: Any, tmp_path: Path) -> N
 # -- what cannot be saved, and clear errors ---------------------------------------------------
 
 
-def test_dynamic_sharding_cannot_be_checkpointed_yet(make_cluster: Any) -> None:
+def test_dynamic_sharding_needs_a_fault_tolerant_dispatcher(make_cluster: Any) -> None:
     cluster = make_cluster(1)
     dataset = Dataset.range(4).apply(
         service.distribute("distributed_epoch", cluster.target, job_name="dyn")
     )
     iterator = iter(dataset)
-    with pytest.raises(errors.FailedPreconditionError, match=r"DYNAMIC.*split.*OFF"):
+    with pytest.raises(errors.FailedPreconditionError, match=r"DYNAMIC.*fault_tolerant_mode"):
         iterator.get_state()
-    with pytest.raises(errors.FailedPreconditionError, match="DYNAMIC"):
-        iterator.set_state({"version": 1, "mode": "DYNAMIC", "num_workers": 1, "tasks": []})
+    with pytest.raises(errors.FailedPreconditionError, match="fault_tolerant_mode"):
+        iterator.set_state(
+            {"version": 1, "mode": "DYNAMIC", "cursor": None, "done": [], "partial": []}
+        )
     assert sorted(int(x) for x in iterator) == [0, 1, 2, 3]  # still reads
+
+
+@pytest.mark.parametrize(("workers_before", "workers_after"), [(2, 3), (3, 1)])
+def test_dynamic_sharding_resumes_the_splits_and_offsets_returned(
+    make_cluster: Any, tmp_path: Path, workers_before: int, workers_after: int
+) -> None:
+    """With a fault-tolerant dispatcher every element carries its split and offset: the
+    position is the splits returned whole and the offsets returned of the others, and the
+    resumed job hands out the rest, on any number of workers."""
+    cluster = make_cluster(
+        workers_before, work_dir=str(tmp_path / "work"), fault_tolerant_mode=True
+    )
+    for k in (0, 1, 37, 150, 400):
+        name = f"dyn-{workers_after}-{k}"
+
+        def make(name: str = name) -> Dataset:
+            return (
+                Dataset.range(400)
+                .map(lambda x: x * 10)
+                .apply(
+                    service.distribute(
+                        "distributed_epoch",
+                        cluster.target,
+                        job_name=name,
+                        max_outstanding_requests=_OUTSTANDING,
+                    )
+                )
+            )
+
+        first = iter(make())
+        before = _take(first, k)
+        path = Checkpoint(iterator=first).save(str(tmp_path / f"ckpt-{name}"))
+        first.close()
+        while len(cluster.workers) < workers_after:
+            cluster.add_worker()
+        while len(cluster.workers) > workers_after:
+            cluster.workers.pop().stop()
+        second = iter(make())
+        Checkpoint(iterator=second).restore(path)
+        after = [int(x) for x in second]
+        second.close()
+        assert sorted(before + after) == [x * 10 for x in range(400)], (k, len(before + after))
+
+
+def test_a_dynamic_position_saved_again_after_a_restore_keeps_what_came_before(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    cluster = make_cluster(2, work_dir=str(tmp_path / "work"), fault_tolerant_mode=True)
+
+    def make() -> Dataset:
+        return Dataset.range(300).apply(
+            service.distribute("distributed_epoch", cluster.target, job_name="twice")
+        )
+
+    first = iter(make())
+    part1 = _take(first, 90)
+    state = first.get_state()
+    first.close()
+    second = iter(make())
+    second.set_state(state)
+    part2 = _take(second, 60)
+    state = second.get_state()
+    assert json.loads(json.dumps(state)) == state  # a plain JSON-able dict
+    second.close()
+    third = iter(make())
+    third.set_state(state)
+    part3 = [int(x) for x in third]
+    third.close()
+    assert sorted(part1 + part2 + part3) == list(range(300))
 
 
 def test_round_robin_cannot_be_checkpointed(make_cluster: Any) -> None:

@@ -28,7 +28,14 @@ from feedline.errors import (
     UnavailableError,
 )
 from feedline.service._channels import _bounded_call, _client, _dispatcher
-from feedline.service._position import JobPosition, TaskPosition
+from feedline.service._ledger import Receipts, Returned
+from feedline.service._position import (
+    JobPosition,
+    SplitPosition,
+    TaskPosition,
+    check_checkpointable,
+)
+from feedline.service._shm import ConsumerChannels
 from feedline.service.config import ShardingPolicy
 from feedline.service.worker import SERVICE_NAME as WORKER_SERVICE
 from feedline.service.worker import local_worker_addresses
@@ -49,6 +56,9 @@ _RPC_TIMEOUT_S = 30.0
 # The longest time between a consumer's heartbeats (shorter if the dispatcher's
 # client_timeout_ms asks for it).
 _HEARTBEAT_S = 1.0
+# The longest time between the reports of a consumer of an exactly-once job (what it received:
+# a split is done, and the job can end, only once its elements are reported).
+_REPORT_S = 0.1
 
 
 class _JobReader:
@@ -85,7 +95,7 @@ class _JobReader:
         dataset: DataServiceDataset,
         iteration: int,
         timeout_s: float,
-        resume: JobPosition | None = None,
+        resume: JobPosition | SplitPosition | None = None,
     ) -> None:
         params = self._params = dataset._params
         self._resume = resume
@@ -93,8 +103,11 @@ class _JobReader:
         self._timeout_s = timeout_s
         self._treespec = structure.spec_structure(dataset.element_spec)
         self._cond = threading.Condition()
-        # (element, its size, the task it came from), in the order next() returns them.
-        self._results: collections.deque[tuple[Any, int, int]] = collections.deque()
+        # (element, its size, the task it came from, its [split, offset] in exactly-once jobs),
+        # in the order next() returns them.
+        self._results: collections.deque[tuple[Any, int, int, list[int] | None]] = (
+            collections.deque()
+        )
         # Per task: the elements next() returned, and (worker_index, num_workers, skip).
         self._returned: collections.Counter[int] = collections.Counter()
         self._task_info: dict[int, tuple[int, int, int]] = {}
@@ -108,6 +121,14 @@ class _JobReader:
         # done may still be on their way here.
         self._in_flight: set[int] = set()
         self._lost: set[int] = set()  # its worker left or was dropped
+        # Exactly-once jobs (``_ledger``): the [split, offset] received, the lost tasks this
+        # consumer takes nothing more from (reported as closed), and whether the last report
+        # may not have arrived (the next then sends everything).
+        self._receipts: Receipts | None = None
+        self._returned_splits: Returned | None = None  # the position: what next() returned
+        self._split_cursor: dict[str, Any] | None = None  # what split keys mean
+        self._closed: set[int] = set()
+        self._report_all = False
         self._fetchers: dict[int, threading.Thread] = {}
         # How many times a task ended here, and that count when the newest view applied was
         # asked for: the end of the tasks this consumer knows is the end of the job only once a
@@ -119,12 +140,21 @@ class _JobReader:
         self._version = -1
         self._consumers = 1  # the job's consumers, as the dispatcher last said
         self._stopping = threading.Event()
+        # Replies from same-host workers through shared memory (_shm).
+        self._shm = ConsumerChannels(params.data_transfer_protocol != "grpc", _REPLY_BYTES)
         self._released = False
         self._client_id: int | None = None
         reply = self._join(dataset, iteration)
         self._client_id = int(reply["client_id"])
         self._job_id = int(reply["job_id"])
         self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, reply["client_timeout_ms"] / 4000))
+        if reply.get("exactly_once"):
+            self._receipts = Receipts()
+            resumed = resume if isinstance(resume, SplitPosition) else None
+            self._returned_splits = Returned(
+                resumed.done if resumed else None, resumed.partial if resumed else None
+            )
+            self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
         self._answered_at = time.monotonic()
         self._idle_since: float | None = None  # since when no task of the job can be read
         self._apply_view(reply, 0)
@@ -167,17 +197,18 @@ class _JobReader:
             started = time.monotonic()
             with self._cond:
                 asked_after = self._task_ends
+                request = {
+                    "client_id": self._client_id,
+                    "version": self._version,
+                    "wait_ms": int(interval * 1000),
+                    **self._report(),
+                }
             try:
                 reply, _ = self._dispatcher.call(
-                    "ClientHeartbeat",
-                    {
-                        "client_id": self._client_id,
-                        "version": self._version,
-                        "wait_ms": int(interval * 1000),
-                    },
-                    timeout=interval + _RPC_TIMEOUT_S,
+                    "ClientHeartbeat", request, timeout=interval + _RPC_TIMEOUT_S
                 )
             except UnavailableError:  # next() raises once this lasts too long
+                self._report_all = True
                 self._stopping.wait(min(interval, 0.5))
                 continue
             except BaseException as error:
@@ -185,8 +216,25 @@ class _JobReader:
                 return
             with self._cond:
                 self._answered_at = time.monotonic()
+                if self._receipts is not None and self._returned_splits is not None:
+                    done = reply.get("splits_done", ())
+                    self._receipts.forget(key for key, _ in done)
+                    self._returned_splits.counted(done)
             if not self._apply_view(reply, asked_after):  # no news: the next waits its turn
                 self._stopping.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def _report(self) -> dict[str, Any]:
+        """(Under the lock.) What an exactly-once job's consumer reports with its heartbeat:
+        the offsets received since the last report (all of them after a failed one) and the
+        lost tasks it closed."""
+        if self._receipts is None:
+            return {}
+        everything, self._report_all = self._report_all, False
+        return {
+            "received": self._receipts.report(everything),
+            "closed": sorted(self._closed),
+            "wait_ms": 0 if self._receipts.unreported() else int(self._heartbeat_s * 1000),
+        }
 
     def _refresh_view(self) -> None:
         """Asks the dispatcher for the job's view at once, without waiting for news: called when
@@ -237,6 +285,10 @@ class _JobReader:
                     self._completed.add(task_id)
                 elif state == "lost":
                     self._lost.add(task_id)
+            if view.get("split_cursor") is not None:
+                self._split_cursor = view["split_cursor"]
+            if self._receipts is not None:  # nothing more is taken from a lost task
+                self._closed.update(int(t) for t, _, state in view["tasks"] if state == "lost")
             new = sorted(t for t, _, _ in listed if t not in self._tasks)
             self._tasks.update((t, a) for t, a, _ in listed if t in new)
             self._viewed_ends = max(self._viewed_ends, asked_after)
@@ -302,22 +354,47 @@ class _JobReader:
             self._credits -= share
             return share
 
-    def _deliver(self, elements: list[list[Any]], credits: int, task_id: int) -> None:
+    def _deliver(
+        self,
+        elements: list[list[Any]],
+        credits: int,
+        task_id: int,
+        tags: list[list[int]] | None = None,
+    ) -> None:
         treespec = self._treespec
         items = []
-        for leaves in elements:
+        for index, leaves in enumerate(elements):
             size = sum(leaf.nbytes for leaf in leaves)
             # 0-d numbers come back as NumPy scalars, as feedline.data's sources give them.
             leaves = [
                 leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
                 for leaf in leaves
             ]
-            items.append((structure.unflatten(treespec, leaves), size, task_id))
+            tag = tags[index] if tags is not None and index < len(tags) else None
+            items.append((structure.unflatten(treespec, leaves), size, task_id, tag))
         with self._cond:
+            if self._receipts is not None and items:
+                items = self._first_receipts(items, task_id, tags)
             self._results.extend(items)
             self._credits += credits - len(items)
-            self._buffered_bytes += sum(size for _, size, _ in items)
+            self._buffered_bytes += sum(item[1] for item in items)
             self._cond.notify_all()
+
+    def _first_receipts(
+        self, items: list[Any], task_id: int, tags: list[list[int]] | None
+    ) -> list[Any]:
+        """(Under the lock.) The elements of an exactly-once job's reply that this consumer
+        takes: none from a task it closed, none it received before (a replayed split)."""
+        if task_id in self._closed:
+            return []
+        if tags is None or len(tags) != len(items):
+            raise FailedPreconditionError(
+                f"the worker {self._tasks.get(task_id)} sent elements of exactly-once job "
+                f"{self._job_id} without their [split, offset] tags"
+            )
+        receipts = self._receipts
+        assert receipts is not None
+        return [item for item in items if receipts.take(*item[3])]
 
     def _end_tasks(self, task_ids: Any, completed: bool) -> None:
         """``task_ids`` ended here (a worker said so); if no task this consumer knows can be
@@ -336,11 +413,15 @@ class _JobReader:
         cannot be reached (only a failed RPC means that)."""
         try:
             frame = worker.call_frame(
-                "GetElements", encode_frame(request), timeout=_POLL_MS / 1000 + _RPC_TIMEOUT_S
+                "GetElements",
+                encode_frame(self._shm.ask(worker.address, request)),
+                timeout=_POLL_MS / 1000 + _RPC_TIMEOUT_S,
             )
         except UnavailableError:
+            self._shm.lost(worker.address)
             return None
         header, buffers = decode_frame(frame)
+        buffers = self._shm.received(worker.address, header, buffers)
         meta = header.get("meta")
         header["elements"] = [] if meta is None else unpack_elements(meta, buffers)
         return header
@@ -370,7 +451,12 @@ class _JobReader:
                             "wait_ms": _POLL_MS,
                         },
                     )
-                    self._deliver([] if reply is None else reply["elements"], credits, task_id)
+                    self._deliver(
+                        [] if reply is None else reply["elements"],
+                        credits,
+                        task_id,
+                        None if reply is None else reply.get("tags"),
+                    )
                 finally:
                     with self._cond:
                         self._in_flight.discard(task_id)
@@ -496,7 +582,9 @@ class _JobReader:
                 self._cond.wait(0.5)
             error = self._job_error
             if error is None and self._results:
-                element, size, task_id = self._results.popleft()
+                element, size, task_id, tag = self._results.popleft()
+                if tag is not None and self._returned_splits is not None:
+                    self._returned_splits.take(*tag)
                 self._returned[task_id] += 1
                 self._credits += 1
                 self._buffered_bytes -= size
@@ -507,15 +595,24 @@ class _JobReader:
             raise error
         raise StopIteration
 
-    def position(self) -> JobPosition:
+    @property
+    def exactly_once(self) -> bool:
+        """Whether the job hands out its splits exactly once (a fault-tolerant dispatcher's
+        DYNAMIC job)."""
+        return self._receipts is not None
+
+    def position(self) -> JobPosition | SplitPosition:
         """This consumer's position in its job: per task, the elements ``next`` returned
-        (plus those the task skipped for a resumed consumer). Asks the dispatcher for the job's
-        view first, so that a consumer that joined since the last heartbeat is known.
+        (plus those the task skipped for a resumed consumer); in an exactly-once DYNAMIC job,
+        the splits and offsets returned. Asks the dispatcher for the job's view first, so that
+        a consumer that joined since the last heartbeat is known.
 
         Raises:
           FailedPreconditionError: another consumer joined the job (its reads are not counted
-            here), or the dispatcher could not say whether one did.
+            here), or the dispatcher could not say whether one did; a DYNAMIC job of a
+            dispatcher that is not fault-tolerant.
         """
+        check_checkpointable(int(self._params.mode), self._params.num_consumers, self.exactly_once)
         with self._cond:
             live = not self._stopping.is_set() and not self._job_finished
         if live:
@@ -540,6 +637,9 @@ class _JobReader:
                     "its elements first come, first served, so what one of them received is "
                     "not the job's position. Give each checkpointed consumer its own job_name"
                 )
+            if self._returned_splits is not None:
+                done, partial = self._returned_splits.position()
+                return SplitPosition(self._split_cursor, done, partial)
             tasks = []
             num_workers = 0
             for task_id, address in sorted(self._tasks.items()):
@@ -551,6 +651,7 @@ class _JobReader:
 
     def release(self, timeout: float = 5.0) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
+        self._shm.close()
         with self._cond:
             self._stopping.set()
             self._cond.notify_all()

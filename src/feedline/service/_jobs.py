@@ -13,7 +13,13 @@ from typing import Any
 
 from feedline._net.rpc import field
 from feedline.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from feedline.service._position import JobPosition, check_checkpointable, resume_skips
+from feedline.service._position import (
+    JobPosition,
+    SplitPosition,
+    check_checkpointable,
+    position_from_state,
+    resume_skips,
+)
 from feedline.service._state import (
     AcquireClient,
     CreateJob,
@@ -23,6 +29,7 @@ from feedline.service._state import (
     JobRecord,
     ReleaseClient,
     RemoveJob,
+    ResumeSplits,
     incarnation_of,
 )
 from feedline.service.config import ShardingPolicy
@@ -50,8 +57,8 @@ class JobHandlers:
         resume = header.get("resume")
         position = None
         if resume is not None:
-            check_checkpointable(int(mode), num_consumers)
-            position = JobPosition.from_state(resume, int(mode))
+            check_checkpointable(int(mode), num_consumers, self._config.fault_tolerant_mode)
+            position = position_from_state(resume, int(mode))
         with self._lock:
             record = self._dataset(header.get("dataset_id"))
             if mode == ShardingPolicy.DYNAMIC and record.split_plan is None:
@@ -119,13 +126,13 @@ class JobHandlers:
         iteration: int,
         num_consumers: int | None,
         target_workers: str,
-        position: JobPosition | None = None,
+        position: JobPosition | SplitPosition | None = None,
     ) -> JobRecord:
         """A new job and its tasks; with ``position``, tasks skip what it says was read."""
         state = self._state
         addresses = self._job_workers(mode, num_consumers)
         skips = [0] * len(addresses)
-        if position is not None:
+        if isinstance(position, JobPosition):
             skips = resume_skips(position, int(mode), addresses)
         job_id = state.new_id()
         self._apply(
@@ -137,8 +144,22 @@ class JobHandlers:
                 iteration,
                 num_consumers,
                 target_workers,
+                exactly_once=(
+                    self._config.fault_tolerant_mode
+                    and mode == ShardingPolicy.DYNAMIC
+                    and num_consumers is None
+                ),
             )
         )
+        if isinstance(position, SplitPosition):
+            self._apply(
+                ResumeSplits(
+                    job_id,
+                    position.cursor,
+                    [[key, count] for key, count in position.done.items()],
+                    [[key, ranges] for key, ranges in position.partial.items()],
+                )
+            )
         for index, address in enumerate(addresses):
             self._apply(
                 CreateTask(state.new_id(), job_id, address, index, len(addresses), skips[index])

@@ -16,6 +16,7 @@ from typing import Any
 
 from feedline._net.rpc import field
 from feedline.errors import NotFoundError
+from feedline.service._ledger import check_report
 from feedline.service._state import (
     AcquireClient,
     CreateTask,
@@ -24,6 +25,7 @@ from feedline.service._state import (
     JobRecord,
     ReleaseClient,
     RemoveWorker,
+    ReportSplits,
     Update,
 )
 
@@ -103,8 +105,29 @@ class LongPoll:
             "error": job.error,
             "consumers": len(self._state.active_clients(job.job_id)),
             "joined": len(job.client_ids),
+            "exactly_once": job.exactly_once,
+            # What an exactly-once job's split keys mean (a consumer's position saves it).
+            "split_cursor": self._state.split_cursors.get((job.job_id, 0))
+            if job.exactly_once
+            else None,
             "version": self._job_versions[job.job_id],
         }
+
+    def _take_report(
+        self, client_id: int, job: JobRecord, header: dict[str, Any]
+    ) -> list[list[int]] | None:
+        """Applies what a consumer of an exactly-once job reports (the offsets it received, the
+        lost tasks it closed); ``[key, count]`` of the reported splits that are done, or None
+        for other jobs."""
+        ledger = self._state.ledgers.get(job.job_id)
+        if ledger is None:
+            return None
+        received, closed = check_report(header.get("received", []), header.get("closed", []))
+        news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges)]
+        closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
+        if news or closed:
+            self._apply(ReportSplits(job.job_id, client_id, news, closed))
+        return [[key, ledger.done[key]] for key, _ in received if key in ledger.done]
 
     def _client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
         version = field(header, "version", int, -1)
@@ -112,6 +135,7 @@ class LongPoll:
         deadline = time.monotonic() + wait_s
         with self._lock:
             client_id, job = self._client(header)
+            done = self._take_report(client_id, job, header)
             while True:
                 client = self._state.clients.get(client_id)
                 if client is None or client.released:  # None: collected with its job
@@ -127,7 +151,10 @@ class LongPoll:
                     or self._stopped.is_set()
                     or self._waiting_consumers >= _MAX_WAITING_CONSUMERS
                 ):
-                    return {"incarnation": self._incarnation, **self._job_view(job)}, ()
+                    reply = {"incarnation": self._incarnation, **self._job_view(job)}
+                    if done is not None:
+                        reply["splits_done"] = done
+                    return reply, ()
                 self._waiting_consumers += 1
                 try:
                     self._wait(client_id, remaining, ("job", job.job_id))

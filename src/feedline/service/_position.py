@@ -14,8 +14,12 @@ OFF                 every worker runs the whole dataset: a count goes back to th
                     job's other workers, in worker order (the streams are the same)
 FILE, DATA, ...     worker ``i`` of ``n`` reads shard ``i``: a count goes back to worker index
                     ``i``, and the new job must have the same ``n`` workers
-DYNAMIC             not saved: the position is the splits received, which needs elements
-                    tagged with their split (``FailedPreconditionError``)
+DYNAMIC             with a fault-tolerant dispatcher (exactly-once jobs, ``_ledger``): the
+                    splits whose elements were all returned (with their element counts) and,
+                    for the others, the offsets returned (``SplitPosition``); the new job does
+                    not hand out the first, and hands out the second first, skipping those
+                    offsets. Any number of workers. Without a fault-tolerant dispatcher: not
+                    saved (``FailedPreconditionError``)
 round robin         not saved (``FailedPreconditionError``)
 ==================  ==========================================================================
 
@@ -35,27 +39,39 @@ from typing import Any
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 
-__all__ = ["JobPosition", "TaskPosition", "check_checkpointable", "resume_skips"]
+__all__ = [
+    "JobPosition",
+    "SplitPosition",
+    "TaskPosition",
+    "check_checkpointable",
+    "position_from_state",
+    "resume_skips",
+]
 
 #: The version of the iterator state written by ``JobPosition.to_state``.
 STATE_VERSION = 1
 
-_SUPPORTED = "OFF (parallel_epochs) and the static policies (FILE, DATA, FILE_OR_DATA, HINT)"
+_SUPPORTED = (
+    "OFF (parallel_epochs), the static policies (FILE, DATA, FILE_OR_DATA, HINT) and, with a "
+    "fault-tolerant dispatcher, DYNAMIC (distributed_epoch)"
+)
 
 
-def check_checkpointable(mode: int, num_consumers: int | None) -> None:
-    """Raises unless a consumer reading a job of ``mode`` can save its position.
+def check_checkpointable(mode: int, num_consumers: int | None, exactly_once: bool = True) -> None:
+    """Raises unless a consumer reading a job of ``mode`` can save its position
+    (``exactly_once``: whether a DYNAMIC job's dispatcher is fault-tolerant).
 
     Raises:
-      FailedPreconditionError: DYNAMIC sharding or round-robin reads.
+      FailedPreconditionError: DYNAMIC sharding without a fault-tolerant dispatcher, or
+        round-robin reads.
     """
-    policy = ShardingPolicy(mode)
-    if policy == ShardingPolicy.DYNAMIC:
+    if ShardingPolicy(mode) == ShardingPolicy.DYNAMIC and not exactly_once:
         raise FailedPreconditionError(
-            "an iterator over a ShardingPolicy.DYNAMIC (distributed_epoch) job cannot be "
-            "checkpointed yet: its position is the set of splits (and offsets) it received, "
-            "which needs elements tagged with their split (issue 16 part 2). Positions are "
-            f"saved for {_SUPPORTED}; checkpoint the model and start a new job instead"
+            "an iterator over a ShardingPolicy.DYNAMIC (distributed_epoch) job is checkpointed "
+            "only with a fault-tolerant dispatcher (DispatcherConfig(work_dir=..., "
+            "fault_tolerant_mode=True)), which tags each element with its split and offset: its "
+            "position is the splits (and offsets) it returned. Start the dispatcher that way, "
+            "or checkpoint the model and start a new job"
         )
     if num_consumers is not None:
         raise FailedPreconditionError(
@@ -93,13 +109,12 @@ class JobPosition:
             "tasks": [[t.worker_index, t.address, t.count] for t in self.tasks],
         }
 
-    @classmethod
-    def from_state(cls, state: Any, mode: int) -> JobPosition:
-        """The position ``to_state`` wrote, for a job of ``mode``.
+    @staticmethod
+    def check_state(state: Any, mode: int) -> None:
+        """Checks that ``state`` is an iterator state of this version, saved in ``mode``.
 
         Raises:
-          InvalidArgumentError: ``state`` is not such a position, or was saved from a job of
-            another processing mode.
+          InvalidArgumentError: it is not.
         """
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise InvalidArgumentError(
@@ -112,6 +127,17 @@ class JobPosition:
                 f"this iterator reads with ShardingPolicy.{policy.name}; restore it into an "
                 "iterator of the same processing mode"
             )
+
+    @classmethod
+    def from_state(cls, state: Any, mode: int) -> JobPosition:
+        """The position ``to_state`` wrote, for a job of ``mode``.
+
+        Raises:
+          InvalidArgumentError: ``state`` is not such a position, or was saved from a job of
+            another processing mode.
+        """
+        cls.check_state(state, mode)
+        policy = ShardingPolicy(mode)
         try:
             num_workers = int(state["num_workers"])
             tasks = tuple(
@@ -156,3 +182,69 @@ def resume_skips(position: JobPosition, mode: int, addresses: tuple[str, ...]) -
         if skip is None:
             skips[index] = unmatched.pop(0) if unmatched else 0
     return [int(skip or 0) for skip in skips]
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPosition:
+    """A consumer's position in an exactly-once DYNAMIC job (``_ledger``).
+
+    Attributes:
+      cursor: the geometry of the job's splits (``num_units``, ``split_size``, ``seed``: what
+        a key means), None if no split had been handed out.
+      done: the splits whose elements were all returned: key -> element count.
+      partial: the other splits returned from: key -> the offsets returned, as ranges.
+    """
+
+    cursor: dict[str, Any] | None
+    done: dict[int, int]
+    partial: dict[int, list[list[int]]]
+
+    def to_state(self) -> dict[str, Any]:
+        """The iterator state (a picklable dict, also JSON)."""
+        return {
+            "version": STATE_VERSION,
+            "mode": ShardingPolicy.DYNAMIC.name,
+            "cursor": self.cursor,
+            "done": [[key, count] for key, count in sorted(self.done.items())],
+            "partial": [[key, ranges] for key, ranges in sorted(self.partial.items())],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SplitPosition:
+        """The position ``to_state`` wrote (checked by ``position_from_state``).
+
+        Raises:
+          InvalidArgumentError: a malformed state.
+        """
+        try:
+            cursor = state["cursor"]
+            if cursor is not None:
+                cursor = {k: cursor[k] for k in ("num_units", "split_size", "seed")}
+                if any(not isinstance(cursor[k], int) for k in ("num_units", "split_size")):
+                    raise ValueError(f"cursor {cursor}")
+            done = {int(key): int(count) for key, count in state["done"]}
+            partial = {
+                int(key): [[int(a), int(b)] for a, b in ranges] for key, ranges in state["partial"]
+            }
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidArgumentError(
+                f"malformed data service iterator state: {error!r}"
+            ) from None
+        if any(v < 0 for v in [*done, *done.values(), *partial]) or any(
+            a < 0 or b < a for ranges in partial.values() for a, b in ranges
+        ):
+            raise InvalidArgumentError(f"negative counts in a data service iterator state: {state}")
+        return cls(cursor, done, partial)
+
+
+def position_from_state(state: Any, mode: int) -> JobPosition | SplitPosition:
+    """The position a consumer saved (``to_state``), for a job of ``mode``.
+
+    Raises:
+      InvalidArgumentError: ``state`` is not such a position, or was saved from a job of
+        another processing mode.
+    """
+    if ShardingPolicy(mode) == ShardingPolicy.DYNAMIC:
+        JobPosition.check_state(state, mode)
+        return SplitPosition.from_state(state)
+    return JobPosition.from_state(state, mode)

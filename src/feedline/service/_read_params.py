@@ -25,6 +25,9 @@ class _ReadParams:
     num_consumers: int | None
     max_outstanding_requests: int | None
     target_workers: str
+    # None: through shared memory with a worker on the same host, else gRPC (_shm);
+    # "grpc": always gRPC.
+    data_transfer_protocol: str | None = None
 
 
 def _read_params(
@@ -82,6 +85,7 @@ def _read_params(
         num_consumers,
         max_outstanding_requests,
         "ANY" if workers == "AUTO" else workers,
+        data_transfer_protocol,
     )
 
 

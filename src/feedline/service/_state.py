@@ -25,10 +25,12 @@ import typing
 from typing import Any
 
 from feedline.errors import InvalidArgumentError
+from feedline.service._ledger import SplitLedger
 
 __all__ = [
     "AcquireClient",
     "ClientRecord",
+    "CountSplit",
     "CreateJob",
     "CreateTask",
     "DatasetRecord",
@@ -43,6 +45,9 @@ __all__ = [
     "RemoveDataset",
     "RemoveJob",
     "RemoveWorker",
+    "ReplaySplit",
+    "ReportSplits",
+    "ResumeSplits",
     "TaskRecord",
     "Update",
     "incarnation_of",
@@ -103,7 +108,8 @@ class TaskRecord:
     #: The task ended because its worker left or was dropped, not because its input ended.
     lost: bool = False
     #: The last DYNAMIC split handed to the task: ``{"request", "repetition", "cursor"}``, the
-    #: cursor *before* it (so that a retried request gets the same split again).
+    #: cursor *before* it (so that a retried request gets the same split again); for a split
+    #: handed out again (exactly-once jobs), ``{"request", "repetition", "replay": key}``.
     last_split: dict[str, Any] | None = None
     #: Elements the worker skips before serving: the count a resumed consumer had already
     #: received from this task's stream (``GetOrCreateJob``'s ``resume``), else 0.
@@ -130,6 +136,9 @@ class JobRecord:
     finished: bool = False
     #: Why the job failed (``{"type", "message", "traceback", "worker"}``), None if it did not.
     error: dict[str, Any] | None = None
+    #: A DYNAMIC job of a fault-tolerant dispatcher: its splits are kept in a ``SplitLedger``
+    #: and every element reaches the consumers once (``_ledger``).
+    exactly_once: bool = False
 
 
 @dataclasses.dataclass
@@ -167,6 +176,7 @@ class CreateJob:
     iteration: int
     num_consumers: int | None
     target_workers: str
+    exactly_once: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +231,50 @@ class MoveSplitCursor:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplaySplit:
+    """Split ``key`` of exactly-once job ``job_id``, whose worker was lost, was handed out again
+    to ``task_id`` as the answer to its request number ``request``."""
+
+    job_id: int
+    key: int
+    task_id: int
+    request: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CountSplit:
+    """A worker produced all of split ``key`` of exactly-once job ``job_id``: ``count``
+    elements."""
+
+    job_id: int
+    key: int
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSplits:
+    """Consumer ``client_id`` of exactly-once job ``job_id`` received the offsets ``received``
+    (``[[key, ranges], ...]``) and takes nothing more from the lost tasks ``closed``."""
+
+    job_id: int
+    client_id: int
+    received: list[list[Any]]
+    closed: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeSplits:
+    """Exactly-once job ``job_id`` resumes a consumer's saved position: splits of ``cursor``'s
+    geometry (None: the job's own), ``done`` (``[[key, count], ...]``) are not handed out,
+    ``partial`` ones (``[[key, ranges], ...]``) are handed out first, skipping those offsets."""
+
+    job_id: int
+    cursor: dict[str, Any] | None
+    done: list[list[int]]
+    partial: list[list[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class RemoveJob:
     """The job is collected: it, its tasks, its consumers and its split cursors are forgotten
     (a named job's name then starts a new job)."""
@@ -246,6 +300,10 @@ Update = (
     | AcquireClient
     | ReleaseClient
     | MoveSplitCursor
+    | ReplaySplit
+    | CountSplit
+    | ReportSplits
+    | ResumeSplits
     | RemoveJob
     | RemoveDataset
 )
@@ -306,6 +364,8 @@ class DispatcherState:
         self._worker_task_ids: dict[str, dict[int, None]] = {}
         self.clients: dict[int, ClientRecord] = {}
         self.split_cursors: dict[tuple[int, int], dict[str, Any]] = {}
+        #: The split ledgers of the exactly-once jobs.
+        self.ledgers: dict[int, SplitLedger] = {}
         self.next_id = (incarnation << INCARNATION_SHIFT) + 1
 
     def new_id(self) -> int:
@@ -332,11 +392,16 @@ class DispatcherState:
                 for task in self.worker_tasks(address):
                     if not task.finished:
                         task.finished = task.lost = True
+                        ledger = self.ledgers.get(task.job_id)
+                        if ledger is not None:
+                            ledger.holder_lost(task.task_id, self.active_clients(task.job_id))
             case CreateJob():
                 job = JobRecord(**dataclasses.asdict(update))
                 self.jobs[job.job_id] = job
                 if job.job_name is not None:
                     self.job_by_key[(job.job_name, job.iteration)] = job.job_id
+                if job.exactly_once:
+                    self.ledgers[job.job_id] = SplitLedger()
                 self._take_id(job.job_id)
             case CreateTask():
                 task = TaskRecord(**dataclasses.asdict(update))
@@ -359,7 +424,10 @@ class DispatcherState:
                 self.jobs[job_id].client_ids.append(client_id)
                 self._take_id(client_id)
             case ReleaseClient(client_id):
-                self.clients[client_id].released = True
+                client = self.clients[client_id]
+                client.released = True
+                if client.job_id in self.ledgers:
+                    self.ledgers[client.job_id].client_gone(client_id)
             case MoveSplitCursor(job_id, repetition, cursor, task_id, request, previous):
                 self.split_cursors[(job_id, repetition)] = cursor
                 if task_id is not None and task_id in self.tasks:
@@ -368,6 +436,28 @@ class DispatcherState:
                         "repetition": repetition,
                         "cursor": previous,
                     }
+                    if job_id in self.ledgers and previous is not None:
+                        self.ledgers[job_id].grant(int(previous["position"]), task_id)
+            case ReplaySplit(job_id, key, task_id, request):
+                self.ledgers[job_id].regrant(key, task_id)
+                self.tasks[task_id].last_split = {
+                    "request": request,
+                    "repetition": 0,
+                    "replay": key,
+                }
+            case CountSplit(job_id, key, count):
+                self.ledgers[job_id].count(key, count)
+            case ReportSplits(job_id, client_id, received, closed):
+                ledger = self.ledgers[job_id]
+                for key, ranges in received:
+                    ledger.receive(int(key), ranges)
+                ledger.closed(client_id, closed)
+            case ResumeSplits(job_id, cursor, done, partial):
+                if cursor is not None:
+                    self.split_cursors[(job_id, 0)] = {**cursor, "position": 0}
+                self.ledgers[job_id].resume(
+                    {int(k): int(c) for k, c in done}, {int(k): r for k, r in partial}
+                )
             case RemoveJob(job_id):
                 self._remove_job(job_id)
             case RemoveDataset(dataset_id):
@@ -393,6 +483,7 @@ class DispatcherState:
             del self.clients[client_id]
         for cursor in [key for key in self.split_cursors if key[0] == job_id]:
             del self.split_cursors[cursor]
+        self.ledgers.pop(job_id, None)
 
     # -- queries ----------------------------------------------------------------------------
     def active_clients(self, job_id: int) -> list[int]:
@@ -433,6 +524,7 @@ def state_to_json(state: DispatcherState) -> dict[str, Any]:
         "tasks": [dataclasses.asdict(t) for t in state.tasks.values()],
         "clients": [dataclasses.asdict(c) for c in state.clients.values()],
         "split_cursors": [[j, r, cursor] for (j, r), cursor in state.split_cursors.items()],
+        "ledgers": [[j, ledger.to_json()] for j, ledger in state.ledgers.items()],
     }
 
 
@@ -469,6 +561,7 @@ def state_from_json(data: dict[str, Any]) -> DispatcherState:
             client = ClientRecord(**fields)
             state.clients[client.client_id] = client
         state.split_cursors = {(int(j), int(r)): dict(c) for j, r, c in data["split_cursors"]}
+        state.ledgers = {int(j): SplitLedger.from_json(d) for j, d in data.get("ledgers", ())}
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise InvalidArgumentError(f"not a dispatcher state snapshot: {error!r}") from error
     return state

@@ -187,6 +187,7 @@ class WorkerHandlers:
             "num_workers": task.num_workers,
             "num_consumers": job.num_consumers,
             "skip": task.skip,
+            "exactly_once": job.exactly_once,
             # Consumers of a named job share its tasks' elements first come, first served.
             "shared": job.job_name is not None and job.num_consumers is None,
         }
@@ -197,10 +198,12 @@ class WorkerHandlers:
         the next worker to register takes its remaining splits, and its consumers wait (for
         their bounded time) instead of taking the loss for the end of the data."""
         tasks = self._state.job_tasks(job.job_id)
+        ledger = self._state.ledgers.get(job.job_id)
         if (
             not job.finished
             and tasks
             and all(t.finished for t in tasks)
             and not all(t.lost for t in tasks)
+            and (ledger is None or ledger.settled)
         ):
             self._apply(FinishJob(job.job_id))

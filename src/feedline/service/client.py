@@ -40,7 +40,7 @@ from feedline.errors import (
 )
 from feedline.service._channels import _bounded_call, _dispatcher
 from feedline.service._job_reader import _JobReader
-from feedline.service._position import JobPosition, check_checkpointable
+from feedline.service._position import check_checkpointable, position_from_state
 from feedline.service._read_params import _check_compression, _read_params, _ReadParams
 from feedline.service._split import split_plan
 from feedline.service.config import ShardingPolicy
@@ -299,7 +299,8 @@ class _ServiceIterator(DatasetIterator):
     Its state is the consumer's position in the job (``_position``): per task, the elements
     ``next`` has returned. ``set_state`` releases the job joined so far and joins a new job of
     the same name and iteration whose tasks skip what the position counts, so that the elements
-    after it come next (OFF and static sharding; DYNAMIC and round robin raise
+    after it come next (OFF and static sharding, and DYNAMIC with a fault-tolerant dispatcher,
+    whose position is the splits and offsets returned; round robin raises
     ``FailedPreconditionError``). A saved position is the job's only if this consumer read the
     job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it.
     """
@@ -316,14 +317,12 @@ class _ServiceIterator(DatasetIterator):
         return self._reader.next()
 
     def _get_state(self) -> dict[str, Any]:
-        params = self._reader._params
-        check_checkpointable(int(params.mode), params.num_consumers)
         return self._reader.position().to_state()
 
     def _set_state(self, state: dict[str, Any]) -> None:
         params = self._reader._params
-        check_checkpointable(int(params.mode), params.num_consumers)
-        position = JobPosition.from_state(state, int(params.mode))
+        check_checkpointable(int(params.mode), params.num_consumers, self._reader.exactly_once)
+        position = position_from_state(state, int(params.mode))
         if self._closed:
             raise InvalidArgumentError("the iterator is closed: restore into a new iterator")
         self._reader.release()

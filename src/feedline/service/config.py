@@ -220,7 +220,9 @@ class WorkerConfig:
         stops on its own (``WorkerServer.error`` says why; ``feedline worker`` exits with code
         1), unless ``wait_forever``.
       wait_forever: keep trying an unreachable dispatcher for as long as it takes, once started.
-      data_transfer_protocol: the protocol consumers read elements with; ``None`` or ``"grpc"``.
+      data_transfer_protocol: the protocol consumers read elements with: ``None`` (through
+        shared memory for consumers on this host that offer it, gRPC for the others) or
+        ``"grpc"`` (every element over gRPC; offers of shared memory are refused).
       worker_tags: tags reported to the dispatcher.
       bind: the interface to listen on; loopback unless told otherwise.
       token: the shared secret; ``$FEEDLINE_SERVICE_TOKEN`` when None.

@@ -63,7 +63,10 @@ from feedline.errors import (
     OutOfRangeError,
     UnavailableError,
 )
+from feedline.service._ledger import contains
 from feedline.service._metrics import WorkerTelemetry
+from feedline.service._replay import SplitRunner
+from feedline.service._shm import WorkerSegments
 from feedline.service._split import with_split_source
 from feedline.service._state import incarnation_of
 from feedline.service._status import StatusServer
@@ -98,6 +101,8 @@ _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
 # An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
 _DATASET_KEEP_S = 10.0
+# How often an exactly-once task whose input ran out asks whether a split came back.
+_GRANT_POLL_S = 0.05
 
 _local_lock = threading.Lock()
 _local_addresses: set[str] = set()
@@ -162,6 +167,8 @@ class WorkerServer:
         self._started_at = time.monotonic()
         self._telemetry = WorkerTelemetry(config.status_port is not None, self._status_snapshot)
         self._status_server: StatusServer | None = None
+        # Arenas of same-host consumers (replies through shared memory: _shm).
+        self._shm = WorkerSegments(config.data_transfer_protocol != "grpc")
         if start:
             self.start()
 
@@ -248,6 +255,7 @@ class WorkerServer:
             tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
             task.stop()
+        self._shm.close()
         self._dispatcher.close()
 
     def cancel_drain(self) -> None:
@@ -652,6 +660,32 @@ class _DispatcherSplits:
             self._requests += 1
         return reply["split"]
 
+    def next_grant(self, finished: list[int] | None) -> dict[str, Any] | None:
+        """The next split of an exactly-once job: ``{"split", "key", "skip"}``, ``{"wait":
+        True}`` while the job's other splits are not done, None at the end (or when draining).
+        ``finished`` (``[key, count]``) reports the split this task produced last."""
+        if self._worker.draining:
+            self.drained = True
+            return None
+        with self._requests_lock:
+            reply, _ = self._worker.call_dispatcher(
+                "GetSplit",
+                {
+                    "job_id": self._job_id,
+                    "repetition": 0,
+                    "task_id": self._task_id,
+                    "request": self._requests,
+                    "finished": finished,
+                },
+                f"getting a split of job {self._job_id} for task {self._task_id}",
+            )
+            if reply.get("wait"):
+                return {"wait": True}
+            if reply["split"] is None:
+                return None
+            self._requests += 1
+        return reply
+
 
 def task_dataset(
     dataset: Dataset, mode: ShardingPolicy, num_workers: int, worker_index: int, splits: Any
@@ -695,11 +729,15 @@ class _Task:
         self._task_def = task_def
         self._worker = worker
         self._mode = ShardingPolicy(task_def["mode"])
+        self._exactly_once = bool(task_def.get("exactly_once"))
         self._splits = _DispatcherSplits(worker, int(task_def["job_id"]), self.task_id)
         self._num_consumers: int | None = task_def["num_consumers"]
         self._compressor = Compressor(None)
         self._cond = threading.Condition()
-        self._buffer: collections.deque[tuple[list[Any], int]] = collections.deque()
+        # (leaves, bytes, tag): tag is [split key, offset] in exactly-once jobs, else None.
+        self._buffer: collections.deque[tuple[list[Any], int, list[int] | None]] = (
+            collections.deque()
+        )
         self._buffered_bytes = 0
         self._ended = False
         self._drained = False  # ended because the worker drains, not because the input did
@@ -733,6 +771,7 @@ class _Task:
             self._buffer.clear()
             self._buffered_bytes = 0
             self._cond.notify_all()
+        self._worker._shm.forget_task(self.task_id)  # its consumers' arenas
 
     def drain(self) -> None:
         """Produces no more than it must: a DYNAMIC task finishes the split it holds (its
@@ -805,6 +844,9 @@ class _Task:
             dataset, compression = self._worker.dataset(self._task_def)
             self._compressor = Compressor(compression)
             expected = structure.spec_structure(dataset.element_spec)
+            if self._exactly_once:
+                self._produce_splits(dataset, expected)
+                return
             shaped = task_dataset(
                 dataset,
                 self._mode,
@@ -817,29 +859,9 @@ class _Task:
                 shaped = shaped.skip(skip)
             iterator = iter(shaped)
             for index, element in enumerate(iterator):
-                leaves, treespec = structure.flatten(element)
-                if treespec != expected:
-                    raise InvalidArgumentError(
-                        f"element {index} of the dataset has the structure {treespec}, but the "
-                        f"dataset's element_spec has the structure {expected}; every element "
-                        "must have the structure of the element_spec"
-                    )
-                size = sum(leaf.nbytes for leaf in leaves)
+                if not self._put(element, index, expected, None):
+                    return
                 with self._cond:
-                    while (
-                        not self._stop
-                        and self._buffer
-                        and (
-                            self._buffered_bytes + size > _BUFFER_BYTES
-                            or len(self._buffer) >= _BUFFER_ELEMENTS
-                        )
-                    ):
-                        self._cond.wait()
-                    if self._stop:
-                        return
-                    self._buffer.append((leaves, size))
-                    self._buffered_bytes += size
-                    self._cond.notify_all()
                     if self._draining and self._mode != ShardingPolicy.DYNAMIC:
                         self._drained = True
                         return
@@ -864,10 +886,71 @@ class _Task:
             if failed:
                 self._worker._report_failure()
 
-    def _take(self) -> list[Any]:
-        leaves, size = self._buffer.popleft()
+    def _put(self, element: Any, index: int, expected: Any, tag: list[int] | None) -> bool:
+        """Buffers ``element`` (the ``index``-th), waiting for room; False once stopped.
+
+        Raises:
+          InvalidArgumentError: the element does not have the structure ``expected``.
+        """
+        leaves, treespec = structure.flatten(element)
+        if treespec != expected:
+            raise InvalidArgumentError(
+                f"element {index} of the dataset has the structure {treespec}, but the "
+                f"dataset's element_spec has the structure {expected}; every element "
+                "must have the structure of the element_spec"
+            )
+        size = sum(leaf.nbytes for leaf in leaves)
+        with self._cond:
+            while (
+                not self._stop
+                and self._buffer
+                and (
+                    self._buffered_bytes + size > _BUFFER_BYTES
+                    or len(self._buffer) >= _BUFFER_ELEMENTS
+                )
+            ):
+                self._cond.wait()
+            if self._stop:
+                return False
+            self._buffer.append((leaves, size, tag))
+            self._buffered_bytes += size
+            self._cond.notify_all()
+        return True
+
+    def _produce_splits(self, dataset: Dataset, expected: Any) -> None:
+        """An exactly-once task's input: each split the dispatcher grants, run on its own and
+        tagged ``[key, offset]``, minus the offsets consumers already received (``_replay``)."""
+        runner = SplitRunner(dataset)
+        finished: list[int] | None = None
+        index = 0
+        while True:
+            grant = self._splits.next_grant(finished)
+            finished = None
+            if grant is None:
+                return
+            if grant.get("wait"):  # the other splits are not done: one may come back
+                with self._cond:
+                    if self._stop:
+                        return
+                    self._cond.wait(_GRANT_POLL_S)
+                continue
+            key, skip = int(grant["key"]), grant["skip"]
+            count = 0
+            for offset, element in enumerate(runner.run(key, grant["split"])):
+                count = offset + 1
+                if contains(skip, offset):
+                    continue
+                if not self._put(element, index, expected, [key, offset]):
+                    return
+                index += 1
+            finished = [key, count]
+
+    def _take(self, tags: list[list[int]] | None = None) -> list[Any]:
+        leaves, size, tag = self._buffer.popleft()
         self._buffered_bytes -= size
         self._cond.notify_all()
+        if tag is not None and tags is not None:
+            tags.append(tag)
         return leaves
 
     def _end_frame(self) -> bytes | None:
@@ -914,6 +997,7 @@ class _Task:
         max_elements = max(1, field(header, "max_elements", int, 1))
         max_bytes = max(1, field(header, "max_bytes", int, 8 << 20))
         elements: list[list[Any]] = []
+        tags: list[list[int]] = []
         deadline = time.monotonic() + wait_s
         with self._cond:
             self._consumers_hint = max(self._consumers_hint, field(header, "consumers", int, 1))
@@ -943,7 +1027,7 @@ class _Task:
                 if elements and taken + self._buffer[0][1] > max_bytes:
                     break
                 taken += self._buffer[0][1]
-                elements.append(self._take())
+                elements.append(self._take(tags))
             if not elements:
                 end = None if self._buffer else self._end_frame()
                 if end is not None:
@@ -959,11 +1043,20 @@ class _Task:
             self.served_elements += len(elements)
             self.served_bytes += taken
             self._worker._telemetry.served(len(elements), taken)
-        return self._reply(elements)
+        return self._reply(elements, tags, header)
 
-    def _reply(self, elements: list[list[Any]]) -> bytes:
+    def _reply(
+        self,
+        elements: list[list[Any]],
+        tags: list[list[int]] | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> bytes:
         meta, buffers = pack_elements(elements)
-        return encode_frame({"eos": False, "meta": meta}, buffers, compressor=self._compressor)
+        header: dict[str, Any] = {"eos": False, "meta": meta}
+        if tags:  # exactly-once jobs: [split key, offset] of each element
+            header["tags"] = tags
+        # Through the consumer's shared-memory arena when it offers one (_shm), else gRPC.
+        return self._worker._shm.reply(request or {}, header, buffers, self._compressor)
 
     def _get_round(self, header: dict[str, Any], wait_s: float) -> bytes:
         num_consumers = self._num_consumers or 1
@@ -1006,4 +1099,4 @@ class _Task:
             self.served_elements += 1
             self.served_bytes += nbytes
             self._worker._telemetry.served(1, nbytes)
-        return self._reply([element])
+        return self._reply([element], request=header)

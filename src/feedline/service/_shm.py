@@ -1,0 +1,557 @@
+"""Elements through shared memory when a consumer and a worker share a host.
+
+Loopback gRPC moves about 1 GB/s, and a large element need not cross it when the consumer and
+the worker run on the same host. The consumer then offers the worker an *arena*: a segment of
+shared memory that the consumer creates under ``/dev/shm``. The worker writes a reply's element
+buffers into the arena, and the ``GetElements`` reply, still sent over gRPC, carries only the
+header. Across hosts, or whenever an offer does not hold, replies carry their buffers over
+gRPC as before.
+
+One fetch thread of a consumer and one worker make a *channel*:
+
+1. The first replies travel over gRPC. Once one of them carried at least ``OFFER_BYTES`` of
+   buffers, the consumer creates an arena (``/dev/shm/feedline-shm-<pidns>-<pid>-<random>``,
+   mode 0600, its pages allocated up front): a page for the nonce, then a ring with room for
+   ``RING_REPLIES`` replies of the most bytes a reply may carry. From then on each request
+   offers a free run of the ring: ``"shm": {"host", "name", "nonce", "offset", "size"}``.
+2. The worker takes the offer only if ``host`` equals its own ``host_identity()`` (the kernel's
+   boot id, the device and inode of ``/dev/shm``, the user id), it can open the segment, and
+   the segment begins with ``nonce``. It maps the segment once and keeps the mapping.
+3. A reply whose buffers fit in ``size`` bytes is written into the arena in full; only then is
+   the header sent, with ``"shm": {"name", "sizes"}``. A reply that does not fit (one element
+   larger than the arena) goes over gRPC. A refused offer is answered over gRPC with
+   ``"shm_refused": reason``, and the consumer stops offering on that channel; if the reason is
+   ``"unknown"`` (the worker has dropped an arena it had used) it offers a new arena instead.
+4. The elements the consumer hands on are read-only views of the ring, and a reply's place in
+   the ring is offered again only once every element of it is gone (a ``weakref.finalize`` on
+   the reply's region), so elements stay valid however long they are kept. A reply that would
+   leave no free run for the next one is copied out of the ring at once instead (the consumer
+   holds that many elements). As over gRPC, the elements of one reply share one buffer.
+   (Copying every reply out cost about a quarter of the consumer's CPU time per 1 MB element,
+   and up to a third of the throughput of ``benchmarks/data_service.py`` S1.)
+
+Compression does not apply to replies written into an arena: they are copied from memory to
+memory, and compressing them would only cost time.
+
+Nothing is left in ``/dev/shm``. The consumer unlinks an arena's name as soon as the worker has
+answered an offer of it (both sides keep their mappings; the memory is freed when both are
+gone), when a request fails, and when the reader is released. If a consumer is killed before
+any of those, the next consumer on the host that creates an arena removes the segment, since
+the process id in its name no longer exists. A worker unmaps an arena when the task whose
+replies it carried ends, when the worker stops, and when it has not used the arena for
+``IDLE_S`` seconds (checked whenever an offer comes).
+
+No half element reaches a consumer: the worker sends the header only after every byte of the
+reply is in the arena. A worker killed while writing sends nothing, the call fails as for any
+lost worker, and the consumer drops that arena, so a late write into it cannot reach anything
+that the consumer reads.
+
+Turning it off: ``distribute(..., data_transfer_protocol="grpc")`` or
+``from_dataset_id(..., data_transfer_protocol="grpc")`` on a consumer, or
+``WorkerConfig(data_transfer_protocol="grpc")`` on a worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import mmap
+import os
+import re
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedline._net.wire import Compressor, encode_frame
+from feedline.errors import InvalidArgumentError
+
+__all__ = ["ConsumerChannels", "WorkerSegments", "host_identity"]
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "feedline-shm-"
+#: A reply must carry at least this many bytes of buffers before a channel offers an arena.
+OFFER_BYTES = 64 << 10
+#: An arena holds this many replies.
+RING_REPLIES = 4
+#: A worker unmaps an arena that it has not written for this long.
+IDLE_S = 10.0
+#: The nonce sits at the start of an arena; the data begins one page in.
+_NONCE_BYTES = 16
+DATA_OFFSET = mmap.PAGESIZE
+_NAME_RE = re.compile(r"feedline-shm-[0-9]+-[0-9]+-[0-9a-f]{16}")
+_NONCE_RE = re.compile(r"[0-9a-f]{32}")
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# Refusal reasons: the consumer offers a new arena after "unknown" (if the worker had used the
+# old one), and stops offering on the channel after any other.
+UNKNOWN = "unknown"
+
+
+def host_identity() -> str | None:
+    """Who may share memory with whom: the kernel's boot id, the device and inode of
+    ``/dev/shm`` (the very file system, not one of the same name in another container) and
+    the user id; None where there is no ``/dev/shm`` or no boot id."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        shm = os.stat(SHM_DIR)
+    except OSError:
+        return None
+    return f"{boot_id}/{shm.st_dev}:{shm.st_ino}/{os.getuid()}"
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def sweep_dead_arenas() -> list[str]:
+    """Removes the arenas of this pid namespace whose creator no longer runs (it was killed
+    before it unlinked them); the names removed."""
+    prefix = f"{PREFIX}{_pid_namespace()}-"
+    removed = []
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and _NAME_RE.fullmatch(entry.name)):
+            continue
+        pid = int(entry.name[len(prefix) :].split("-", 1)[0])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the consumer -----------------------------------------------------------------------------
+
+
+class _Arena:
+    """A segment that a consumer created and offers to one worker: a ring of ``RING_REPLIES``
+    replies' room, each reply written where the consumer offers (a free run of
+    ``reply_bytes``) and kept there while one of its elements lives (see ``take``)."""
+
+    def __init__(self, reply_bytes: int) -> None:
+        self.reply_bytes = reply_bytes
+        self.size = RING_REPLIES * reply_bytes
+        self.name = f"{PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(8)}"
+        self.path = SHM_DIR / self.name
+        self.used = False  # a reply came through it
+        self._linked = True
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            # Allocates the pages now: a full /dev/shm fails here, not as SIGBUS on a write.
+            os.posix_fallocate(fd, 0, DATA_OFFSET + self.size)
+            self._map = mmap.mmap(fd, DATA_OFFSET + self.size, flags=_MAP_FLAGS)
+        except BaseException:
+            self.unlink()
+            raise
+        finally:
+            os.close(fd)
+        self.nonce = secrets.token_bytes(_NONCE_BYTES)
+        self._map[:_NONCE_BYTES] = self.nonce
+        self._data = np.frombuffer(self._map, np.uint8, self.size, DATA_OFFSET)
+        # The ring: replies kept, oldest first, as [start, end); the starts of those whose
+        # elements are all gone (appended by finalizers, from any thread, at any time, so
+        # without a lock: they are taken in by the fetch thread, the arena's only user).
+        self._kept: collections.deque[tuple[int, int]] = collections.deque()
+        self._gone: collections.deque[int] = collections.deque()
+        self._done: set[int] = set()
+        self._offered: int | None = None
+        #: Replies handed on in place, and copied out because the ring was full (for tests).
+        self.kept = self.copied = 0
+
+    def offer(self, identity: str) -> dict[str, Any] | None:
+        """The offer of a free run of ``reply_bytes`` (None if the ring has none)."""
+        self._reclaim()
+        start = self._free_run()
+        self._offered = start
+        if start is None:
+            return None
+        return {
+            "host": identity,
+            "name": self.name,
+            "nonce": self.nonce.hex(),
+            "offset": DATA_OFFSET + start,
+            "size": self.reply_bytes,
+        }
+
+    def take(self, shm: Any) -> list[memoryview]:
+        """The buffers of a reply written into the arena at the last offer: read-only views
+        of the arena, which keep the reply's place in the ring until the last of them is
+        gone, while the ring keeps room for another reply after it; else a copy (the ring
+        is full of elements the consumer holds)."""
+        sizes = shm.get("sizes") if isinstance(shm, dict) else None
+        start = self._offered
+        if (
+            start is None
+            or not isinstance(sizes, list)
+            or not all(type(s) is int and s >= 0 for s in sizes)
+            or sum(sizes) > self.reply_bytes
+            or shm.get("name") != self.name
+        ):
+            raise InvalidArgumentError(
+                f"a reply through shared memory names arena {shm!r:.200}, but this consumer "
+                f"offered {self.reply_bytes} bytes of {self.name} at {start}"
+            )
+        self._offered = None
+        self._reclaim()
+        total = sum(sizes)
+        self._kept.append((start, start + total))
+        if total and self._free_run() is not None:
+            region = self._data[start : start + total]
+            weakref.finalize(region, self._gone.append, start)
+            self.kept += 1
+        else:
+            self._kept.pop()
+            region = np.empty(total, np.uint8)
+            np.copyto(region, self._data[start : start + total])
+            self.copied += 1
+        region.flags.writeable = False  # as the views of a gRPC frame
+        view = memoryview(region)
+        buffers = []
+        position = 0
+        for size in sizes:
+            buffers.append(view[position : position + size])
+            position += size
+        return buffers
+
+    def _reclaim(self) -> None:
+        """Frees the oldest replies whose elements are gone (one gone behind an older reply
+        still held is freed after it)."""
+        while self._gone:
+            self._done.add(self._gone.popleft())
+        kept, done = self._kept, self._done
+        while kept and kept[0][0] in done:
+            done.discard(kept.popleft()[0])
+
+    def _free_run(self) -> int | None:
+        """Where a free run of ``reply_bytes`` begins, or None."""
+        kept, need = self._kept, self.reply_bytes
+        if not kept:
+            return 0
+        head, tail = kept[0][0], kept[-1][1]
+        if kept[-1][0] >= head:  # not wrapped: free after the newest and before the oldest
+            if self.size - tail >= need:
+                return tail
+            return 0 if head >= need else None
+        return tail if head - tail >= need else None
+
+    def unlink(self) -> None:
+        """Removes the name; the mappings stay until both sides drop them. Idempotent."""
+        if self._linked:
+            self._linked = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    @property
+    def linked(self) -> bool:
+        return self._linked
+
+
+class _Channel:
+    """One fetch thread's traffic with one worker."""
+
+    def __init__(self) -> None:
+        self.arena: _Arena | None = None
+        self.off = False  # the worker refused: never offer again
+
+    def drop(self) -> None:
+        if self.arena is not None:
+            self.arena.unlink()
+            self.arena = None
+
+
+class ConsumerChannels:
+    """The consumer's side: an arena per (fetch thread, worker), offered with each request.
+
+    Called by the reader's fetch threads around each ``GetElements``: ``ask`` before it (the
+    request, with the offer added), ``received`` after it (the reply's buffers, copied out of
+    the arena when the reply came through it), ``lost`` when the call failed. ``close`` when the
+    reader is released. Thread-safe: each thread uses only its own channels.
+
+    Args:
+      enabled: offer arenas at all (False: ``data_transfer_protocol="grpc"``).
+      arena_bytes: the most bytes one reply carries (the request's ``max_bytes``).
+    """
+
+    def __init__(self, enabled: bool, arena_bytes: int) -> None:
+        self._identity = host_identity() if enabled else None
+        self._arena_bytes = int(arena_bytes)
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[int, str], _Channel] = {}
+        self._closed = False
+        self._swept = False
+
+    def _channel(self, worker: str) -> _Channel | None:
+        if self._identity is None:
+            return None
+        key = (threading.get_ident(), worker)
+        with self._lock:
+            channel = self._channels.get(key)
+            if channel is None:
+                channel = self._channels[key] = _Channel()
+        return channel
+
+    def ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
+        """``request`` with this channel's offer, if it has an arena."""
+        channel = self._channel(worker)
+        if channel is None or channel.arena is None or self._identity is None:
+            return request
+        offer = channel.arena.offer(self._identity)
+        return request if offer is None else {**request, "shm": offer}
+
+    def received(
+        self, worker: str, header: dict[str, Any], buffers: list[memoryview]
+    ) -> list[memoryview]:
+        """The buffers of a reply from ``worker`` (its ``header`` loses the keys of this
+        module): those written into the arena, copied out, or ``buffers`` as they came."""
+        shm = header.pop("shm", None)
+        refused = header.pop("shm_refused", None)
+        channel = self._channel(worker)
+        if channel is None:
+            if shm is not None:
+                raise InvalidArgumentError(
+                    f"worker {worker} answered through shared memory, which was not offered"
+                )
+            return buffers
+        arena = channel.arena
+        if shm is not None:
+            if arena is None:
+                raise InvalidArgumentError(
+                    f"worker {worker} answered through shared memory, which was not offered"
+                )
+            buffers = arena.take(shm)
+            arena.used = True
+            arena.unlink()  # the worker has it mapped: the name is no longer needed
+        elif refused is not None:
+            renew = refused == UNKNOWN and arena is not None and arena.used
+            channel.drop()
+            channel.off = not renew
+            logger.debug("worker %s refused shared memory (%s)", worker, refused)
+        elif arena is None and not channel.off and sum(b.nbytes for b in buffers) >= OFFER_BYTES:
+            channel.arena = self._new_arena(channel)
+        return buffers
+
+    def lost(self, worker: str) -> None:
+        """A call to ``worker`` failed: its arena is dropped (a late write from that call
+        must not reach a later reply); a new one is offered after the next large reply."""
+        channel = self._channel(worker)
+        if channel is not None:
+            channel.drop()
+
+    def close(self) -> None:
+        """Unlinks every arena's name (the mappings go with the reader); offers no more."""
+        with self._lock:
+            self._identity = None
+            channels = list(self._channels.values())
+        for channel in channels:
+            if channel.arena is not None:
+                channel.arena.unlink()
+
+    def _new_arena(self, channel: _Channel) -> _Arena | None:
+        with self._lock:
+            if self._identity is None:
+                return None
+            sweep, self._swept = not self._swept, True
+        if sweep:
+            removed = sweep_dead_arenas()
+            if removed:
+                logger.info("removed %d shared-memory arenas of killed consumers", len(removed))
+        try:
+            arena = _Arena(self._arena_bytes)
+        except OSError as error:
+            channel.off = True
+            logger.info("no shared memory for replies (%s); reading over gRPC", error)
+            return None
+        with self._lock:
+            if self._identity is None:  # closed meanwhile
+                arena.unlink()
+                return None
+        return arena
+
+
+# -- the worker -------------------------------------------------------------------------------
+
+
+class _Mapped:
+    """An arena a worker has mapped."""
+
+    def __init__(self, name: str, nonce: bytes) -> None:
+        fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size < DATA_OFFSET:
+                raise OSError(f"{name} holds {size} bytes, less than an arena's first page")
+            self._map: mmap.mmap | None = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        finally:
+            os.close(fd)
+        self.view: np.ndarray | None = np.frombuffer(self._map, np.uint8)
+        self.matches = bytes(self._map[:_NONCE_BYTES]) == nonce
+        self.busy = 0
+        self.used_at = time.monotonic()
+        self.task: Any = None  # the task whose replies it carries
+
+    def write(self, offset: int, size: int, buffers: Sequence[Any]) -> list[int] | None:
+        """Writes ``buffers`` back to back at ``offset``; their sizes, or None if they do not
+        fit in ``size`` bytes (nothing is written then)."""
+        view = self.view
+        assert view is not None  # closed only when not busy
+        if offset < DATA_OFFSET or offset + size > len(view):
+            return None
+        sizes = [memoryview(buffer).nbytes for buffer in buffers]
+        if sum(sizes) > size:
+            return None
+        position = offset
+        for buffer, nbytes in zip(buffers, sizes, strict=True):
+            if nbytes:
+                view[position : position + nbytes] = np.frombuffer(buffer, np.uint8)
+                position += nbytes
+        return sizes
+
+    def close(self) -> None:
+        self.view = None
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view still exported: GC unmaps it
+                self._map.close()
+            self._map = None
+
+
+class WorkerSegments:
+    """The worker's side: the arenas its consumers offered, mapped once each.
+
+    Args:
+      enabled: take offers at all (False: ``WorkerConfig(data_transfer_protocol="grpc")``).
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self._identity = host_identity() if enabled else None
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._mapped: dict[str, _Mapped] = {}
+
+    def reply(
+        self,
+        request: dict[str, Any],
+        header: dict[str, Any],
+        buffers: Sequence[Any],
+        compressor: Compressor | None,
+    ) -> bytes:
+        """The frame of a reply with ``header`` (passed through) and ``buffers``: through the
+        arena that ``request`` offers when it can, else over gRPC (``compressor`` applies)."""
+        offer = request.get("shm")
+        if offer is None:
+            return encode_frame(header, buffers, compressor=compressor)
+        mapped, refusal = self._acquire(offer)
+        if mapped is None:
+            return encode_frame({**header, "shm_refused": refusal}, buffers, compressor=compressor)
+        try:
+            sizes = mapped.write(offer["offset"], offer["size"], buffers)
+        finally:
+            with self._lock:
+                mapped.busy -= 1
+                mapped.used_at = time.monotonic()
+                mapped.task = request.get("task_id")
+        if sizes is None:
+            return encode_frame(header, buffers, compressor=compressor)
+        return encode_frame({**header, "shm": {"name": offer["name"], "sizes": sizes}})
+
+    def _acquire(self, offer: Any) -> tuple[_Mapped | None, str]:
+        """The mapped arena of ``offer``, marked busy, or None and why not."""
+        if not self._enabled:
+            return None, "off"
+        if self._identity is None or not isinstance(offer, dict):
+            return None, "no shared memory here"
+        if offer.get("host") != self._identity:
+            return None, "another host"
+        name, nonce = offer.get("name"), offer.get("nonce")
+        offset, size = offer.get("offset"), offer.get("size")
+        if (
+            not isinstance(name, str)
+            or not _NAME_RE.fullmatch(name)
+            or not isinstance(nonce, str)
+            or not _NONCE_RE.fullmatch(nonce)
+            or type(offset) is not int
+            or type(size) is not int
+            or size < 0
+        ):
+            return None, "malformed offer"
+        self._forget_idle()
+        with self._lock:
+            mapped = self._mapped.get(name)
+            if mapped is not None:
+                mapped.busy += 1
+                return mapped, ""
+        try:
+            mapped = _Mapped(name, bytes.fromhex(nonce))
+        except FileNotFoundError:
+            return None, UNKNOWN
+        except (OSError, ValueError) as error:
+            return None, f"cannot map the arena: {error}"
+        if not mapped.matches:
+            mapped.close()
+            return None, "nonce differs"
+        with self._lock:
+            known = self._mapped.setdefault(name, mapped)
+            known.busy += 1
+        if known is not mapped:
+            mapped.close()
+        return known, ""
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            idle = [
+                name
+                for name, mapped in self._mapped.items()
+                if not mapped.busy and now - mapped.used_at > IDLE_S
+            ]
+            dropped = [self._mapped.pop(name) for name in idle]
+        for mapped in dropped:
+            mapped.close()
+
+    def forget_task(self, task_id: int) -> None:
+        """Unmaps the arenas that carried replies of task ``task_id`` (it ended)."""
+        with self._lock:
+            names = [name for name, m in self._mapped.items() if m.task == task_id]
+            dropped = [self._mapped.pop(name) for name in names]
+        for mapped in dropped:
+            if not mapped.busy:
+                mapped.close()
+
+    def mapped(self) -> int:
+        """How many arenas are mapped (for tests and the status page)."""
+        with self._lock:
+            return len(self._mapped)
+
+    def close(self) -> None:
+        """Unmaps every arena not in use (one in use is unmapped when its reply is done)."""
+        with self._lock:
+            mapped, self._mapped = list(self._mapped.values()), {}
+            self._enabled = False
+        for arena in mapped:
+            if not arena.busy:
+                arena.close()

@@ -1,0 +1,153 @@
+"""Tests of feedline/service/_ledger.py: the split ledger of exactly-once DYNAMIC jobs (open,
+done and replayed splits), the consumer's receipts, and the ledger through the dispatcher's
+state updates and snapshots."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from feedline.errors import InvalidArgumentError
+from feedline.service import _state as st
+from feedline.service._ledger import (
+    Receipts,
+    SplitLedger,
+    add_ranges,
+    check_report,
+    contains,
+    covers,
+    ranges_of,
+)
+
+
+def test_ranges_merge_and_answer_membership() -> None:
+    rng = random.Random(0)
+    offsets = {rng.randrange(200) for _ in range(150)}
+    ranges = ranges_of(offsets)
+    assert all(a < b for a, b in ranges)
+    assert all(ranges[i][1] < ranges[i + 1][0] for i in range(len(ranges) - 1))  # disjoint, apart
+    assert {o for o in range(200) if contains(ranges, o)} == offsets
+    assert add_ranges([[0, 3]], [[3, 5], [9, 10]]) == [[0, 5], [9, 10]]
+    assert covers([[0, 5]], 5) and not covers([[0, 4]], 5) and not covers([[1, 5]], 5)
+    assert covers([], 0)
+
+
+def test_receipts_drop_what_was_received_and_report_only_news() -> None:
+    receipts = Receipts()
+    rng = random.Random(1)
+    seen: set[tuple[int, int]] = set()
+    for _ in range(2000):
+        key, offset = rng.randrange(4), rng.randrange(300)
+        assert receipts.take(key, offset) == ((key, offset) not in seen)
+        seen.add((key, offset))
+    report = dict((key, ranges) for key, ranges in receipts.report())
+    for key in range(4):
+        assert report[key] == ranges_of(o for k, o in seen if k == key)
+    assert receipts.report() == [] and not receipts.unreported()
+    receipts.take(9, 0)
+    assert [key for key, _ in receipts.report()] == [9]
+    assert sorted(key for key, _ in receipts.report(everything=True)) == [0, 1, 2, 3, 9]
+    receipts.forget([9])
+    assert not receipts.take(9, 1)  # a done split: anything of it that comes is a duplicate
+
+
+def test_a_split_is_done_once_its_count_is_known_and_covered() -> None:
+    ledger = SplitLedger()
+    ledger.grant(0, task_id=1)
+    ledger.receive(0, [[0, 3]])
+    assert 0 in ledger.open  # the count is not known yet: more may come
+    ledger.count(0, 5)
+    ledger.receive(0, [[4, 5]])
+    assert 0 in ledger.open
+    ledger.receive(0, [[3, 4]])
+    assert ledger.done == {0: 5} and ledger.settled
+    ledger.grant(8, task_id=1)
+    ledger.count(8, 0)  # a split whose elements were all filtered out
+    assert ledger.done == {0: 5, 8: 0}
+
+
+def test_a_lost_workers_splits_are_replayed_only_after_every_consumer_closed_it() -> None:
+    ledger = SplitLedger()
+    ledger.grant(0, task_id=1)
+    ledger.grant(4, task_id=2)
+    ledger.receive(0, [[0, 2]])
+    ledger.holder_lost(1, consumers=[10, 11])
+    assert ledger.replay == [] and not ledger.settled
+    ledger.closed(10, [1])
+    assert ledger.replay == []  # consumer 11 may still hold offsets it did not report
+    assert ledger.awaits(11, 1) and not ledger.awaits(10, 1)
+    ledger.receive(0, [[2, 3]])
+    ledger.closed(11, [1])
+    assert ledger.replay == [0]
+    ledger.regrant(0, task_id=2)
+    assert ledger.replay == [] and ledger.open[0].delivered == [[0, 3]]
+    assert ledger.holds(2) == [0, 4]
+
+
+def test_a_consumer_that_leaves_is_not_waited_for() -> None:
+    ledger = SplitLedger()
+    ledger.grant(0, task_id=1)
+    ledger.holder_lost(1, consumers=[10])
+    ledger.client_gone(10)
+    assert ledger.replay == [0]
+    ledger.holder_lost(3, consumers=[])  # a task that held nothing
+    assert ledger.replay == [0]
+
+
+def test_a_split_done_while_it_waited_is_not_replayed() -> None:
+    ledger = SplitLedger()
+    ledger.grant(0, task_id=1)
+    ledger.count(0, 2)
+    ledger.holder_lost(1, consumers=[10])
+    ledger.receive(0, [[0, 2]])  # the consumer's report with its closure covers the split
+    ledger.closed(10, [1])
+    assert ledger.replay == [] and ledger.done == {0: 2} and ledger.settled
+
+
+def test_reports_are_checked() -> None:
+    assert check_report([[3, [[0, 2]]]], [7]) == ([(3, [[0, 2]])], [7])
+    for received, closed in [
+        ("x", []),
+        ([[3]], []),
+        ([[3, [[0]]]], []),
+        ([[3, [[-1, 2]]]], []),
+        ([], ["a"]),
+    ]:
+        with pytest.raises(InvalidArgumentError, match="malformed request"):
+            check_report(received, closed)
+
+
+def _exactly_once_job(state: st.DispatcherState) -> int:
+    job_id = state.new_id()
+    state.apply(st.CreateJob(job_id, "d", 3, None, 0, None, "ANY", exactly_once=True))
+    return job_id
+
+
+def test_the_ledger_follows_the_state_updates_and_survives_a_snapshot() -> None:
+    state = st.DispatcherState(incarnation=5)
+    state.apply(st.RegisterWorker("w:1"))
+    job_id = _exactly_once_job(state)
+    task_id = state.new_id()
+    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    client_id = state.new_id()
+    state.apply(st.AcquireClient(client_id, job_id))
+    cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
+    moved = dict(cursor, position=2)
+    state.apply(st.MoveSplitCursor(job_id, 0, moved, task_id, 0, cursor))
+    assert state.ledgers[job_id].holds(task_id) == [0]
+    state.apply(st.ReportSplits(job_id, client_id, [[0, [[0, 1]]]], []))
+    state.apply(st.RemoveWorker("w:1"))  # the task is lost: split 0 waits for the consumer
+    ledger = state.ledgers[job_id]
+    assert ledger.open[0].awaiting == [client_id]
+    # Through JSON, as the journal writes the updates and the snapshot.
+    copy = st.state_from_json(st.state_to_json(state))
+    assert copy.ledgers[job_id] == ledger
+    closing = st.ReportSplits(job_id, client_id, [], [task_id])
+    copy.apply(st.update_from_json(st.update_to_json(closing)))
+    assert copy.ledgers[job_id].replay == [0]
+    copy.apply(st.CountSplit(job_id, 0, 2))
+    copy.apply(st.ReportSplits(job_id, client_id, [[0, [[1, 2]]]], []))
+    assert copy.ledgers[job_id].settled and copy.ledgers[job_id].done == {0: 2}
+    copy.apply(st.RemoveJob(job_id))
+    assert job_id not in copy.ledgers

@@ -1,0 +1,359 @@
+"""Replies through shared memory (``feedline/service/_shm.py``): the same elements as over gRPC,
+the fallbacks, and nothing left in ``/dev/shm``, with in-process workers and with ``feedline
+worker`` processes killed mid-stream. Every wait has a timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline._net.wire import decode_frame
+from feedline.data import Dataset
+from feedline.service import _job_reader, _shm, distribute
+from tests.service.conftest import Cluster
+from tests.service.procs import ServiceProcesses
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(_shm.host_identity() is None, reason="no /dev/shm on this host"),
+]
+
+
+def arenas() -> list[str]:
+    """The arenas of this process in ``/dev/shm`` (its consumers create them)."""
+    mine = f"{_shm.PREFIX}{_shm._pid_namespace()}-{os.getpid()}-"
+    return sorted(name for name in os.listdir(_shm.SHM_DIR) if name.startswith(mine))
+
+
+@pytest.fixture
+def takes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every reply's buffer count that this process's consumers copied out of an arena; an
+    arena is offered after the first reply that carries buffers."""
+    calls: list[int] = []
+    original = _shm._Arena.take
+
+    def take(self: Any, shm: Any) -> list[memoryview]:
+        buffers = original(self, shm)
+        calls.append(len(buffers))
+        return buffers
+
+    monkeypatch.setattr(_shm._Arena, "take", take)
+    monkeypatch.setattr(_shm, "OFFER_BYTES", 0)
+    return calls
+
+
+def mixed(i: Any) -> dict[str, Any]:
+    """An element with leaves of many dtypes and shapes, str and bytes among them."""
+    i = int(i)
+    return {
+        "f32": np.full((3, 5), i, np.float32),
+        "i64": np.arange(4, dtype=np.int64) + i,
+        "u8": np.full((2, 2, 2), i % 256, np.uint8),
+        "bool": np.array([i % 2 == 0, True]),
+        "f64": np.float64(i) / 3,
+        "c64": np.complex64(i + 1j),
+        "str": "é" * (i % 5),
+        "bytes": b"\x00ab" * (i % 3),
+        "byte_list": [b"a" * (i % 4), b"bc"],
+        "empty": np.zeros((0, 3), np.float32),
+    }
+
+
+def assert_same(a: Any, b: Any) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        left, right = np.asarray(a[key]), np.asarray(b[key])
+        assert left.shape == right.shape, key
+        if "O" not in (left.dtype.kind, right.dtype.kind):  # bytes: object arrays when received
+            assert left.dtype == right.dtype, key
+        assert left.tolist() == right.tolist(), key
+
+
+def read(cluster: Cluster, dataset: Dataset, **kw: Any) -> list[Any]:
+    return list(dataset.apply(distribute("distributed_epoch", cluster.target, **kw)))
+
+
+def test_elements_are_the_same_through_shared_memory_and_grpc(
+    make_cluster: Callable[..., Cluster], takes: list[int]
+) -> None:
+    cluster = make_cluster(1)
+    dataset = Dataset.range(60).map(mixed)
+    through_shm = read(cluster, dataset, max_outstanding_requests=3)
+    assert takes, "no reply came through shared memory"
+    count = len(takes)
+    over_grpc = read(cluster, dataset, max_outstanding_requests=3, data_transfer_protocol="grpc")
+    assert len(takes) == count  # data_transfer_protocol="grpc" offers no arena
+    assert len(through_shm) == len(over_grpc) == 60
+    by_index = {int(e["i64"][0]): e for e in over_grpc}
+    for element in through_shm:
+        index = int(element["i64"][0])
+        assert_same(element, by_index[index])
+        assert_same(element, {k: np.asarray(v) for k, v in mixed(index).items()})
+    assert arenas() == []
+
+
+@pytest.mark.parametrize("compression", ["AUTO", None])
+def test_elements_stay_valid_after_their_arena_is_written_again(
+    make_cluster: Callable[..., Cluster], takes: list[int], compression: str | None
+) -> None:
+    cluster = make_cluster(2)
+    dataset = Dataset.range(400).map(lambda i: np.arange(25_000, dtype=np.float32) + i)
+    kept = read(cluster, dataset, max_outstanding_requests=2, compression=compression)
+    assert len(takes) > 100  # many replies through the same two arenas
+    assert sorted(int(e[0]) for e in kept) == list(range(400))
+    for element in kept:  # each still holds its own values: copied out of the arena
+        np.testing.assert_array_equal(element, np.arange(25_000, dtype=np.float32) + element[0])
+    assert arenas() == []
+    # The job ended: its tasks stop and their workers unmap its arenas.
+    deadline = time.monotonic() + 30
+    while any(w._shm.mapped() for w in cluster.workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [w._shm.mapped() for w in cluster.workers] == [0, 0]
+
+
+def test_round_robin_reads_go_through_shared_memory(
+    make_cluster: Callable[..., Cluster], takes: list[int]
+) -> None:
+    cluster = make_cluster(2)
+    dataset = Dataset.range(10**6).repeat().map(lambda i: np.full(1000, i, np.int32))
+    iterator = iter(
+        dataset.apply(
+            distribute(
+                "parallel_epochs",
+                cluster.target,
+                job_name="rr",
+                consumer_index=0,
+                num_consumers=1,
+            )
+        )
+    )
+    got = [next(iterator) for _ in range(50)]
+    iterator.close()
+    assert takes and all(np.all(e == e[0]) for e in got)
+    assert all(w._shm.mapped() == 1 for w in cluster.workers)  # one arena per worker
+    assert arenas() == []
+
+
+def test_a_consumer_on_another_host_reads_over_grpc(
+    make_cluster: Callable[..., Cluster], takes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = make_cluster(1)
+    offers: list[str] = []
+    original = _shm.WorkerSegments._acquire
+
+    def acquire(self: Any, offer: Any) -> tuple[Any, str]:
+        mapped, why = original(self, offer)
+        offers.append(why)
+        return mapped, why
+
+    monkeypatch.setattr(_shm.WorkerSegments, "_acquire", acquire)
+    # The worker was made before: only the consumer sees another host.
+    monkeypatch.setattr(_shm, "host_identity", lambda: "another-boot/1:2/1000")
+    got = read(cluster, Dataset.range(50).map(mixed), max_outstanding_requests=2)
+    assert sorted(int(e["i64"][0]) for e in got) == list(range(50))
+    assert takes == [] and cluster.workers[0]._shm.mapped() == 0
+    assert offers == ["another host"]  # refused once; the consumer stops offering
+    assert arenas() == []
+
+
+def test_a_worker_with_grpc_refuses_arenas(
+    make_cluster: Callable[..., Cluster], takes: list[int]
+) -> None:
+    cluster = make_cluster(0)
+    worker = cluster.add_worker(data_transfer_protocol="grpc")
+    got = read(cluster, Dataset.range(30).map(mixed), max_outstanding_requests=2)
+    assert sorted(int(e["i64"][0]) for e in got) == list(range(30))
+    assert takes == [] and worker._shm.mapped() == 0
+    assert arenas() == []
+
+
+def test_a_reply_larger_than_the_arena_goes_over_grpc(
+    make_cluster: Callable[..., Cluster], takes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_job_reader, "_REPLY_BYTES", 64 << 10)  # the arena's size
+    cluster = make_cluster(1)
+    dataset = Dataset.range(40).map(lambda i: np.full(40_000 if i % 2 else 10, i, np.float32))
+    got = read(cluster, dataset, max_outstanding_requests=1)
+    assert sorted(int(e[0]) for e in got) == list(range(40))
+    assert all(np.all(e == e[0]) and e.size == (40_000 if e[0] % 2 else 10) for e in got)
+    assert takes and len(takes) < 40  # the small ones came through it, the large ones did not
+    assert arenas() == []
+
+
+def test_a_worker_that_forgot_an_arena_gets_a_new_one(
+    make_cluster: Callable[..., Cluster], takes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = make_cluster(1)
+    worker = cluster.workers[0]
+    iterator = iter(
+        Dataset.range(10**6)
+        .map(lambda i: np.full(100, i, np.int64))
+        .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=1))
+    )
+    first = [int(next(iterator)[0]) for _ in range(20)]
+    assert takes and worker._shm.mapped() == 1
+    deadline = time.monotonic() + 30
+    with monkeypatch.context() as patch:  # unmapped once no reply is being written into it
+        patch.setattr(_shm, "IDLE_S", -1.0)
+        while worker._shm.mapped() and time.monotonic() < deadline:
+            worker._shm._forget_idle()
+            time.sleep(0.01)
+    assert worker._shm.mapped() == 0
+    seen = len(takes)
+    later = [int(next(iterator)[0]) for _ in range(20)]
+    assert worker._shm.mapped() == 1
+    iterator.close()
+    assert len(set(first + later)) == 40
+    assert len(takes) > seen + 10  # through a new arena, after a refusal and a reply over gRPC
+    assert arenas() == []
+
+
+def test_the_arenas_of_a_killed_consumer_are_removed() -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    pid = int(dead.stdout)
+    namespace = _shm._pid_namespace()
+    name = f"{_shm.PREFIX}{namespace}-{pid}-{'ab' * 8}"
+    mine = f"{_shm.PREFIX}{namespace}-{os.getpid()}-{'cd' * 8}"
+    for leftover in (name, mine):
+        (_shm.SHM_DIR / leftover).write_bytes(b"x")
+    try:
+        assert _shm.sweep_dead_arenas() == [name]
+        assert arenas() == [mine]
+    finally:
+        for leftover in (name, mine):
+            (_shm.SHM_DIR / leftover).unlink(missing_ok=True)
+
+
+def test_an_offer_that_names_another_file_is_refused(tmp_path: Any) -> None:
+    segments = _shm.WorkerSegments(True)
+    identity = _shm.host_identity()
+    bad = [
+        {"host": identity, "name": "../etc/passwd", "nonce": "0" * 32, "offset": 4096, "size": 1},
+        {"host": identity, "name": f"{_shm.PREFIX}1-1-{'0' * 16}", "nonce": "x", "offset": 0},
+    ]
+    assert [segments._acquire(offer)[1] for offer in bad] == ["malformed offer"] * 2
+    arena = _shm._Arena(1 << 16)
+    try:
+        wrong_nonce = {**arena.offer(identity or ""), "nonce": "ff" * 16}
+        assert segments._acquire(wrong_nonce) == (None, "nonce differs")
+        mapped, why = segments._acquire(arena.offer(identity or ""))
+        assert mapped is not None and why == ""
+    finally:
+        arena.unlink()
+        segments.close()
+
+
+def test_the_ring_keeps_replies_while_their_elements_live() -> None:
+    identity = _shm.host_identity() or ""
+    segments = _shm.WorkerSegments(True)
+    arena = _shm._Arena(1000)  # a ring of RING_REPLIES replies of up to 1000 bytes
+    held: list[tuple[int, np.ndarray]] = []
+
+    def fetch(value: int, count: int) -> np.ndarray:
+        offer = arena.offer(identity)
+        assert offer is not None
+        leaf = np.full(count, value, np.uint8)
+        frame = segments.reply({"shm": offer, "task_id": 7}, {"n": value}, [leaf], None)
+        header, buffers = decode_frame(frame)
+        assert header["n"] == value and buffers == []
+        (view,) = arena.take(header["shm"])
+        return np.frombuffer(view, np.uint8)
+
+    try:
+        for _ in range(20):  # each dropped at once: the ring's start, again and again
+            element = fetch(5, 600)
+            assert np.all(element == 5) and not element.flags.writeable
+            del element
+        assert (arena.kept, arena.copied) == (20, 0)
+        for value in range(_shm.RING_REPLIES - 1):  # held: each stays in place
+            held.append((value, fetch(value, 1000)))
+        assert (arena.kept, arena.copied) == (20 + _shm.RING_REPLIES - 1, 0)
+        extra = fetch(99, 1000)  # keeping it would leave no room for the next: copied out
+        assert arena.copied == 1 and np.all(extra == 99) and not extra.flags.writeable
+        held.pop(0)  # the oldest gone: its place is free again
+        again = fetch(42, 1000)
+        assert arena.copied == 1 and np.all(again == 42)
+        for value, element in held:  # never written over while held
+            assert np.all(element == value)
+        segments.forget_task(7)
+        assert segments.mapped() == 0
+    finally:
+        arena.unlink()
+        segments.close()
+
+
+# -- worker processes ---------------------------------------------------------------------------
+
+
+def read_for(iterator: Iterator[Any], timeout: float) -> tuple[list[Any], BaseException | None]:
+    """Reads ``iterator`` to its end on a thread: what it gave and what it raised.
+
+    Raises:
+      AssertionError: it had not ended after ``timeout`` seconds.
+    """
+    got: list[Any] = []
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            got.extend(iterator)
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, name="test-shm-read", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        iterator.close()  # type: ignore[attr-defined]
+        raise AssertionError(f"the consumer hung: no end after {timeout} s ({len(got)} read)")
+    return got, (raised[0] if raised else None)
+
+
+def test_a_worker_killed_mid_stream_leaves_nothing_behind(takes: list[int]) -> None:
+    with ServiceProcesses() as cluster:
+        cluster.start_dispatcher()
+        workers = [cluster.start_worker() for _ in range(2)]
+        dataset = (
+            Dataset.range(3000)
+            .map(lambda i: np.full(65_536, i, np.float32))  # 256 KB
+            .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=8))
+        )
+        iterator = iter(dataset)
+        got = [next(iterator) for _ in range(200)]
+        assert takes, "no reply came through shared memory"
+        cluster.send(workers[0], signal.SIGKILL)
+        rest, raised = read_for(iterator, timeout=90)
+        assert raised is None  # the usual lost worker: what it held is lost, the rest comes
+        received = [int(e[0]) for e in got + rest]
+        assert len(received) == len(set(received)) and set(received) <= set(range(3000))
+        assert len(received) > 1000
+        for element in got + rest:  # never a half element
+            assert element.shape == (65_536,) and np.all(element == element[0])
+        assert not cluster.alive(workers[0])
+    assert arenas() == []
+
+
+def test_no_arena_is_left_after_a_run_in_worker_processes(takes: list[int]) -> None:
+    with ServiceProcesses() as cluster:
+        cluster.start_dispatcher()
+        cluster.start_worker()
+        dataset = (
+            Dataset.range(300)
+            .map(lambda i: (np.full(50_000, i, np.float32), str(i)))
+            .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=4))
+        )
+        got = list(dataset)
+        assert sorted(int(a[0]) for a, _ in got) == list(range(300))
+        assert all(str(s) == str(int(a[0])) and np.all(a == a[0]) for a, s in got)
+        assert takes
+    assert arenas() == []
