@@ -215,7 +215,7 @@ def test_dynamic_sharding_resumes_the_splits_and_offsets_returned(
         def make(name: str = name) -> Dataset:
             return (
                 Dataset.range(400)
-                .map(lambda x: x * 10)
+                .map(lambda i: i * 10)
                 .apply(
                     service.distribute(
                         "distributed_epoch",

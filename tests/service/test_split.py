@@ -1,4 +1,5 @@
-"""Tests of feedline/service/_split.py: split plans, split sources on workers, split cursors."""
+"""Tests of feedline/service/_split.py and _split_source.py: split plans, split cursors, and
+split sources on workers."""
 
 from __future__ import annotations
 
@@ -17,18 +18,14 @@ import numpy as np
 import pytest
 
 import feedline.service._split as split_module
+import feedline.service._split_source as split_source_module
 from feedline.data import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Dataset
 from feedline.data.dataset import DatasetIterator, IteratorContext, walk
 from feedline.data.readers import NpyDataset, TextLineDataset, TFRecordDataset
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.io import TFRecordWriter
-from feedline.service._split import (
-    SplitCursor,
-    SplitPlan,
-    SplitSourceDataset,
-    split_plan,
-    with_split_source,
-)
+from feedline.service._split import SplitCursor, SplitPlan, split_plan
+from feedline.service._split_source import SplitSourceDataset, with_split_source
 
 # -- a dispatcher and its workers, in one process ----------------------------------------------
 
@@ -613,7 +610,8 @@ def test_split_plan_from_json_rejects_bad_input(record: Any, words: str) -> None
     assert words in str(info.value)
 
 
-def test_module_doctests() -> None:
-    results = doctest.testmod(split_module)
+@pytest.mark.parametrize("module", [split_module, split_source_module])
+def test_module_doctests(module: Any) -> None:
+    results = doctest.testmod(module)
     assert results.attempted > 0
     assert results.failed == 0

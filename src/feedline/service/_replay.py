@@ -32,7 +32,7 @@ from typing import Any
 
 from feedline.data.dataset import Dataset, IteratorContext, mix_seed, walk
 from feedline.errors import InvalidArgumentError
-from feedline.service._split import with_split_source
+from feedline.service._split_source import with_split_source
 
 __all__ = ["SplitRunner", "check_replayable"]
 

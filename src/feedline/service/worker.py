@@ -7,7 +7,7 @@ policy, and runs it on a producer thread into a buffer bounded in bytes and elem
 
 ============  ==================================================================================
 OFF           the whole dataset
-DYNAMIC       the source replaced by the splits the dispatcher hands this task (``_split``)
+DYNAMIC       the source replaced by the splits the dispatcher hands this task (``_split_source``)
 FILE          ``auto_shard(FILE)``: this worker's share of the files
 DATA          ``shard(num_workers, worker_index)``
 FILE_OR_DATA  FILE where the dataset reads files, else DATA
@@ -67,7 +67,7 @@ from feedline.service._ledger import contains
 from feedline.service._metrics import WorkerTelemetry
 from feedline.service._replay import SplitRunner
 from feedline.service._shm import WorkerSegments
-from feedline.service._split import with_split_source
+from feedline.service._split_source import with_split_source
 from feedline.service._state import incarnation_of
 from feedline.service._status import StatusServer
 from feedline.service._status_page import WorkerSnapshot, render_worker
