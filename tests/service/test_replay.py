@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from feedline import errors, service
+from feedline._net import rpc as _rpc
 from feedline.data import Dataset
 from feedline.service._replay import SplitRunner, check_replayable
+from feedline.service.dispatcher import SERVICE_NAME
 from tests.service.conftest import Cluster
 from tests.service.procs import ServiceProcesses, read_in_thread
 
@@ -196,3 +198,39 @@ def test_consumers_sharing_a_job_never_get_each_others_elements_after_a_kill(
     assert got[0] and got[1]  # both consumers took part
     assert not [x for x, n in Counter(both).items() if n > 1], "duplicated"
     assert sorted(both) == list(range(ELEMENTS))
+
+
+def test_malformed_reports_are_refused_and_the_job_goes_on(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster(1, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    iterator = iter(
+        Dataset.range(200).apply(service.distribute("distributed_epoch", cluster.target))
+    )
+    first = [int(next(iterator)) for _ in range(5)]
+    state = cluster.dispatcher._state
+    (job,) = state.jobs.values()
+    assert job.exactly_once
+    (task_id,) = job.task_ids
+    (client_id,) = job.client_ids
+    raw = _rpc.RpcClient(cluster.address, SERVICE_NAME)
+    bad = [
+        ("GetSplit", {"job_id": job.job_id, "repetition": 0}),  # no task, no request number
+        (
+            "GetSplit",
+            {
+                "job_id": job.job_id,
+                "repetition": 0,
+                "task_id": task_id,
+                "request": 99,
+                "finished": ["a", 1],
+            },
+        ),
+        ("ClientHeartbeat", {"client_id": client_id, "received": [[0, [[3, 1, 2]]]]}),
+        ("ClientHeartbeat", {"client_id": client_id, "received": [], "closed": ["x"]}),
+    ]
+    for method, header in bad:
+        with pytest.raises(errors.InvalidArgumentError):
+            raw.call(method, header, timeout=5)
+    raw.close()
+    assert sorted(first + [int(x) for x in iterator]) == list(range(200))

@@ -107,7 +107,13 @@ class SplitHandout:
             )
         finished = field(header, "finished", (list, type(None)), None)
         if finished is not None:  # [key, count]: the task produced all of that split
-            key, count = (int(x) for x in finished)
+            if len(finished) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in finished
+            ):
+                raise InvalidArgumentError(
+                    f"malformed request: finished must be [split key, count], got {finished!r}"
+                )
+            key, count = finished
             if key in ledger.open and ledger.open[key].count is None:
                 self._apply(CountSplit(job.job_id, key, count))
         if task.finished:  # lost meanwhile (its worker was dropped): nothing more for it
