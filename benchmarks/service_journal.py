@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/service_journal.py [--jobs 1000] [--updates 2000]
-        [--epoch-elements 40000] [--rounds 3] [--work-dir DIR]
+        [--epoch-elements 100000] [--rounds 3] [--work-dir DIR]
 
 Four measurements, each in this process, with the journal in ``--work-dir`` (default a fresh
 folder under ``benchmarks/results/``, on the disk the repository is on):
@@ -205,7 +205,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--updates", type=int, default=2000)
     parser.add_argument("--work-dir", type=pathlib.Path, default=None)
-    parser.add_argument("--epoch-elements", type=int, default=40_000)
+    parser.add_argument("--epoch-elements", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     stamp = time.strftime("%Y%m%d-%H%M%S")

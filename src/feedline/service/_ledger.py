@@ -100,6 +100,24 @@ def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:
     return index >= 0 and offset < ranges[index][1]
 
 
+def _insert(ranges: Ranges, offset: int) -> bool:
+    """Adds ``offset`` to ``ranges`` in place; False if it was there."""
+    index = bisect.bisect_right(ranges, [offset, float("inf")]) - 1  # last start <= offset
+    if index >= 0 and offset < ranges[index][1]:
+        return False
+    joins_left = index >= 0 and ranges[index][1] == offset
+    joins_right = index + 1 < len(ranges) and ranges[index + 1][0] == offset + 1
+    if joins_left and joins_right:
+        ranges[index][1] = ranges.pop(index + 1)[1]
+    elif joins_left:
+        ranges[index][1] = offset + 1
+    elif joins_right:
+        ranges[index + 1][0] = offset
+    else:
+        ranges.insert(index + 1, [offset, offset + 1])
+    return True
+
+
 def _check_ranges(value: Any, what: str) -> Ranges:
     if not isinstance(value, list) or not all(
         isinstance(pair, list)
@@ -290,20 +308,8 @@ class Receipts:
         """Records ``(key, offset)``; False if it was received before (drop it)."""
         if key in self._done:
             return False
-        ranges = self._received.setdefault(key, [])
-        index = bisect.bisect_right(ranges, [offset, float("inf")]) - 1  # last start <= offset
-        if index >= 0 and offset < ranges[index][1]:
+        if not _insert(self._received.setdefault(key, []), offset):
             return False
-        joins_left = index >= 0 and ranges[index][1] == offset
-        joins_right = index + 1 < len(ranges) and ranges[index + 1][0] == offset + 1
-        if joins_left and joins_right:
-            ranges[index][1] = ranges.pop(index + 1)[1]
-        elif joins_left:
-            ranges[index][1] = offset + 1
-        elif joins_right:
-            ranges[index + 1][0] = offset
-        else:
-            ranges.insert(index + 1, [offset, offset + 1])
         self._changed.add(key)
         return True
 
@@ -339,7 +345,7 @@ class Returned:
         self._counts: dict[int, int] = dict(done)
 
     def take(self, key: int, offset: int) -> None:
-        self._ranges[key] = add_ranges(self._ranges.get(key, []), [[offset, offset + 1]])
+        _insert(self._ranges.setdefault(key, []), offset)
 
     def counted(self, counts: Iterable[Sequence[int]]) -> None:
         """``[[key, count], ...]`` of splits done at the dispatcher."""
