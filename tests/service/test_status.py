@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -107,6 +108,29 @@ def test_dispatcher_page_shows_workers_jobs_datasets_and_consumers(running: Clus
     (consumer,) = table(page, "Consumers")
     assert consumer["state"] == "reading"
     assert "Recent errors (0)" in page
+
+
+def test_an_exactly_once_job_shows_its_splits(make_cluster, tmp_path: pathlib.Path) -> None:
+    cluster = make_cluster(1, status_port=0, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    iterator = iter(
+        Dataset.range(10_000).apply(service.distribute("distributed_epoch", cluster.target))
+    )
+    for _ in range(3_000):
+        next(iterator)
+    url = cluster.dispatcher.status_url
+    assert url is not None
+
+    def progress() -> str:
+        (row,) = table(fetch(url)[2], "Jobs")
+        return row["progress"]
+
+    # The consumer reports what it received every 0.1 s: splits become delivered.
+    wait_for(lambda: "splits: 0 delivered" not in progress(), "a split is delivered")
+    assert re.search(
+        r"units handed out \(repetition 0\); splits: \d+ delivered, \d+ open, 0 to hand out again",
+        progress(),
+    )
+    iterator.close()
 
 
 def test_worker_page_shows_its_tasks(running: Cluster) -> None:

@@ -122,6 +122,12 @@ class DispatcherSnapshot:
                 progress = "ended"
             else:
                 progress = f"{counts['done']} of {len(tasks)} tasks done"
+            ledger = state.ledgers.get(job.job_id)
+            if ledger is not None and not job.finished:  # exactly once: what is delivered
+                progress += (
+                    f"; splits: {len(ledger.done)} delivered, {len(ledger.open)} open, "
+                    f"{len(ledger.replay)} to hand out again"
+                )
             error = job.error or {}
             jobs.append(
                 {
