@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
+from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
-from feedline._net.wire import decode_frame, encode_frame, unpack_elements
+from feedline._net.wire import decode_frame, encode_frame
 from feedline.data import structure
 from feedline.errors import (
     FailedPreconditionError,

@@ -49,9 +49,10 @@ import cloudpickle
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
+from feedline._net.elements import pack_elements
 from feedline._net.remote_errors import error_report
 from feedline._net.rpc import field
-from feedline._net.wire import Compressor, encode_frame, pack_elements
+from feedline._net.wire import Compressor, encode_frame
 from feedline.data import structure
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import Dataset
