@@ -52,3 +52,21 @@ def test_a_fault_tolerant_service_delivers_every_element_once_under_kill_9(
     assert not row.violations, table([row])
     assert row.outcomes == ["end", "end"] and not row.hung
     assert row.lost == row.wrong == row.duplicated == 0 and row.received == row.expected
+
+
+def test_a_killed_consumer_of_an_exactly_once_job_does_not_stall_the_others(
+    tmp_path: Path,
+) -> None:
+    """What a killed consumer received and had not reported is lost with it (at most
+    max_outstanding_requests); the other consumer reaches the end of the epoch."""
+    row = run_scenario(
+        "consumer-kill",
+        MODES["journal"],
+        elements=3000,
+        hang_seconds=45,
+        fault_fraction=0.5,
+        workdir=tmp_path,
+    )
+    assert not row.violations, table([row])
+    assert not row.hung and row.outcomes[0] == "end"
+    assert row.duplicated == row.wrong == 0

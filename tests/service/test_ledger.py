@@ -151,3 +151,23 @@ def test_the_ledger_follows_the_state_updates_and_survives_a_snapshot() -> None:
     assert copy.ledgers[job_id].settled and copy.ledgers[job_id].done == {0: 2}
     copy.apply(st.RemoveJob(job_id))
     assert job_id not in copy.ledgers
+
+
+def test_once_a_consumer_left_a_split_handed_out_whole_is_done() -> None:
+    """What a consumer that left had not reported is not waited for: the others reach the end."""
+    ledger = SplitLedger()
+    ledger.grant(0, task_id=1)
+    ledger.grant(4, task_id=1)
+    ledger.count(0, 3)
+    ledger.receive(0, [[0, 1]])  # offsets 1 and 2 went to a consumer that never reported them
+    ledger.handed_out(0, task_id=1)
+    assert 0 in ledger.open  # every consumer still there: their reports decide
+    ledger.handed_out(4, task_id=2)  # not its holder: ignored
+    ledger.client_gone(10)
+    assert ledger.done == {0: 3} and list(ledger.open) == [4]
+    ledger.count(4, 2)
+    assert 4 in ledger.open  # not handed out whole yet
+    ledger.handed_out(4, task_id=1)
+    assert ledger.settled
+    copy = SplitLedger.from_json(ledger.to_json())
+    assert copy == ledger and copy.consumer_left

@@ -18,6 +18,11 @@ With ``fault_tolerant_mode`` a DYNAMIC job keeps a ``SplitLedger``: every split 
   received is never given to another.
 - The repetition ends (``GetSplit`` answers None) only when every split was handed out and is
   done; until then a worker whose input ran out is told to ``wait``, as a replay may come.
+- A consumer that leaves (released, or gone silent past ``client_timeout_ms``) takes with it what
+  it received and had not reported yet, so its offsets may never be covered. Once one has left,
+  a split is also done when its worker has handed out every element of it (``handed_out``):
+  what the leaver held is lost with it (at most once, for a consumer that dies), and the others
+  reach the end of the epoch.
 
 Offsets travel as *ranges*: sorted, disjoint ``[start, stop)`` pairs (``add_ranges``).
 
@@ -139,6 +144,7 @@ class OpenSplit:
       delivered: the offsets consumers reported, as ranges.
       lost_holder: the lost task it was taken from (while it waits for ``awaiting``).
       awaiting: the consumers that must close ``lost_holder`` before it is replayed.
+      handed_out: its holder has handed every element of it to consumers.
     """
 
     holder: int | None
@@ -146,6 +152,7 @@ class OpenSplit:
     delivered: Ranges = dataclasses.field(default_factory=list)
     lost_holder: int | None = None
     awaiting: list[int] = dataclasses.field(default_factory=list)
+    handed_out: bool = False
 
 
 @dataclasses.dataclass
@@ -160,6 +167,8 @@ class SplitLedger:
     #: The splits done, and how many elements each had.
     done: dict[int, int] = dataclasses.field(default_factory=dict)
     replay: list[int] = dataclasses.field(default_factory=list)
+    #: A consumer left the job: a split handed out whole is done, covered or not.
+    consumer_left: bool = False
 
     def grant(self, key: int, task_id: int) -> None:
         """Split ``key`` was handed out for the first time, to ``task_id``."""
@@ -172,7 +181,7 @@ class SplitLedger:
             self.replay.remove(key)
         split = self.open.get(key)
         if split is not None:
-            split.holder = task_id
+            split.holder, split.handed_out = task_id, False
 
     def count(self, key: int, count: int) -> None:
         """A worker produced all of split ``key``: it has ``count`` elements."""
@@ -207,11 +216,22 @@ class SplitLedger:
                 self._release(key)
 
     def client_gone(self, client_id: int) -> None:
-        """Consumer ``client_id`` left the job: nothing waits for it any more."""
+        """Consumer ``client_id`` left the job: nothing waits for it any more, and what it
+        did not report is not waited for either (the module's last rule)."""
+        self.consumer_left = True
         for key, split in list(self.open.items()):
             if client_id in split.awaiting:
                 split.awaiting.remove(client_id)
                 self._release(key)
+            if key in self.open:
+                self._settle(key)
+
+    def handed_out(self, key: int, task_id: int) -> None:
+        """``task_id`` handed every element of split ``key`` to consumers."""
+        split = self.open.get(key)
+        if split is not None and split.holder == task_id:
+            split.handed_out = True
+            self._settle(key)
 
     def adds(self, key: int, ranges: Sequence[Sequence[int]]) -> bool:
         """Whether a consumer's report of ``ranges`` of split ``key`` is news to the ledger."""
@@ -255,7 +275,9 @@ class SplitLedger:
 
     def _settle(self, key: int) -> None:
         split = self.open[key]
-        if split.count is not None and covers(split.delivered, split.count):
+        if split.count is not None and (
+            covers(split.delivered, split.count) or (self.consumer_left and split.handed_out)
+        ):
             del self.open[key]
             self.done[key] = split.count
             if key in self.replay:
@@ -267,6 +289,7 @@ class SplitLedger:
             "open": [[key, dataclasses.asdict(split)] for key, split in self.open.items()],
             "done": sorted([key, count] for key, count in self.done.items()),
             "replay": list(self.replay),
+            "consumer_left": self.consumer_left,
         }
 
     @classmethod
@@ -276,6 +299,7 @@ class SplitLedger:
             {int(key): OpenSplit(**fields) for key, fields in data["open"]},
             {int(key): int(count) for key, count in data["done"]},
             [int(key) for key in data["replay"]],
+            bool(data.get("consumer_left", False)),
         )
 
 

@@ -19,6 +19,7 @@ from feedline.service._split import SplitCursor, SplitPlan
 from feedline.service._state import (
     CountSplit,
     DatasetRecord,
+    HandOutSplits,
     JobRecord,
     MoveSplitCursor,
     ReplaySplit,
@@ -116,6 +117,20 @@ class SplitHandout:
             key, count = finished
             if key in ledger.open and ledger.open[key].count is None:
                 self._apply(CountSplit(job.job_id, key, count))
+        handed_out = field(header, "handed_out", list, [])
+        if not all(isinstance(k, int) and not isinstance(k, bool) for k in handed_out):
+            raise InvalidArgumentError(
+                f"malformed request: handed_out must be a list of split keys, got {handed_out!r}"
+            )
+        news = [
+            k
+            for k in handed_out
+            if k in ledger.open
+            and ledger.open[k].holder == task.task_id
+            and not ledger.open[k].handed_out
+        ]
+        if news:
+            self._apply(HandOutSplits(job.job_id, task.task_id, news))
         if task.finished:  # lost meanwhile (its worker was dropped): nothing more for it
             return {"split": None}
         cursor_key = (job.job_id, 0)

@@ -37,6 +37,7 @@ __all__ = [
     "DispatcherState",
     "FinishJob",
     "FinishTask",
+    "HandOutSplits",
     "JobRecord",
     "MoveSplitCursor",
     "RegisterDataset",
@@ -252,6 +253,16 @@ class CountSplit:
 
 
 @dataclasses.dataclass(frozen=True)
+class HandOutSplits:
+    """Task ``task_id`` of exactly-once job ``job_id`` handed every element of the splits
+    ``keys`` to consumers."""
+
+    job_id: int
+    task_id: int
+    keys: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportSplits:
     """Consumer ``client_id`` of exactly-once job ``job_id`` received the offsets ``received``
     (``[[key, ranges], ...]``) and takes nothing more from the lost tasks ``closed``."""
@@ -302,6 +313,7 @@ Update = (
     | MoveSplitCursor
     | ReplaySplit
     | CountSplit
+    | HandOutSplits
     | ReportSplits
     | ResumeSplits
     | RemoveJob
@@ -447,6 +459,9 @@ class DispatcherState:
                 }
             case CountSplit(job_id, key, count):
                 self.ledgers[job_id].count(key, count)
+            case HandOutSplits(job_id, task_id, keys):
+                for key in keys:
+                    self.ledgers[job_id].handed_out(key, task_id)
             case ReportSplits(job_id, client_id, received, closed):
                 ledger = self.ledgers[job_id]
                 for key, ranges in received:

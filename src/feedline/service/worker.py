@@ -661,10 +661,13 @@ class _DispatcherSplits:
             self._requests += 1
         return reply["split"]
 
-    def next_grant(self, finished: list[int] | None) -> dict[str, Any] | None:
+    def next_grant(
+        self, finished: list[int] | None, handed_out: list[int]
+    ) -> dict[str, Any] | None:
         """The next split of an exactly-once job: ``{"split", "key", "skip"}``, ``{"wait":
         True}`` while the job's other splits are not done, None at the end (or when draining).
-        ``finished`` (``[key, count]``) reports the split this task produced last."""
+        ``finished`` (``[key, count]``) reports the split this task produced last,
+        ``handed_out`` the splits whose every element it has handed to consumers since."""
         if self._worker.draining:
             self.drained = True
             return None
@@ -677,6 +680,7 @@ class _DispatcherSplits:
                     "task_id": self._task_id,
                     "request": self._requests,
                     "finished": finished,
+                    "handed_out": handed_out,
                 },
                 f"getting a split of job {self._job_id} for task {self._task_id}",
             )
@@ -740,6 +744,11 @@ class _Task:
             collections.deque()
         )
         self._buffered_bytes = 0
+        # Exactly-once jobs: elements of each split still buffered, the splits produced whole
+        # and not yet handed out whole, and those handed out whole since the last GetSplit.
+        self._pending: collections.Counter[int] = collections.Counter()
+        self._produced: set[int] = set()
+        self._splits_out: list[int] = []
         self._ended = False
         self._drained = False  # ended because the worker drains, not because the input did
         self._draining = False
@@ -915,6 +924,8 @@ class _Task:
                 return False
             self._buffer.append((leaves, size, tag))
             self._buffered_bytes += size
+            if tag is not None:
+                self._pending[tag[0]] += 1
             self._cond.notify_all()
         return True
 
@@ -925,7 +936,9 @@ class _Task:
         finished: list[int] | None = None
         index = 0
         while True:
-            grant = self._splits.next_grant(finished)
+            with self._cond:
+                handed_out, self._splits_out = self._splits_out, []
+            grant = self._splits.next_grant(finished, handed_out)
             finished = None
             if grant is None:
                 return
@@ -945,13 +958,26 @@ class _Task:
                     return
                 index += 1
             finished = [key, count]
+            with self._cond:
+                if self._pending[key]:
+                    self._produced.add(key)
+                else:
+                    self._splits_out.append(key)
 
     def _take(self, tags: list[list[int]] | None = None) -> list[Any]:
         leaves, size, tag = self._buffer.popleft()
         self._buffered_bytes -= size
         self._cond.notify_all()
-        if tag is not None and tags is not None:
-            tags.append(tag)
+        if tag is not None:
+            key = tag[0]
+            self._pending[key] -= 1
+            if not self._pending[key]:
+                del self._pending[key]
+                if key in self._produced:
+                    self._produced.discard(key)
+                    self._splits_out.append(key)
+            if tags is not None:
+                tags.append(tag)
         return leaves
 
     def _end_frame(self) -> bytes | None:
