@@ -53,6 +53,18 @@ def _save_and_resume(
     return before, after
 
 
+def _read_then_resume(make_dataset: Any, k: int) -> tuple[list[int], Any]:
+    """Reads ``k`` elements, takes the iterator's state, closes it and restores the state into
+    a new iterator of a new dataset: (what was read, the new iterator)."""
+    first = iter(make_dataset())
+    before = _take(first, k)
+    state = first.get_state()
+    first.close()
+    second = iter(make_dataset())
+    second.set_state(state)
+    return before, second
+
+
 # -- OFF and static sharding resume exactly ---------------------------------------------------
 
 
@@ -251,12 +263,7 @@ def test_a_dynamic_position_saved_again_after_a_restore_keeps_what_came_before(
             service.distribute("distributed_epoch", cluster.target, job_name="twice")
         )
 
-    first = iter(make())
-    part1 = _take(first, 90)
-    state = first.get_state()
-    first.close()
-    second = iter(make())
-    second.set_state(state)
+    part1, second = _read_then_resume(make, 90)
     part2 = _take(second, 60)
     state = second.get_state()
     assert json.loads(json.dumps(state)) == state  # a plain JSON-able dict
@@ -354,12 +361,7 @@ def test_a_resumed_job_survives_a_journaled_dispatcher_restart(tmp_path: Path) -
                 )
             )
 
-        first = iter(make())
-        before = _take(first, 5)
-        state = first.get_state()
-        first.close()
-        second = iter(make())
-        second.set_state(state)
+        before, second = _read_then_resume(make, 5)
         middle = _take(second, 2)
         dispatcher.stop()
         dispatcher = service.DispatchServer(dataclasses.replace(config, port=port))

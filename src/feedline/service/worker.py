@@ -644,22 +644,8 @@ class _DispatcherSplits:
         self.drained = False
 
     def next_split(self, repetition: int) -> list[int] | None:
-        if self._worker.draining:
-            self.drained = True
-            return None
-        with self._requests_lock:
-            reply, _ = self._worker.call_dispatcher(
-                "GetSplit",
-                {
-                    "job_id": self._job_id,
-                    "repetition": repetition,
-                    "task_id": self._task_id,
-                    "request": self._requests,
-                },
-                f"getting a split of job {self._job_id} for task {self._task_id}",
-            )
-            self._requests += 1
-        return reply["split"]
+        reply = self._ask({"repetition": repetition}, counted=lambda _: True)
+        return None if reply is None else reply["split"]
 
     def next_grant(
         self, finished: list[int] | None, handed_out: list[int]
@@ -668,6 +654,15 @@ class _DispatcherSplits:
         True}`` while the job's other splits are not done, None at the end (or when draining).
         ``finished`` (``[key, count]``) reports the split this task produced last,
         ``handed_out`` the splits whose every element it has handed to consumers since."""
+        request = {"repetition": 0, "finished": finished, "handed_out": handed_out}
+        reply = self._ask(request, counted=lambda r: r["split"] is not None)
+        if reply is None or reply.get("wait"):
+            return reply
+        return None if reply["split"] is None else reply
+
+    def _ask(self, fields: dict[str, Any], counted: Any) -> dict[str, Any] | None:
+        """GetSplit with ``fields``, numbered; the number moves on where ``counted(reply)``
+        (a split was handed out). None when draining."""
         if self._worker.draining:
             self.drained = True
             return None
@@ -676,19 +671,14 @@ class _DispatcherSplits:
                 "GetSplit",
                 {
                     "job_id": self._job_id,
-                    "repetition": 0,
                     "task_id": self._task_id,
                     "request": self._requests,
-                    "finished": finished,
-                    "handed_out": handed_out,
+                    **fields,
                 },
                 f"getting a split of job {self._job_id} for task {self._task_id}",
             )
-            if reply.get("wait"):
-                return {"wait": True}
-            if reply["split"] is None:
-                return None
-            self._requests += 1
+            if counted(reply) and not reply.get("wait"):
+                self._requests += 1
         return reply
 
 
