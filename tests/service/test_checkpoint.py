@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,8 +266,13 @@ def test_a_dynamic_position_saved_again_after_a_restore_keeps_what_came_before(
 
     part1, second = _read_then_resume(make, 90)
     part2 = _take(second, 60)
+    time.sleep(0.5)  # the consumer hears which splits are done (and their counts)
     state = second.get_state()
     assert json.loads(json.dumps(state)) == state  # a plain JSON-able dict
+    # The position holds exactly what next() returned: whole splits, and offsets of the others.
+    returned = sum(count for _, count in state["done"])
+    returned += sum(b - a for _, ranges in state["partial"] for a, b in ranges)
+    assert returned == 150 and state["done"]
     second.close()
     third = iter(make())
     third.set_state(state)

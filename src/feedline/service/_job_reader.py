@@ -233,6 +233,7 @@ class _JobReader:
         everything, self._report_all = self._report_all, False
         return {
             "received": self._receipts.report(everything),
+            "holding": self._receipts.holding(),
             "closed": sorted(self._closed),
             "wait_ms": 0 if self._receipts.unreported() else int(self._heartbeat_s * 1000),
         }

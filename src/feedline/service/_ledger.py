@@ -347,6 +347,11 @@ class Receipts:
     def unreported(self) -> bool:
         return bool(self._changed)
 
+    def holding(self) -> list[int]:
+        """The splits received from and not yet known to be done: the dispatcher says which
+        of them are done (``forget``)."""
+        return sorted(self._received)
+
     def forget(self, keys: Iterable[int]) -> None:
         """The dispatcher says ``keys`` are done: their offsets need not be kept (any element of
         them that still arrives is a duplicate)."""

@@ -117,8 +117,8 @@ class LongPoll:
         self, client_id: int, job: JobRecord, header: dict[str, Any]
     ) -> list[list[int]] | None:
         """Applies what a consumer of an exactly-once job reports (the offsets it received, the
-        lost tasks it closed); ``[key, count]`` of the reported splits that are done, or None
-        for other jobs."""
+        lost tasks it closed); ``[key, count]`` of the splits it reported or holds that are
+        done, or None for other jobs."""
         ledger = self._state.ledgers.get(job.job_id)
         if ledger is None:
             return None
@@ -127,7 +127,9 @@ class LongPoll:
         closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
         if news or closed:
             self._apply(ReportSplits(job.job_id, client_id, news, closed))
-        return [[key, ledger.done[key]] for key, _ in received if key in ledger.done]
+        holding = field(header, "holding", list, [])
+        keys = {key for key, _ in received} | {k for k in holding if isinstance(k, int)}
+        return [[key, ledger.done[key]] for key in sorted(keys) if key in ledger.done]
 
     def _client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
         version = field(header, "version", int, -1)
