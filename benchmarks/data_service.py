@@ -3,6 +3,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/data_service.py [--quick] [--only S1,S3] [--no-tf]
+        [--transfer shm,grpc]
 
 Each row runs on feedline (dispatcher, workers and consumer in this process), then on tf.data
 service (``benchmarks/_tf_service_peer.py`` under ``.venv-tf/bin/python``, the same layout in its
@@ -26,6 +27,13 @@ default: the same bytes in both, and very compressible; ``--data ramp`` makes
 ``np.arange(size, dtype=np.float32) + i`` (``tf.range(size, dtype=tf.float32) + float(i)``)
 instead, which general-purpose compressors barely shrink. S1-S3 run with ``compression="AUTO"``
 and with ``compression=None`` in both systems.
+
+feedline runs each row twice (``--transfer``): with its default transfer, where a consumer on the
+worker's host reads replies through shared memory (``feedline/service/_shm.py``; "shm"), and
+with ``data_transfer_protocol="grpc"``, every byte over loopback gRPC ("grpc"); tf.data service
+runs once. For S1-S3 the table also gives a plain ``memcpy`` of the same bytes (``np.copyto`` of
+element-sized arrays through 64 MB of sources and destinations, more than the caches hold), the
+physical limit of any transfer on this machine.
 
 Timing: for every run, fresh servers are started, the dataset is built and iterated; the first
 element and a warm-up of ``--warmup-seconds`` are not timed; then elements are consumed for at
@@ -65,6 +73,10 @@ DATA_KINDS = ("full", "ramp")
 COMPRESSIONS = ("AUTO", "none")
 # feedline / tf.data service, per row of the scenario (the issue's targets).
 TARGETS = {"S1": 2.0, "S3": 10.0}
+TRANSFERS = ("shm", "grpc")
+# memcpy: bytes cycled through (sources and destinations each), and the timing.
+MEMCPY_BYTES = 64 << 20
+MEMCPY_SECONDS = 0.5
 S4_SCALING_TARGET = 1.6
 # How long to wait for servers, worker processes and their registration.
 START_TIMEOUT = 120.0
@@ -83,6 +95,9 @@ class Row:
     workers: int
     compression: str  # "AUTO" or "none"
     processes: bool = False
+    # feedline: "shm" (its default: shared memory with a worker on the same host) or "grpc"
+    # (data_transfer_protocol="grpc"); the TF peer's rows keep the default.
+    transfer: str = "shm"
 
     @property
     def process_workers(self) -> bool:
@@ -99,17 +114,27 @@ class Row:
     @property
     def label(self) -> str:
         where = " processes" if self.process_workers else ""
-        return f"{self.scenario} {self.workers}w{where} {self.compression}"
+        grpc = " grpc-only" if self.transfer == "grpc" else ""
+        return f"{self.scenario} {self.workers}w{where} {self.compression}{grpc}"
 
 
 def make_groups(
-    scenarios: list[str], workers: list[int], compressions: list[str], processes: bool = False
+    scenarios: list[str],
+    workers: list[int],
+    compressions: list[str],
+    processes: bool = False,
+    transfers: tuple[str, ...] = ("shm",),
 ) -> list[list[Row]]:
-    """The rows of ``scenarios`` x ``compressions`` x ``workers``, grouped by scenario and
-    compression: the rows of a group (its worker counts) are timed in alternation. S4 (scalar
-    elements, where compression does not matter) runs with ``AUTO`` only."""
+    """The rows of ``scenarios`` x ``compressions`` x ``transfers`` x ``workers``, grouped by
+    scenario and compression: the rows of a group (its transfers and worker counts) are timed
+    in alternation. S4 (scalar elements, where neither compression nor shared memory comes
+    into play) runs with ``AUTO`` and the first transfer only."""
     return [
-        [Row(scenario, count, compression, processes) for count in workers]
+        [
+            Row(scenario, count, compression, processes, transfer)
+            for transfer in (transfers[:1] if scenario == "S4" else transfers)
+            for count in workers
+        ]
         for scenario in scenarios
         for compression in (["AUTO"] if scenario == "S4" else compressions)
     ]
@@ -363,6 +388,7 @@ def feedline_session_factory(
                         service=dispatcher.target,
                         compression=compression,
                         max_outstanding_requests=None,
+                        data_transfer_protocol="grpc" if row.transfer == "grpc" else None,
                     )
                 )
             )
@@ -405,13 +431,15 @@ def run_feedline(
 def run_tf(
     group: list[Row], kind: str, busy_iterations: int, timing: dict[str, Any]
 ) -> tuple[str, dict[Row, dict[str, Any]]] | str:
-    """TensorFlow's version and the TF peer's results for the rows of ``group`` (timed in
-    alternation there too), or why there are none."""
+    """TensorFlow's version and the TF peer's results for the worker counts of ``group``
+    (timed in alternation there too), keyed by the row with the default ``transfer``, or why
+    there are none."""
+    counts = sorted({row.workers for row in group})
     args = [
         "--only",
         group[0].scenario,
         "--workers",
-        ",".join(str(row.workers) for row in group),
+        ",".join(str(count) for count in counts),
         "--compression",
         group[0].compression,
         "--data",
@@ -433,6 +461,36 @@ def run_tf(
     return out["tensorflow"], {Row(**entry["row"]): entry["result"] for entry in out["rows"]}
 
 
+# -- memcpy ---------------------------------------------------------------------------------------
+
+
+def memcpy_rate(row: Row, repetitions: int) -> dict[str, Any] | None:
+    """The best rate of ``np.copyto`` of ``row``'s elements (S1-S3), each from one of
+    ``MEMCPY_BYTES`` of sources into one of as many destinations, in turn, so that the copies
+    come from memory as the service's do, not from the caches; None for S4."""
+    if row.scenario not in ELEMENT_SIZES:
+        return None
+    size = ELEMENT_SIZES[row.scenario]
+    count = max(2, MEMCPY_BYTES // (4 * size))
+    sources = np.arange(count * size, dtype=np.float32).reshape(count, size)
+    targets = np.zeros_like(sources)
+    rates = []
+    for _ in range(repetitions):
+        copies = 0
+        begin = now = time.perf_counter()
+        while now - begin < MEMCPY_SECONDS:
+            for i in range(count):
+                np.copyto(targets[i], sources[i])
+            copies += count
+            now = time.perf_counter()
+        rates.append(copies / (now - begin))
+    return {
+        "elements_per_s": max(rates),
+        "mb_per_s": max(rates) * row.element_bytes / 1e6,
+        "elements_per_s_all": rates,
+    }
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -450,6 +508,11 @@ def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
+def _key(row: Row) -> Row:
+    """The row with the default transfer: what the TF peer and memcpy results are keyed by."""
+    return dataclasses.replace(row, transfer="shm")
+
+
 def print_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """The table of rates and ratios and the worker scaling, as Markdown."""
     timing = meta["timing"]
@@ -457,27 +520,37 @@ def print_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         f"\nbest of {timing['repetitions']} runs of >= {timing['min_seconds']} s after a "
         f"{timing['warmup_seconds']} s warm-up; data: {meta['data']}; {os.cpu_count()} CPUs\n"
     )
-    print(
-        "| row | workers | compression | unit | feedline | tf.data service "
-        "| feedline / TF | target |"
-    )
-    print("|---|---|---|---|---:|---:|---:|---:|")
+    lines: dict[Row, dict[str, Any]] = {}
     for entry in results:
-        row: Row = entry["row"]
-        fl, tf = headline(row, entry.get("feedline")), headline(row, entry.get("tf"))
+        line = lines.setdefault(_key(entry["row"]), {"tf": entry.get("tf")})
+        line[entry["row"].transfer] = entry.get("feedline")
+        line["memcpy"] = entry.get("memcpy")
+    print(
+        "| row | workers | compression | unit | feedline shm | feedline gRPC | tf.data service "
+        "| shm / TF | gRPC / TF | memcpy | shm / memcpy | target |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row, line in lines.items():
+        shm, grpc = headline(row, line.get("shm")), headline(row, line.get("grpc"))
+        tf, copy = headline(row, line["tf"]), headline(row, line["memcpy"])
         target = TARGETS.get(row.scenario)
         target_text = f"≥ {target:g}x" if target else "—"
         where = " (processes)" if row.process_workers else ""
         print(
             f"| {row.scenario} | {row.workers}{where} | {row.compression} | {row.unit} | "
-            f"{_fmt(fl, row.unit)} | {_fmt(tf, row.unit)} | {_ratio(fl, tf)} | {target_text} |"
+            f"{_fmt(shm, row.unit)} | {_fmt(grpc, row.unit)} | {_fmt(tf, row.unit)} | "
+            f"{_ratio(shm, tf)} | {_ratio(grpc, tf)} | {_fmt(copy, row.unit)} | "
+            f"{_ratio(shm, copy)} | {target_text} |"
         )
     notes = [f"{e['row'].label}: {e['note']}" for e in results if e.get("note")]
     for entry in results:
-        for side, name in (("feedline", "feedline"), ("tf", "tf.data service")):
+        sides = [("feedline", "feedline")]
+        if entry["row"].transfer == "shm":
+            sides.append(("tf", "tf.data service"))
+        for side, name in sides:
             for failure in (entry.get(side) or {}).get("failures", []):
                 notes.append(f"{entry['row'].label}: {name} {failure} (left out)")
-    for note in notes:
+    for note in dict.fromkeys(notes):
         print(f"\n* {note}")
 
     scaling = [e for e in results if e.get("scaling")]
@@ -486,14 +559,17 @@ def print_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             "\n2 workers / 1 worker, the median over rounds of the ratio within a round "
             "(the two are timed in alternation)\n"
         )
-        print("| scenario | compression | workers | feedline 2/1 | tf.data service 2/1 | target |")
-        print("|---|---|---|---:|---:|---:|")
+        print(
+            "| scenario | compression | workers | feedline transfer | feedline 2/1 "
+            "| tf.data service 2/1 | target |"
+        )
+        print("|---|---|---|---|---:|---:|---:|")
         for entry in scaling:
             row = entry["row"]
             target = f"≥ {S4_SCALING_TARGET}x" if row.scenario == "S4" else "—"
             where = "processes" if row.process_workers else "in-process"
             print(
-                f"| {row.scenario} | {row.compression} | {where} | "
+                f"| {row.scenario} | {row.compression} | {where} | {row.transfer} | "
                 f"{_x(entry['scaling'].get('feedline'))} | {_x(entry['scaling'].get('tf'))} | "
                 f"{target} |"
             )
@@ -519,6 +595,11 @@ def main() -> None:
     parser.add_argument("--compression", default=",".join(COMPRESSIONS), help="AUTO,none")
     parser.add_argument("--data", choices=DATA_KINDS, default="full")
     parser.add_argument(
+        "--transfer",
+        default=",".join(TRANSFERS),
+        help="feedline's transfers: shm (its default, shared memory on one host), grpc",
+    )
+    parser.add_argument(
         "--process-workers",
         action="store_true",
         help="S1-S3 with worker processes too (S4 always has them)",
@@ -539,6 +620,9 @@ def main() -> None:
     if set(compressions) - set(COMPRESSIONS):
         parser.error(f"--compression: choose from {', '.join(COMPRESSIONS)}")
     workers = [int(w) for w in args.workers.split(",")]
+    transfers = tuple(t.strip() for t in args.transfer.split(",") if t.strip())
+    if not transfers or set(transfers) - set(TRANSFERS):
+        parser.error(f"--transfer: choose from {', '.join(TRANSFERS)}")
     timing = {
         "min_seconds": args.min_seconds or (0.5 if args.quick else 2.0),
         "warmup_seconds": args.warmup_seconds or (0.2 if args.quick else 0.5),
@@ -552,13 +636,16 @@ def main() -> None:
 
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="feedline-service-bench-") as log_dir:
-        for group in make_groups(scenarios, workers, compressions, args.process_workers):
+        for group in make_groups(scenarios, workers, compressions, args.process_workers, transfers):
             what = f"{group[0].scenario} {group[0].compression} ({len(group)} rows)"
             # The 1-minute load average as the group starts (this benchmark's threads count too).
             entries = {
                 row: {"row": row, "feedline": None, "tf": None, "loadavg_1min": os.getloadavg()[0]}
                 for row in group
             }
+            copy = memcpy_rate(group[0], timing["repetitions"])
+            for entry in entries.values():
+                entry["memcpy"] = copy
             if not args.no_feedline:
                 print(f"{what}: feedline ...", file=sys.stderr, flush=True)
                 try:
@@ -579,14 +666,15 @@ def main() -> None:
                     print(f"{what}: {tf}", file=sys.stderr, flush=True)
                 else:
                     meta["tensorflow"], by_row = tf
-                    for row, result in by_row.items():
-                        entries[row]["tf"] = result
-            by_workers = {row.workers: entries[row] for row in group}
-            if 1 in by_workers and 2 in by_workers:
-                by_workers[2]["scaling"] = {
-                    side: paired_ratio(by_workers[2][side], by_workers[1][side])
-                    for side in ("feedline", "tf")
-                }
+                    for row in group:
+                        entries[row]["tf"] = by_row.get(_key(row))
+            for transfer in transfers:
+                by_workers = {r.workers: entries[r] for r in group if r.transfer == transfer}
+                if 1 in by_workers and 2 in by_workers:
+                    by_workers[2]["scaling"] = {
+                        side: paired_ratio(by_workers[2][side], by_workers[1][side])
+                        for side in ("feedline", "tf")
+                    }
             for row in group:
                 entry = entries[row]
                 print(

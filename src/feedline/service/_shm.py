@@ -289,18 +289,18 @@ class ConsumerChannels:
     """The consumer's side: an arena per (fetch thread, worker), offered with each request.
 
     Called by the reader's fetch threads around each ``GetElements``: ``ask`` before it (the
-    request, with the offer added), ``received`` after it (the reply's buffers, copied out of
-    the arena when the reply came through it), ``lost`` when the call failed. ``close`` when the
-    reader is released. Thread-safe: each thread uses only its own channels.
+    request, with the offer added), ``received`` after it (the reply's buffers: views of the
+    arena, or copies, when the reply came through it), ``lost`` when the call failed.
+    ``close`` when the reader is released. Thread-safe: each thread uses only its own channels.
 
     Args:
       enabled: offer arenas at all (False: ``data_transfer_protocol="grpc"``).
-      arena_bytes: the most bytes one reply carries (the request's ``max_bytes``).
+      reply_bytes: the most bytes one reply carries (the request's ``max_bytes``).
     """
 
-    def __init__(self, enabled: bool, arena_bytes: int) -> None:
+    def __init__(self, enabled: bool, reply_bytes: int) -> None:
         self._identity = host_identity() if enabled else None
-        self._arena_bytes = int(arena_bytes)
+        self._reply_bytes = int(reply_bytes)
         self._lock = threading.Lock()
         self._channels: dict[tuple[int, str], _Channel] = {}
         self._closed = False
@@ -319,7 +319,7 @@ class ConsumerChannels:
     def ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
         """``request`` with this channel's offer, if it has an arena."""
         channel = self._channel(worker)
-        if channel is None or channel.arena is None or self._identity is None:
+        if channel is None or channel.arena is None or self._closed or self._identity is None:
             return request
         offer = channel.arena.offer(self._identity)
         return request if offer is None else {**request, "shm": offer}
@@ -366,7 +366,7 @@ class ConsumerChannels:
     def close(self) -> None:
         """Unlinks every arena's name (the mappings go with the reader); offers no more."""
         with self._lock:
-            self._identity = None
+            self._closed = True
             channels = list(self._channels.values())
         for channel in channels:
             if channel.arena is not None:
@@ -374,7 +374,7 @@ class ConsumerChannels:
 
     def _new_arena(self, channel: _Channel) -> _Arena | None:
         with self._lock:
-            if self._identity is None:
+            if self._closed:
                 return None
             sweep, self._swept = not self._swept, True
         if sweep:
@@ -382,13 +382,13 @@ class ConsumerChannels:
             if removed:
                 logger.info("removed %d shared-memory arenas of killed consumers", len(removed))
         try:
-            arena = _Arena(self._arena_bytes)
+            arena = _Arena(self._reply_bytes)
         except OSError as error:
             channel.off = True
             logger.info("no shared memory for replies (%s); reading over gRPC", error)
             return None
         with self._lock:
-            if self._identity is None:  # closed meanwhile
+            if self._closed:  # meanwhile
                 arena.unlink()
                 return None
         return arena
@@ -543,7 +543,7 @@ class WorkerSegments:
                 mapped.close()
 
     def mapped(self) -> int:
-        """How many arenas are mapped (for tests and the status page)."""
+        """How many arenas are mapped (for tests)."""
         with self._lock:
             return len(self._mapped)
 
