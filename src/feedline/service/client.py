@@ -92,7 +92,8 @@ def distribute(
         dataset.
       max_outstanding_requests: the most elements in flight and buffered at once (memory is at
         most that many times an element's size).
-      data_transfer_protocol: None or ``"grpc"``.
+      data_transfer_protocol: None (the default: replies of a worker on this host come through
+        shared memory, others over gRPC) or ``"grpc"`` (every reply over gRPC).
       compression: ``"AUTO"`` (compress on the wire when it pays) or None.
       target_workers: ``"AUTO"``/``"ANY"`` (every worker) or ``"LOCAL"`` (only workers in this
         process).
