@@ -21,7 +21,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,19 +121,22 @@ class ServiceProcesses:
         )
 
 
-def read_in_thread(iterator: Any, timeout: float) -> tuple[list[int], BaseException | None]:
-    """Reads ``iterator`` to its end on a thread: what it gave (as ints), and what it raised.
+def read_in_thread(
+    iterator: Any, timeout: float, convert: Callable[[Any], Any] = int
+) -> tuple[list[Any], BaseException | None]:
+    """Reads ``iterator`` to its end on a thread: what it gave (each through ``convert``: as
+    ints by default), and what it raised.
 
     Raises:
       AssertionError: it had not ended after ``timeout`` seconds (a hang); the iterator is closed.
     """
-    got: list[int] = []
+    got: list[Any] = []
     raised: list[BaseException] = []
 
     def read() -> None:
         try:
             for x in iterator:
-                got.append(int(x))
+                got.append(convert(x))
         except BaseException as error:
             raised.append(error)
 

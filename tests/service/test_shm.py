@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from feedline._net.wire import decode_frame
 from feedline.data import Dataset
 from feedline.service import _job_reader, _shm, distribute
 from tests.service.conftest import Cluster
-from tests.service.procs import ServiceProcesses
+from tests.service.procs import ServiceProcesses, read_in_thread
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -295,30 +294,6 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
 # -- worker processes ---------------------------------------------------------------------------
 
 
-def read_for(iterator: Iterator[Any], timeout: float) -> tuple[list[Any], BaseException | None]:
-    """Reads ``iterator`` to its end on a thread: what it gave and what it raised.
-
-    Raises:
-      AssertionError: it had not ended after ``timeout`` seconds.
-    """
-    got: list[Any] = []
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            got.extend(iterator)
-        except BaseException as error:
-            raised.append(error)
-
-    thread = threading.Thread(target=run, name="test-shm-read", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        iterator.close()  # type: ignore[attr-defined]
-        raise AssertionError(f"the consumer hung: no end after {timeout} s ({len(got)} read)")
-    return got, (raised[0] if raised else None)
-
-
 def test_a_worker_killed_mid_stream_leaves_nothing_behind(takes: list[int]) -> None:
     with ServiceProcesses() as cluster:
         cluster.start_dispatcher()
@@ -332,7 +307,7 @@ def test_a_worker_killed_mid_stream_leaves_nothing_behind(takes: list[int]) -> N
         got = [next(iterator) for _ in range(200)]
         assert takes, "no reply came through shared memory"
         cluster.send(workers[0], signal.SIGKILL)
-        rest, raised = read_for(iterator, timeout=90)
+        rest, raised = read_in_thread(iterator, timeout=90, convert=lambda x: x)
         assert raised is None  # the usual lost worker: what it held is lost, the rest comes
         received = [int(e[0]) for e in got + rest]
         assert len(received) == len(set(received)) and set(received) <= set(range(3000))

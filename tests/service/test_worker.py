@@ -13,8 +13,9 @@ from feedline import errors, service
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.service import worker as worker_module
+from feedline.service._task import task_dataset
 from feedline.service.config import ShardingPolicy
-from feedline.service.worker import local_worker_addresses, task_dataset
+from feedline.service.worker import local_worker_addresses
 from tests.service.test_dispatcher import wait_until
 
 

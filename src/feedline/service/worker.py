@@ -3,7 +3,8 @@
 A worker registers with the dispatcher and keeps a heartbeat open (``WorkerHeartbeat`` waits at
 the dispatcher for news, so a new job's task starts at once). For each task it fetches the job's
 dataset (cloudpickled, so any Python in the pipeline runs here), shapes it by the job's sharding
-policy, and runs it on a producer thread into a buffer bounded in bytes and elements:
+policy, and runs it on a producer thread into a buffer bounded in bytes and elements (a task:
+``_task``; the replies it gives consumers: ``_task_replies``):
 
 ============  ==================================================================================
 OFF           the whole dataset
@@ -20,7 +21,7 @@ that the consumer had received (``_position``) before it serves any.
 Consumers call ``GetElements``. First come, first served: a reply carries as many buffered
 elements as fit in the consumer's request (several small ones, or one large one as raw NumPy
 buffers), but while another consumer of the task waits, the buffer is split between them and a
-consumer holding ``_AHEAD`` unread elements takes no more (``_Task._share``). Round robin
+consumer holding ``_AHEAD`` unread elements takes no more (``_task_replies``). Round robin
 (``num_consumers``): the task cuts its output into rounds of ``num_consumers`` elements and
 consumer ``i`` gets element ``i`` of each round it asks for; nobody waits for a consumer that
 stopped asking, and rounds far behind the newest are dropped.
@@ -49,30 +50,23 @@ import cloudpickle
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
-from feedline._net.elements import pack_elements
-from feedline._net.remote_errors import error_report
 from feedline._net.rpc import field
-from feedline._net.wire import Compressor, encode_frame
-from feedline.data import structure
-from feedline.data.auto_shard import ShardMode, auto_shard
+from feedline._net.wire import encode_frame
 from feedline.data.dataset import Dataset
-from feedline.data.options import AutoShardPolicy
 from feedline.errors import (
     FailedPreconditionError,
     FeedlineError,
     InvalidArgumentError,
-    OutOfRangeError,
     UnavailableError,
 )
-from feedline.service._ledger import contains
 from feedline.service._metrics import WorkerTelemetry
-from feedline.service._replay import SplitRunner
 from feedline.service._shm import WorkerSegments
-from feedline.service._split_source import with_split_source
 from feedline.service._state import incarnation_of
 from feedline.service._status import StatusServer
 from feedline.service._status_page import WorkerSnapshot, render_worker
-from feedline.service.config import ShardingPolicy, WorkerConfig
+from feedline.service._task import _Task
+from feedline.service._task_replies import _MAX_WAIT_S
+from feedline.service.config import WorkerConfig
 from feedline.service.dispatcher import SERVICE_NAME as DISPATCHER_SERVICE
 
 __all__ = ["WorkerServer", "local_worker_addresses"]
@@ -80,30 +74,13 @@ __all__ = ["WorkerServer", "local_worker_addresses"]
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "feedline.service.Worker"
-# A task's buffer holds at most this many bytes and elements.
-_BUFFER_BYTES = 64 << 20
-_BUFFER_ELEMENTS = 4096
-# Round-robin rounds kept behind the newest one asked for.
-_ROUND_WINDOW = 256
-_MAX_WAIT_S = 1.0
 # A GetElements request is a small header; nothing larger is read.
 _MAX_REQUEST_BYTES = 64 << 10
-# While another consumer of a task waits, a consumer holding this many elements it has not
-# returned yet takes no more (see _Task._share).
-_AHEAD = 4
-# A consumer whose request got nothing counts as waiting for this long after.
-_HUNGRY_S = 0.05
-# A task of a shared job hands out nothing for this long after the first request, unless every
-# consumer of the job (two at least) asks: consumers that start together share its first
-# elements. A job read by one consumer alone starts this much later.
-_GATHER_S = 0.1
 # How many ended tasks a worker remembers (what their consumers hear), and unpickled datasets.
 _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
 # An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
 _DATASET_KEEP_S = 10.0
-# How often an exactly-once task whose input ran out asks whether a split came back.
-_GRANT_POLL_S = 0.05
 
 _local_lock = threading.Lock()
 _local_addresses: set[str] = set()
@@ -625,495 +602,3 @@ class WorkerServer:
         if self._stopped.is_set() or self._draining.is_set():
             return encode_frame({"gone": True})
         return encode_frame({"eos": False})
-
-
-class _DispatcherSplits:
-    """The ``SplitProvider`` of a DYNAMIC task: asks the dispatcher for the job's splits. A
-    draining worker asks for none: its source ends after the split it holds (``drained``).
-
-    Each request carries its number (``request``), the same when it is tried again, so that a
-    dispatcher that handed out a split whose reply was lost (it was killed, the call timed out)
-    hands out the same split again instead of skipping it."""
-
-    def __init__(self, worker: WorkerServer, job_id: int, task_id: int) -> None:
-        self._worker = worker
-        self._job_id = job_id
-        self._task_id = task_id
-        self._requests = 0  # the splits received so far: the number of the next request
-        self._requests_lock = threading.Lock()
-        self.drained = False
-
-    def next_split(self, repetition: int) -> list[int] | None:
-        reply = self._ask({"repetition": repetition}, counted=lambda _: True)
-        return None if reply is None else reply["split"]
-
-    def next_grant(
-        self, finished: list[int] | None, handed_out: list[int]
-    ) -> dict[str, Any] | None:
-        """The next split of an exactly-once job: ``{"split", "key", "skip"}``, ``{"wait":
-        True}`` while the job's other splits are not done, None at the end (or when draining).
-        ``finished`` (``[key, count]``) reports the split this task produced last,
-        ``handed_out`` the splits whose every element it has handed to consumers since."""
-        request = {"repetition": 0, "finished": finished, "handed_out": handed_out}
-        reply = self._ask(request, counted=lambda r: r["split"] is not None)
-        if reply is None or reply.get("wait"):
-            return reply
-        return None if reply["split"] is None else reply
-
-    def _ask(self, fields: dict[str, Any], counted: Any) -> dict[str, Any] | None:
-        """GetSplit with ``fields``, numbered; the number moves on where ``counted(reply)``
-        (a split was handed out). None when draining."""
-        if self._worker.draining:
-            self.drained = True
-            return None
-        with self._requests_lock:
-            reply, _ = self._worker.call_dispatcher(
-                "GetSplit",
-                {
-                    "job_id": self._job_id,
-                    "task_id": self._task_id,
-                    "request": self._requests,
-                    **fields,
-                },
-                f"getting a split of job {self._job_id} for task {self._task_id}",
-            )
-            if counted(reply) and not reply.get("wait"):
-                self._requests += 1
-        return reply
-
-
-def task_dataset(
-    dataset: Dataset, mode: ShardingPolicy, num_workers: int, worker_index: int, splits: Any
-) -> Dataset:
-    """What a task runs: ``dataset`` shaped by the job's sharding policy (the module's table)."""
-    if mode == ShardingPolicy.OFF:
-        return dataset
-    if mode == ShardingPolicy.DYNAMIC:
-        return with_split_source(dataset, splits)
-    if mode == ShardingPolicy.DATA:
-        return dataset.shard(num_workers, worker_index)
-    policy = {
-        ShardingPolicy.FILE: AutoShardPolicy.FILE,
-        ShardingPolicy.FILE_OR_DATA: AutoShardPolicy.AUTO,
-        ShardingPolicy.HINT: AutoShardPolicy.HINT,
-    }[mode]
-    sharded, shard_mode = auto_shard(dataset, num_workers, worker_index, policy)
-    if shard_mode == ShardMode.DATA:
-        return dataset.shard(num_workers, worker_index)
-    return sharded
-
-
-class _Task:
-    """One task: a producer thread running the task's dataset into a bounded buffer, and the
-    replies that hand its elements out.
-
-    The dataset is fetched, unpickled and shaped by the job's policy on the producer thread, so
-    that whatever fails there (a dataset the policy cannot shape, one that does not unpickle
-    here) fails the task like an element that raises, and the consumers hear why.
-
-    A reply to ``GetElements`` says, besides the elements, one of: ``eos`` (the task's input
-    ended and everything was handed out), ``gone`` (this worker gives nothing more, though the
-    input did not end: it drained or stops; the task is lost), ``error`` (the task failed: an
-    error report for every consumer), or nothing (more may come: ask again).
-    """
-
-    def __init__(self, task_def: dict[str, Any], worker: WorkerServer) -> None:
-        self.task_id = int(task_def["task_id"])
-        #: The content fingerprint of the task's dataset (what the worker caches it by).
-        self.fingerprint = str(task_def.get("fingerprint", ""))
-        self._task_def = task_def
-        self._worker = worker
-        self._mode = ShardingPolicy(task_def["mode"])
-        self._exactly_once = bool(task_def.get("exactly_once"))
-        self._splits = _DispatcherSplits(worker, int(task_def["job_id"]), self.task_id)
-        self._num_consumers: int | None = task_def["num_consumers"]
-        self._compressor = Compressor(None)
-        self._cond = threading.Condition()
-        # (leaves, bytes, tag): tag is [split key, offset] in exactly-once jobs, else None.
-        self._buffer: collections.deque[tuple[list[Any], int, list[int] | None]] = (
-            collections.deque()
-        )
-        self._buffered_bytes = 0
-        # Exactly-once jobs: elements of each split still buffered, the splits produced whole
-        # and not yet handed out whole, and those handed out whole since the last GetSplit.
-        self._pending: collections.Counter[int] = collections.Counter()
-        self._produced: set[int] = set()
-        self._splits_out: list[int] = []
-        self._ended = False
-        self._drained = False  # ended because the worker drains, not because the input did
-        self._draining = False
-        self._report: dict[str, Any] | None = None  # the task's error, as consumers get it
-        self._stop = False
-        # First come, first served, shared fairly: consumers whose request waits here now,
-        # and consumers whose last request got nothing (hungry until the time given).
-        self._waiting: collections.Counter[int] = collections.Counter()
-        self._hungry: dict[int, float] = {}
-        self._shared = bool(task_def.get("shared"))
-        self._consumers_hint = 1  # the job's consumers, as the requests tell
-        self._first_ask: float | None = None
-        self._handed_out = False
-        self._rounds: dict[int, list[Any]] = {}
-        self._round_taken: dict[int, set[int]] = {}
-        self._next_round = 0
-        # Elements and their bytes handed to consumers (for the status pages).
-        self.served_elements = 0
-        self.served_bytes = 0
-        self._thread = threading.Thread(
-            target=self._produce, name=f"feedline-task-{self.task_id}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._buffer.clear()
-            self._buffered_bytes = 0
-            self._cond.notify_all()
-        self._worker._shm.forget_task(self.task_id)  # its consumers' arenas
-
-    def drain(self) -> None:
-        """Produces no more than it must: a DYNAMIC task finishes the split it holds (its
-        provider hands out no more), any other task stops at once. What is buffered stays."""
-        with self._cond:
-            self._draining = True
-            self._cond.notify_all()
-
-    def completed(self) -> bool:
-        """Whether the task's input ended and every element was handed out."""
-        with self._cond:
-            return (
-                self._ended
-                and not self._drained
-                and self._report is None
-                and not self._stop
-                and not self._buffer
-            )
-
-    def failure(self) -> dict[str, Any] | None:
-        """The task's error report, or None."""
-        with self._cond:
-            return self._report
-
-    def drained_out(self) -> bool:
-        """Whether the task produces nothing more and has handed out what it had."""
-        with self._cond:
-            return (self._ended or self._stop) and not self._buffer
-
-    def buffered(self) -> int:
-        with self._cond:
-            return len(self._buffer)
-
-    def status(self, rates: Any) -> dict[str, Any]:
-        """What the worker's status page shows of this task (``rates``: a ``RateTracker``)."""
-        task_def = self._task_def
-        with self._cond:
-            buffered, nbytes = len(self._buffer), self._buffered_bytes
-            if self._report is not None:
-                state = f"failed: {self._report.get('type')}: {self._report.get('message')}"
-            elif self._stop or (self._ended and self._drained):
-                state = "stopped"
-            elif self._ended:
-                state = "input ended"
-            else:
-                state = "draining" if self._draining else "running"
-        _, _, per_s, bytes_per_s = rates.get(self.task_id)
-        consumers = self._num_consumers
-        return {
-            "task_id": self.task_id,
-            "job_id": task_def["job_id"],
-            "dataset_id": task_def["dataset_id"],
-            "mode": self._mode.name,
-            "worker_index": task_def["worker_index"],
-            "num_workers": task_def["num_workers"],
-            "consumers": "shared" if consumers is None else f"round robin of {consumers}",
-            "buffered": buffered,
-            "buffered_bytes": nbytes,
-            "fill": max(buffered / _BUFFER_ELEMENTS, nbytes / _BUFFER_BYTES),
-            "elements": self.served_elements,
-            "elements_per_s": per_s,
-            "bytes_per_s": bytes_per_s,
-            "state": state,
-        }
-
-    def _produce(self) -> None:
-        iterator = None
-        failed = False
-        try:
-            dataset, compression = self._worker.dataset(self._task_def)
-            self._compressor = Compressor(compression)
-            expected = structure.spec_structure(dataset.element_spec)
-            if self._exactly_once:
-                self._produce_splits(dataset, expected)
-                return
-            shaped = task_dataset(
-                dataset,
-                self._mode,
-                int(self._task_def["num_workers"]),
-                int(self._task_def["worker_index"]),
-                self._splits,
-            )
-            skip = int(self._task_def.get("skip", 0))
-            if skip:  # a consumer resumed the job: it had received these from this stream
-                shaped = shaped.skip(skip)
-            iterator = iter(shaped)
-            for index, element in enumerate(iterator):
-                if not self._put(element, index, expected, None):
-                    return
-                with self._cond:
-                    if self._draining and self._mode != ShardingPolicy.DYNAMIC:
-                        self._drained = True
-                        return
-        except BaseException as error:
-            with self._cond:
-                if not self._stop:
-                    failed = True
-                    self._report = error_report(
-                        error, worker=self._worker.worker_address, task_id=self.task_id
-                    )
-            if failed:
-                logger.warning("task %d failed: %r", self.task_id, error)
-                self._worker._telemetry.task_failed(self.task_id, self._report or {})
-        finally:
-            with self._cond:
-                self._drained = self._drained or self._splits.drained
-                self._ended = True
-                self._cond.notify_all()
-            if iterator is not None:
-                with contextlib.suppress(Exception):
-                    iterator.close()
-            if failed:
-                self._worker._report_failure()
-
-    def _put(self, element: Any, index: int, expected: Any, tag: list[int] | None) -> bool:
-        """Buffers ``element`` (the ``index``-th), waiting for room; False once stopped.
-
-        Raises:
-          InvalidArgumentError: the element does not have the structure ``expected``.
-        """
-        leaves, treespec = structure.flatten(element)
-        if treespec != expected:
-            raise InvalidArgumentError(
-                f"element {index} of the dataset has the structure {treespec}, but the "
-                f"dataset's element_spec has the structure {expected}; every element "
-                "must have the structure of the element_spec"
-            )
-        size = sum(leaf.nbytes for leaf in leaves)
-        with self._cond:
-            while (
-                not self._stop
-                and self._buffer
-                and (
-                    self._buffered_bytes + size > _BUFFER_BYTES
-                    or len(self._buffer) >= _BUFFER_ELEMENTS
-                )
-            ):
-                self._cond.wait()
-            if self._stop:
-                return False
-            self._buffer.append((leaves, size, tag))
-            self._buffered_bytes += size
-            if tag is not None:
-                self._pending[tag[0]] += 1
-            self._cond.notify_all()
-        return True
-
-    def _produce_splits(self, dataset: Dataset, expected: Any) -> None:
-        """An exactly-once task's input: each split the dispatcher grants, run on its own and
-        tagged ``[key, offset]``, minus the offsets consumers already received (``_replay``)."""
-        runner = SplitRunner(dataset)
-        finished: list[int] | None = None
-        index = 0
-        while True:
-            with self._cond:
-                handed_out, self._splits_out = self._splits_out, []
-            grant = self._splits.next_grant(finished, handed_out)
-            finished = None
-            if grant is None:
-                return
-            if grant.get("wait"):  # the other splits are not done: one may come back
-                with self._cond:
-                    if self._stop:
-                        return
-                    self._cond.wait(_GRANT_POLL_S)
-                continue
-            key, skip = int(grant["key"]), grant["skip"]
-            count = 0
-            for offset, element in enumerate(runner.run(key, grant["split"])):
-                count = offset + 1
-                if contains(skip, offset):
-                    continue
-                if not self._put(element, index, expected, [key, offset]):
-                    return
-                index += 1
-            finished = [key, count]
-            with self._cond:
-                if self._pending[key]:
-                    self._produced.add(key)
-                else:
-                    self._splits_out.append(key)
-
-    def _take(self, tags: list[list[int]] | None = None) -> list[Any]:
-        leaves, size, tag = self._buffer.popleft()
-        self._buffered_bytes -= size
-        self._cond.notify_all()
-        if tag is not None:
-            key = tag[0]
-            self._pending[key] -= 1
-            if not self._pending[key]:
-                del self._pending[key]
-                if key in self._produced:
-                    self._produced.discard(key)
-                    self._splits_out.append(key)
-            if tags is not None:
-                tags.append(tag)
-        return leaves
-
-    def _end_frame(self) -> bytes | None:
-        """(Under the lock, with nothing to hand out.) What a consumer hears from a task that
-        gives nothing more; None while more may come."""
-        if self._report is not None:
-            return encode_frame({"error": self._report})
-        if self._stop or (self._ended and self._drained):
-            return encode_frame({"gone": True})
-        if self._ended:
-            return encode_frame({"eos": True})
-        return None
-
-    def _share(self, consumer: int, held: int, wanted: int) -> int:
-        """(Under the lock, with elements buffered.) How many ``consumer``, which holds
-        ``held`` elements it has not returned yet, may take now: all it wants, unless another
-        consumer waits, in which case the buffer is split between them and a consumer that
-        holds ``_AHEAD`` or more takes nothing until the others had their turn. A task of a
-        shared job gathers first (``_GATHER_S``)."""
-        now = time.monotonic()
-        if (
-            self._shared
-            and not self._handed_out
-            and self._first_ask is not None
-            and now < self._first_ask + _GATHER_S
-            and len(self._waiting) < max(2, self._consumers_hint)
-        ):
-            return 0
-        others = {c for c in self._waiting if c != consumer}
-        others.update(c for c, until in self._hungry.items() if c != consumer and until > now)
-        if not others:
-            return wanted
-        if held >= _AHEAD:
-            return 0
-        share = -(-len(self._buffer) // (len(others) + 1))
-        return max(1, min(wanted, share, _AHEAD - held))
-
-    def get_elements(self, header: dict[str, Any]) -> bytes:
-        wait_s = min(field(header, "wait_ms", int, 500) / 1000, _MAX_WAIT_S)
-        if self._num_consumers is not None:
-            return self._get_round(header, wait_s)
-        consumer = field(header, "consumer", int, 0)
-        held = field(header, "held", int, 0)
-        max_elements = max(1, field(header, "max_elements", int, 1))
-        max_bytes = max(1, field(header, "max_bytes", int, 8 << 20))
-        elements: list[list[Any]] = []
-        tags: list[list[int]] = []
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            self._consumers_hint = max(self._consumers_hint, field(header, "consumers", int, 1))
-            if self._first_ask is None:
-                self._first_ask = time.monotonic()
-            self._waiting[consumer] += 1
-            self._cond.notify_all()  # a gathering task may have waited for this consumer
-            try:
-                limit = 0
-                while not self._stop:
-                    if self._buffer:
-                        limit = self._share(consumer, held, max_elements)
-                        if limit:
-                            break
-                    elif self._ended:
-                        break
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining if not self._buffer else min(remaining, 0.01))
-            finally:
-                self._waiting[consumer] -= 1
-                if not self._waiting[consumer]:
-                    del self._waiting[consumer]
-            taken = 0
-            while self._buffer and len(elements) < limit:
-                if elements and taken + self._buffer[0][1] > max_bytes:
-                    break
-                taken += self._buffer[0][1]
-                elements.append(self._take(tags))
-            if not elements:
-                end = None if self._buffer else self._end_frame()
-                if end is not None:
-                    return end
-                if held < _AHEAD:
-                    self._hungry[consumer] = time.monotonic() + _HUNGRY_S
-                    if len(self._hungry) > 64:
-                        now = time.monotonic()
-                        self._hungry = {c: t for c, t in self._hungry.items() if t > now}
-                return encode_frame({"eos": False})
-            self._hungry.pop(consumer, None)
-            self._handed_out = True
-            self.served_elements += len(elements)
-            self.served_bytes += taken
-            self._worker._telemetry.served(len(elements), taken)
-        return self._reply(elements, tags, header)
-
-    def _reply(
-        self,
-        elements: list[list[Any]],
-        tags: list[list[int]] | None = None,
-        request: dict[str, Any] | None = None,
-    ) -> bytes:
-        meta, buffers = pack_elements(elements)
-        header: dict[str, Any] = {"eos": False, "meta": meta}
-        if tags:  # exactly-once jobs: [split key, offset] of each element
-            header["tags"] = tags
-        # Through the consumer's shared-memory arena when it offers one (_shm), else gRPC.
-        return self._worker._shm.reply(request or {}, header, buffers, self._compressor)
-
-    def _get_round(self, header: dict[str, Any], wait_s: float) -> bytes:
-        num_consumers = self._num_consumers or 1
-        consumer = field(header, "consumer_index", int)
-        round_index = field(header, "round", int)
-        if not 0 <= consumer < num_consumers:
-            raise InvalidArgumentError(
-                f"consumer_index {consumer} is out of range [0, {num_consumers})"
-            )
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while self._next_round <= round_index:
-                if len(self._buffer) >= num_consumers:
-                    self._rounds[self._next_round] = [self._take() for _ in range(num_consumers)]
-                    self._round_taken[self._next_round] = set()
-                    self._next_round += 1
-                    for old in [r for r in self._rounds if r < self._next_round - _ROUND_WINDOW]:
-                        del self._rounds[old], self._round_taken[old]
-                    continue
-                if self._ended or self._stop:
-                    self._buffer.clear()  # less than a round: nobody can take it in step
-                    end = self._end_frame()
-                    assert end is not None
-                    return end
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return encode_frame({"eos": False})  # nothing yet: the consumer asks again
-                self._cond.wait(remaining)
-            if round_index not in self._rounds:
-                raise OutOfRangeError(
-                    f"round {round_index} of task {self.task_id} was dropped: consumer "
-                    f"{consumer} fell more than {_ROUND_WINDOW} rounds behind the others"
-                )
-            element = self._rounds[round_index][consumer]
-            taken = self._round_taken[round_index]
-            taken.add(consumer)
-            if len(taken) == num_consumers:
-                del self._rounds[round_index], self._round_taken[round_index]
-            nbytes = sum(leaf.nbytes for leaf in element)
-            self.served_elements += 1
-            self.served_bytes += nbytes
-            self._worker._telemetry.served(1, nbytes)
-        return self._reply([element], request=header)
