@@ -11,9 +11,14 @@ Three parts, in one run:
    ``Linear(32, 1)``, Adagrad, batches of 256 synthetic examples of 4 ids each) trained through
    ``ClusterCoordinator.schedule`` on a local cluster (``LocalCluster``: this benchmark's child
    is the chief; the workers and the 2 ps are ``feedline server`` processes on 127.0.0.1) with
-   1 and with 2 workers. Each cluster runs in a child process (killed after ``--child-timeout``)
-   that warms up for ``--warmup`` steps, then times ``--steps`` steps with 4 functions per worker
-   in flight; the clusters take turns for ``--rounds`` rounds and each keeps its best. Beside
+   1 and with 2 workers. Each worker reads the batches of its stream of the demo's
+   ``dataset_fn``, made up front when its per-worker dataset is made, through
+   ``from_tensor_slices(...).repeat().prefetch(2)``: the TensorFlow peer's input pipeline, so
+   that both sides do the same work per step (``--generated-input``: each batch generated in
+   Python as the step asks for it, as the demo does; the peer cannot do that). Each cluster
+   runs in a child process (killed after ``--child-timeout``) that warms up for ``--warmup``
+   steps, then times ``--steps`` steps with 4 functions per worker in flight; the clusters take
+   turns for ``--rounds`` rounds and each keeps its best. Beside
    it, the machine's own 2-process scaling (``_common.process_scaling``: two processes of pure
    Python work against one), measured in the same run.
 2. **What a step moves.** With 2 ps (``feedline server`` processes) and this process as the
@@ -56,9 +61,35 @@ TF_PEER = os.path.join(ROOT, "benchmarks", "_tf_ps_peer.py")
 
 
 # -- 1. scaling: one cluster per child process -------------------------------------------------
-def child_steps_per_second(workers: int, warmup: int, steps: int) -> dict[str, Any]:
+def premade_dataset_fn(rows: int, batch_size: int, count: int) -> Any:
+    """The TensorFlow peer's input pipeline, for feedline: each worker makes the first
+    ``count`` batches of its stream of the demo's ``dataset_fn`` up front (when its per-worker
+    dataset is made, before the warm-up), then reads them through
+    ``from_tensor_slices(...).repeat().prefetch(2)``, as the peer does."""
+    from feedline.examples import parameter_server_demo as demo
+
+    make_stream = demo.dataset_fn(rows, batch_size)
+
+    def make(context: Any) -> Any:
+        import numpy as np
+
+        import feedline.data as fd
+
+        stream = iter(make_stream(context))
+        batches = [next(stream) for _ in range(count)]
+        ids, labels = (np.stack([batch[i] for batch in batches]) for i in (0, 1))
+        return fd.Dataset.from_tensor_slices((ids, labels)).repeat().prefetch(2)
+
+    return make
+
+
+def child_steps_per_second(
+    workers: int, warmup: int, steps: int, generated: bool = False
+) -> dict[str, Any]:
     """In a child: the demo's model on a fresh local cluster of ``workers`` workers and 2 ps;
-    steps per second over ``steps`` steps after ``warmup``."""
+    steps per second over ``steps`` steps after ``warmup``. The batches are made up front (as
+    the TensorFlow peer's are), or with ``generated`` by the demo's ``dataset_fn`` step by
+    step."""
     import torch
 
     import feedline.distribute as fdist
@@ -77,7 +108,11 @@ def child_steps_per_second(workers: int, warmup: int, steps: int) -> dict[str, A
         coordinator = fdist.coordinator.ClusterCoordinator(
             strategy, function_timeout=60.0, worker_timeout=60.0
         )
-        iterator = iter(coordinator.create_per_worker_dataset(demo.dataset_fn(200_000, 256)))
+        if generated:
+            dataset_fn = demo.dataset_fn(200_000, 256)
+        else:
+            dataset_fn = premade_dataset_fn(200_000, 256, warmup + steps)
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         step = demo.make_train_step(model, optimizer)
 
         def run(count: int) -> tuple[float, list[float]]:
@@ -111,7 +146,8 @@ def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """Runs ``child_steps_per_second`` in a fresh interpreter, with a timeout."""
     done = subprocess.run(
         [sys.executable, __file__, "--child-workers", str(workers), "--warmup",
-         str(args.warmup), "--steps", str(args.steps)],
+         str(args.warmup), "--steps", str(args.steps),
+         *(["--generated-input"] if args.generated_input else [])],
         capture_output=True, text=True, timeout=args.child_timeout, cwd=ROOT,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )  # fmt: skip
@@ -238,10 +274,19 @@ def main() -> int:
     parser.add_argument("--transfer-steps", type=int, default=20)
     parser.add_argument("--child-timeout", type=float, default=300.0)
     parser.add_argument("--tf", action="store_true", help="also run the TensorFlow peer")
+    parser.add_argument(
+        "--generated-input",
+        action="store_true",
+        help="feedline's workers generate each batch in Python (the demo's dataset_fn) instead "
+        "of reading batches made up front, as the TensorFlow peer does",
+    )
     parser.add_argument("--child-workers", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_workers is not None:
-        print(json.dumps(child_steps_per_second(args.child_workers, args.warmup, args.steps)))
+        result = child_steps_per_second(
+            args.child_workers, args.warmup, args.steps, args.generated_input
+        )
+        print(json.dumps(result))
         return 0
     if args.quick:
         args.steps, args.warmup, args.rounds, args.transfer_steps = 100, 20, 1, 5
@@ -270,8 +315,9 @@ def main() -> int:
     moved = transfers(args.transfer_steps)
 
     cpus = os.cpu_count()
+    how = "generated step by step" if args.generated_input else "made up front"
     print(f"\n{cpus} CPUs; cluster: this process the chief, workers and 2 ps as `feedline "
-          "server` processes on 127.0.0.1\n")  # fmt: skip
+          f"server` processes on 127.0.0.1; feedline's batches {how}\n")  # fmt: skip
     print("| workers (2 ps) | steps/s (best of rounds) | rounds |")
     print("|---:|---:|---|")
     for workers in (1, 2):
@@ -306,6 +352,7 @@ def main() -> int:
     _common.write_results(
         "parameter_server",
         {"steps": args.steps, "warmup": args.warmup, "runs": runs, "best": best,
+         "input": "generated" if args.generated_input else "premade",
          "ratio": best[2] / best[1], "machine_2_process_scaling": machine,
          "transfers": moved, "tensorflow": {"note": tf_note, "runs": tf_runs, "best": tf_best,
          "ratio": {w: best[w] / tf_best[w] for w in tf_best}}},

@@ -3,8 +3,9 @@
 Every RPC carries one frame of ``_wire`` (a JSON header and raw buffers), so the services need
 no generated code and the data plane moves NumPy buffers without protobuf copies. Most RPCs are
 unary; an *upload* (a server's ``upload_limits``: the dispatcher's ``RegisterDataset``) sends its
-frame as a stream of chunks of at most ``UPLOAD_CHUNK_BYTES``. This module owns what every call
-has in common:
+frame as a stream of chunks of at most ``UPLOAD_CHUNK_BYTES`` (a frame of one chunk as a single
+message, which the server reads as a stream of one). This module owns what every call has in
+common:
 
 - addresses: ``"[grpc://]host:port"`` or ``("grpc", "host:port")``;
 - the shared secret: sent as the ``feedline-token`` metadata and checked by a server interceptor
@@ -405,8 +406,15 @@ class RpcClient:
         wait_for_ready: bool = False,
     ) -> tuple[dict[str, Any], list[memoryview]]:
         """``call`` for a method the server takes as an upload (its ``upload_limits``): the
-        request travels in chunks of ``UPLOAD_CHUNK_BYTES``."""
-        frame = memoryview(encode_frame(header, buffers))
+        request travels in chunks of ``UPLOAD_CHUNK_BYTES``. A request of one chunk goes as a
+        single message (the server reads it as a stream of one): the client then needs no
+        thread to feed the stream, which halves the call's cost for small requests."""
+        encoded = encode_frame(header, buffers)
+        if len(encoded) <= UPLOAD_CHUNK_BYTES:
+            return decode_frame(
+                self.call_frame(method, encoded, timeout=timeout, wait_for_ready=wait_for_ready)
+            )
+        frame = memoryview(encoded)
         chunks = (
             bytes(frame[start : start + UPLOAD_CHUNK_BYTES])
             for start in range(0, len(frame), UPLOAD_CHUNK_BYTES)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import os
+import sys
 import threading
 
+import cloudpickle
 import pytest
 
 from feedline.distribute.parameter_server import closures
@@ -29,3 +33,69 @@ def test_per_worker_values_travel_as_references() -> None:
     assert list(refs.values()) == [values]
     fn, args, _ = closures.ClosureUnpickler(data, {}, {values._feedline_reference()[1]: "b"}).load()
     assert fn(*args) == "bb"  # worker 1's element
+
+
+def _run(data: bytes) -> object:
+    fn, args, kwargs = closures.ClosureUnpickler(data, {}, {}).load()
+    return fn(*args, **kwargs)
+
+
+def test_every_schedule_sends_the_current_values() -> None:
+    settings = {"scale": 1}
+    offset = 100
+
+    def step() -> int:
+        return settings["scale"] * 10 + offset
+
+    first, _ = closures.dumps_closure(step, (), {})
+    settings["scale"] = 2  # a mutated global or closure value (a schedule setting lr)...
+    second, _ = closures.dumps_closure(step, (), {})
+    offset = 500  # ...and a rebound closure variable
+    third, _ = closures.dumps_closure(step, (), {})
+    assert [_run(first), _run(second), _run(third)] == [110, 120, 520]
+
+
+def test_a_function_pickles_to_cloudpickle_s_own_bytes() -> None:
+    import json
+
+    table = {"a": 1}
+
+    def uses_modules_and_closures(key: str) -> str:
+        return json.dumps({key: table[key], "sep": os.path.sep})
+
+    class Plain(closures._Pickler):  # cloudpickle's reduction of functions, uncached
+        _dynamic_function_reduce = cloudpickle.CloudPickler._dynamic_function_reduce
+
+    for _ in range(2):  # the second time from the cache
+        buffer = io.BytesIO()
+        Plain(buffer).dump((uses_modules_and_closures, ("a",), {}))
+        data, _ = closures.dumps_closure(uses_modules_and_closures, ("a",), {})
+        assert data == buffer.getvalue()
+        assert _run(data) == '{"a": 1, "sep": "/"}'
+
+
+def test_a_submodule_imported_after_a_first_schedule_is_sent(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "feedline_test_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "late.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import feedline_test_pkg
+
+    def reads_a_submodule() -> int:
+        return feedline_test_pkg.late.VALUE
+
+    try:
+        before, _ = closures.dumps_closure(reads_a_submodule, (), {})
+        import feedline_test_pkg.late
+
+        after, _ = closures.dumps_closure(reads_a_submodule, (), {})
+        # The worker imports the submodules that a function's code names before it runs it:
+        # the second pickle names the one imported since; the first could not.
+        assert b"feedline_test_pkg.late" not in before
+        assert b"feedline_test_pkg.late" in after
+        del sys.modules["feedline_test_pkg.late"], feedline_test_pkg.late
+        assert _run(after) == 7  # unpickling imported it again
+    finally:
+        for name in ("feedline_test_pkg.late", "feedline_test_pkg"):
+            sys.modules.pop(name, None)

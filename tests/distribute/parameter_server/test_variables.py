@@ -92,6 +92,53 @@ def test_only_touched_rows_travel(ps_spec, sparse: bool) -> None:
     assert torch.allclose(after[7], before[7] - 2.0)  # row 7 counted twice in the bag
 
 
+def test_the_row_pull_also_brings_the_dense_variables_a_step_reads(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 4), torch.nn.Linear(4, 1))
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=0.5)
+    table = {name: p.spec.shard_list for name, p in model.named_parameters()}
+    assert table == {"0.weight": ((0, 0, 100),), "1.weight": ((1, 0, 1),), "1.bias": ((0, 0, 1),)}
+    local = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 4), torch.nn.Linear(4, 1))
+    local.load_state_dict(model.state_dict())
+    local_optimizer = torch.optim.Adagrad(local.parameters(), lr=0.5)
+    pulls = _spy(strategy, "Pull")
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        optimizer.zero_grad()
+        loss = model(torch.tensor([[1, 2], [2, 5]])).square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    def calls() -> list[str]:
+        made = [f"ps{ps}: " + ", ".join(v["name"] for v in h["variables"]) for ps, h, _ in pulls]
+        pulls.clear()
+        return sorted(made)
+
+    losses = [strategy.run(step, args=(model, optimizer))]
+    # The first step pulls the table's rows, then, at the Linear's forward, its variables.
+    assert calls() == ["ps0: 0/EmbeddingBag.weight", "ps0: 2/Linear.bias", "ps1: 1/Linear.weight"]
+    for _ in range(2):
+        # The next ones pull the Linear's variables with the rows: one call per ps.
+        losses.append(strategy.run(step, args=(model, optimizer)))
+        assert calls() == ["ps0: 0/EmbeddingBag.weight, 2/Linear.bias", "ps1: 1/Linear.weight"]
+    # Each step read what the one before it pushed: the losses of the same training, local.
+    expected = [step(local, local_optimizer) for _ in range(3)]
+    assert losses == pytest.approx(expected, rel=1e-6)
+
+    with strategy.scope():
+        unused = torch.nn.Linear(3, 3)  # not read by the step: not pulled with the rows...
+    unused.weight.runtime.ensure_created()
+    strategy.run(step, args=(model, optimizer))
+    assert calls() == [
+        "ps0: 0/EmbeddingBag.weight, 2/Linear.bias",
+        "ps0: 4/Linear.bias",  # ...but, stale, by the Linear's forward, with every stale one
+        "ps1: 1/Linear.weight",
+        "ps1: 3/Linear.weight",
+    ]
+
+
 def test_pickled_parameters_are_references(ps_spec) -> None:
     strategy = chief_strategy(ps_spec)
     with strategy.scope():

@@ -1,10 +1,13 @@
-"""``WorkerAgent``: the coordinator's thread for one ``worker`` task.
+"""``WorkerAgent``: the coordinator's threads for one ``worker`` task.
 
-It takes scheduled functions from the coordinator's queue, one at a time, makes the worker's
-per-worker datasets and iterators first (again after the worker restarted: every request names
-the incarnation it was meant for), sends the function, and resolves its ``RemoteValue``. A call
-that fails means the worker is gone: the function goes back to the front of the queue, and the
-agent tries the worker every ``RETRY_S`` on a fresh channel until it answers again.
+It takes scheduled functions from the coordinator's queue, makes the worker's per-worker
+datasets and iterators first (again after the worker restarted: every request names the
+incarnation it was meant for), sends the function, and resolves its ``RemoteValue``. It keeps
+``IN_FLIGHT`` functions sent to the worker, which runs them one at a time: the next one waits
+on the worker while the current one runs. A call that fails means the worker is gone: its
+function (and the other one in flight) goes back to the front of the queue, and the agent tries
+the worker every ``RETRY_S`` on a fresh channel until it answers again. A call's deadline is
+``function_timeout`` for each function ahead of it on the worker, its own included.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from feedline.errors import UnavailableError
 if TYPE_CHECKING:
     from feedline.distribute.parameter_server.coordinator import ClusterCoordinator
 
-__all__ = ["RETRY_S", "Closure", "Resource", "WorkerAgent"]
+__all__ = ["IN_FLIGHT", "RETRY_S", "Closure", "Resource", "WorkerAgent"]
 
 #: How often an unreachable worker is tried.
 RETRY_S = 0.2
+#: How many functions one worker is sent at a time. It runs them one after the other; the
+#: next one's request waits on the worker, so no round trip to the coordinator separates them.
+IN_FLIGHT = 2
 
 
 @dataclasses.dataclass
@@ -52,56 +58,122 @@ class Resource:
     source: int
 
 
-class WorkerAgent(threading.Thread):
-    """Sends one worker its functions, one at a time, and follows it through restarts."""
+class WorkerAgent:
+    """Sends one worker its functions, ``IN_FLIGHT`` at a time, and follows it through
+    restarts.
+
+    Each of its ``IN_FLIGHT`` threads (lanes) takes a function from the coordinator's queue and
+    sends it; the worker runs them one at a time, so while one runs the next one's request is
+    already there. Until the worker has answered (at first, and after it was lost) only one
+    lane takes a function to try it with, so the others leave theirs in the queue for other
+    workers. Connecting and making resources happen under one lock, once for all lanes.
+    """
 
     def __init__(self, coordinator: ClusterCoordinator, index: int, address: str) -> None:
-        super().__init__(name=f"feedline-coordinator-worker-{index}", daemon=True)
         self._coordinator = coordinator
         self.index = index
         self.address = address
         self._token = _rpc.resolve_token(None)
+        # Under _setup: the client, the worker's incarnation, the resources made on it, and
+        # whether a lane is waiting for the worker to come back.
+        self._setup = threading.Lock()
         self._client = _rpc.RpcClient(address, SERVICE_NAME, self._token)
         self._incarnation: str | None = None
         self._created: set[int] = set()
+        self._recovering = False
+        self._known = threading.Event()  # set while the incarnation is known
+        self._probe = threading.Lock()  # held by the lane that tries an unknown worker
+        self._sent_lock = threading.Lock()
+        self._sent = 0  # Run calls not yet answered
         #: Since when (``time.monotonic()``) the worker has not answered; None while it does.
         self.down_since: float | None = None
+        self._lanes = [
+            threading.Thread(
+                target=self._serve, name=f"feedline-coordinator-worker-{index}-{lane}", daemon=True
+            )
+            for lane in range(IN_FLIGHT)
+        ]
+
+    def start(self) -> None:
+        for lane in self._lanes:
+            lane.start()
 
     def close(self) -> None:
         self._client.close()
 
-    def run(self) -> None:
+    def _serve(self) -> None:
+        while not self._coordinator._stopping.is_set():
+            if self._known.is_set():
+                self._serve_one()
+            elif not self._recovering and self._probe.acquire(blocking=False):
+                try:
+                    self._serve_one()
+                finally:
+                    self._probe.release()
+            else:
+                self._known.wait(RETRY_S)
+
+    def _serve_one(self) -> None:
+        """Takes one function (or waits a little for one), sends it and resolves its value."""
         coordinator = self._coordinator
-        while not coordinator._stopping.is_set():
-            closure = coordinator._take()
-            try:
-                if closure is None:
+        closure = coordinator._take()
+        client = self._client
+        try:
+            if closure is None:
+                with self._setup:
                     if self._incarnation is not None:
                         self._make_resources()
-                    continue
-                outcome = self._execute(closure)
-            except UnavailableError:
+                return
+            with self._setup:
+                client, incarnation = self._prepare()
+            outcome = self._execute(closure, client, incarnation)
+        except UnavailableError:
+            if closure is not None:
+                coordinator._requeue(closure)
+            self._recover(client)
+            return
+        except Exception as error:  # a per-worker dataset that cannot be made
+            if coordinator._stopping.is_set():  # stopped: its channel was closed
                 if closure is not None:
                     coordinator._requeue(closure)
-                self._wait_until_back()
-                continue
-            except Exception as error:  # a per-worker dataset that cannot be made
-                if coordinator._stopping.is_set():  # stopped: its channel was closed
-                    if closure is not None:
-                        coordinator._requeue(closure)
-                    return
-                if closure is None:
-                    with coordinator._cond:
-                        coordinator._error = coordinator._error or error
-                    continue
-                outcome = (False, error, None)
-            coordinator._finish(closure, outcome)
+                return
+            if closure is None:
+                with coordinator._cond:
+                    coordinator._error = coordinator._error or error
+                return
+            outcome = (False, error, None)
+        coordinator._finish(closure, outcome)
 
-    def _connect(self, client: _rpc.RpcClient, timeout: float, wait: bool) -> None:
-        header, _ = client.call("Ping", {}, timeout=timeout, wait_for_ready=wait)
-        if header.get("incarnation") != self._incarnation:
-            self._incarnation = header.get("incarnation")
+    @staticmethod
+    def _ping(client: _rpc.RpcClient) -> str | None:
+        """The incarnation of the worker behind ``client``; ``UnavailableError`` if it does not
+        answer within a second."""
+        header, _ = client.call("Ping", {}, timeout=1.0)
+        return header.get("incarnation")
+
+    def _connected(self, incarnation: str | None) -> None:
+        """Under ``_setup``: the worker answered; a new incarnation (a restarted worker) has
+        none of its resources."""
+        if incarnation != self._incarnation:
             self._created.clear()
+        self._set_incarnation(incarnation)
+
+    def _set_incarnation(self, incarnation: str | None) -> None:
+        self._incarnation = incarnation
+        if incarnation is None:
+            self._known.clear()
+        else:
+            self._known.set()
+
+    def _prepare(self) -> tuple[_rpc.RpcClient, str | None]:
+        """Under ``_setup``: connects if not yet connected and makes the missing resources;
+        the client and the worker's incarnation to send a function with."""
+        if self._recovering:
+            raise UnavailableError(f"worker {self.index} is not answering")
+        if self._incarnation is None:  # not up yet: the function goes back to the queue
+            self._connected(self._ping(self._client))
+        self._make_resources()
+        return self._client, self._incarnation
 
     def _make_resources(self) -> None:
         with self._coordinator._cond:
@@ -124,18 +196,28 @@ class WorkerAgent(threading.Thread):
             if "error" in header:
                 raise self._error_of(header["error"])
 
-    def _execute(self, closure: Closure) -> tuple[bool, Any, int | None]:
-        if self._incarnation is None:  # not up yet: the function goes back to the queue
-            self._connect(self._client, timeout=1.0, wait=False)
-        self._make_resources()
+    def _execute(
+        self, closure: Closure, client: _rpc.RpcClient, incarnation: str | None
+    ) -> tuple[bool, Any, int | None]:
         ids = list(closure.values)
         values = [closures.dumps_value(closure.values[i].values[self.index]) for i in ids]
-        header, buffers = self._client.upload(
-            "Run",
-            {"incarnation": self._incarnation, "values": ids},
-            [closure.data, *values],
-            timeout=self._coordinator._function_timeout,
-        )
+        with self._sent_lock:
+            self._sent += 1
+            ahead = self._sent  # the worker runs the functions before this one first
+        try:
+            header, buffers = client.upload(
+                "Run",
+                {"incarnation": incarnation, "values": ids},
+                [closure.data, *values],
+                timeout=self._coordinator._function_timeout * ahead,
+            )
+        except Exception as error:
+            if client is not self._client:  # another lane found the worker lost: closed
+                raise UnavailableError(f"worker {self.index} was lost") from error
+            raise
+        finally:
+            with self._sent_lock:
+                self._sent -= 1
         if header.get("restarted"):
             raise UnavailableError(f"worker {self.index} restarted")
         if "error" in header:
@@ -151,23 +233,39 @@ class WorkerAgent(threading.Thread):
         ]
         return error
 
+    def _recover(self, failed: _rpc.RpcClient) -> None:
+        """After a call on ``failed`` found the worker gone: waits until it is back, unless
+        another lane already does (or brought it back on a new client)."""
+        with self._setup:
+            if self._client is not failed or self._recovering:
+                return
+            self._recovering = True
+            self._set_incarnation(None)
+            self.down_since = time.monotonic()
+        try:
+            self._wait_until_back()
+        finally:  # back, or the coordinator stopped
+            with self._setup:
+                self._recovering = False
+
     def _wait_until_back(self) -> None:
         """Tries the worker every ``RETRY_S`` (on a fresh channel, free of gRPC's reconnect
         backoff) until it answers; then its resources are made again."""
-        self._incarnation = None
-        self.down_since = time.monotonic()
         while not self._coordinator._stopping.is_set():
             if self._coordinator._cluster_error is not None:
                 self._coordinator._stopping.wait(RETRY_S)
                 continue
             client = _rpc.RpcClient(self.address, SERVICE_NAME, self._token)
             try:
-                self._connect(client, timeout=1.0, wait=False)
+                incarnation = self._ping(client)
             except UnavailableError:
                 client.close()
                 self._coordinator._stopping.wait(RETRY_S)
                 continue
-            self._client.close()
-            self._client = client
-            self.down_since = None
+            with self._setup:
+                old, self._client = self._client, client
+                self._connected(incarnation)
+                self._recovering = False
+                self.down_since = None
+            old.close()  # after the swap: a lane whose call it ends sees it was replaced
             return

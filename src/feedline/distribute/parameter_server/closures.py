@@ -1,8 +1,11 @@
 """Scheduled functions as they travel from the coordinator to a worker: cloudpickled.
 
 ``dumps_closure`` pickles ``(fn, args, kwargs)`` once, at ``schedule`` time, so that a function
-that does not pickle fails there with the object named. Objects that stand for something each
-worker holds its own of are pickled as references (``persistent_id``):
+that does not pickle fails there with the object named. Every schedule pickles the function's
+globals and closure variables anew (a changed value, a learning rate set by a schedule, reaches
+the workers); only cloudpickle's scan of ``sys.modules`` for the submodules a function's code
+uses is remembered per code object, until a module is imported. Objects that stand for
+something each worker holds its own of are pickled as references (``persistent_id``):
 
 - a per-worker dataset or iterator (``("resource", id)``): the worker's own, made by it;
 - ``PerWorkerValues`` (``("value", id)``): the worker's element, pickled per dispatch
@@ -17,21 +20,88 @@ from __future__ import annotations
 
 import inspect
 import io
+import itertools
 import pickle
-from collections.abc import Callable, Mapping
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cloudpickle
+import cloudpickle.cloudpickle as _cloudpickle
 
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = ["ClosureUnpickler", "dumps_closure", "dumps_value", "loads"]
+
+# cloudpickle's helpers for functions pickled by value (it has had them since 1.x); without
+# them, functions are reduced by cloudpickle itself, uncached.
+_HELPERS = ("_extract_code_globals", "_get_cell_contents", "_find_imported_submodules",
+            "_make_function", "_function_setstate")  # fmt: skip
+_CAN_CACHE = all(hasattr(_cloudpickle, name) for name in _HELPERS)
+_SUBMODULES_CACHE_SIZE = 1024
+# (code, ids of the modules it refers to) -> (len(sys.modules), those modules, submodules).
+_submodules_cache: dict[tuple[Any, ...], tuple[int, tuple[Any, ...], list[Any]]] = {}
+
+
+def _imported_submodules(code: types.CodeType, dependencies: Iterable[Any]) -> list[Any]:
+    """cloudpickle's ``_find_imported_submodules`` (the submodules of the packages a function
+    refers to that its code names: the worker imports them first), remembered per code object
+    and packages while ``sys.modules`` keeps its size. The scan reads every name in
+    ``sys.modules``, most of a function's pickling time; the values a function refers to are
+    pickled anew every time all the same."""
+    modules = tuple(d for d in dependencies if isinstance(d, types.ModuleType))
+    key = (code, *map(id, modules))
+    loaded = len(sys.modules)
+    cached = _submodules_cache.get(key)
+    if cached is not None and cached[0] == loaded:
+        return list(cached[2])
+    found = _cloudpickle._find_imported_submodules(code, modules)
+    if len(_submodules_cache) >= _SUBMODULES_CACHE_SIZE:
+        _submodules_cache.clear()
+    _submodules_cache[key] = (loaded, modules, list(found))  # the modules kept: ids stay theirs
+    return found
 
 
 class _Pickler(cloudpickle.CloudPickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.values: dict[int, Any] = {}
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        """cloudpickle's reduction of a function pickled by value (its ``_function_getstate``),
+        with the submodule scan cached (``_imported_submodules``); the same bytes."""
+        if not _CAN_CACHE:
+            return super()._dynamic_function_reduce(func)
+        newargs = self._function_getnewargs(func)
+        slotstate = {
+            # "".join: fresh strings, as cloudpickle makes them (interning would change the memo)
+            "__name__": "".join(func.__name__),
+            "__qualname__": "".join(func.__qualname__),
+            "__annotations__": func.__annotations__,
+            "__kwdefaults__": func.__kwdefaults__,
+            "__defaults__": func.__defaults__,
+            "__module__": func.__module__,
+            "__doc__": func.__doc__,
+            "__closure__": func.__closure__,
+        }
+        names = _cloudpickle._extract_code_globals(func.__code__)
+        f_globals = {k: func.__globals__[k] for k in names if k in func.__globals__}
+        cells = func.__closure__ or ()
+        closure_values = [_cloudpickle._get_cell_contents(cell) for cell in cells]
+        slotstate["_cloudpickle_submodules"] = _imported_submodules(
+            func.__code__, itertools.chain(f_globals.values(), closure_values)
+        )
+        slotstate["__globals__"] = f_globals
+        state = {"".join(k): v for k, v in func.__dict__.items()}
+        return (
+            _cloudpickle._make_function,
+            newargs,
+            (state, slotstate),
+            None,
+            None,
+            _cloudpickle._function_setstate,
+        )
 
     def persistent_id(self, obj: Any) -> Any:
         reference = getattr(type(obj), "_feedline_reference", None)

@@ -1,8 +1,9 @@
 """``ClusterCoordinator``: schedules functions on the workers of a ``ParameterServerStrategy``.
 
-The coordinator (on the chief) keeps a bounded queue of scheduled functions and one thread per
-``worker`` task, which sends the worker one function at a time (cloudpickled, ``closures``) and
-resolves its ``RemoteValue``. What TensorFlow documents holds:
+The coordinator (on the chief) keeps a bounded queue of scheduled functions and one agent per
+``worker`` task, which keeps ``agent.IN_FLIGHT`` (2) functions sent to the worker (cloudpickled,
+``closures``; the worker runs them one at a time, the next one's request already there) and
+resolves their ``RemoteValue``. What TensorFlow documents holds:
 
 * ``schedule`` returns at once unless the queue holds ``max_pending`` functions (TensorFlow's
   256 * 1024), then waits for room;

@@ -34,6 +34,10 @@ __all__ = ["Cluster", "ParameterServerUnavailableError", "Runtime", "failed_ps_t
 #: How long one call to a ps that answered before may take.
 CALL_TIMEOUT_S = 120.0
 
+# Requests by ps task: (method, header, buffers); what each reply's values are written to.
+_Requests = dict[int, tuple[str, dict[str, Any], list[Any]]]
+_Targets = dict[int, list[tuple["PSParameter", Any]]]
+
 
 class ParameterServerUnavailableError(UnavailableError):
     """A parameter server cannot be reached or lost its variables (it restarted).
@@ -100,6 +104,9 @@ class Runtime:
         self._uncreated: dict[str, PSParameter] = {}
         self._fresh: set[str] = set()
         self._touched: dict[str, list[torch.Tensor]] = {}
+        # Dense variables that modules read in this step and in the step before it.
+        self._read_now: set[str] = set()
+        self._read_before: set[str] = set()
 
     # -- calls -----------------------------------------------------------------------------
     def call(
@@ -162,10 +169,15 @@ class Runtime:
         self, requests: dict[int, tuple[str, dict[str, Any], list[Any]]]
     ) -> dict[int, tuple[dict[str, Any], list[memoryview]]]:
         """Sends one request per ps task, in parallel; their replies by task."""
-        if len(requests) <= 1:
-            return {ps: self.call(ps, *request) for ps, request in requests.items()}
-        pending = {ps: self._pool.submit(self.call, ps, *req) for ps, req in requests.items()}
-        return {ps: future.result() for ps, future in pending.items()}
+        items = list(requests.items())
+        if not items:
+            return {}
+        # The first request is sent from this thread, the others from the pool meanwhile.
+        pending = [(ps, self._pool.submit(self.call, ps, *request)) for ps, request in items[1:]]
+        first, request = items[0]
+        replies = {first: self.call(first, *request)}
+        replies.update((ps, future.result()) for ps, future in pending)
+        return replies
 
     def ping(self, ps: int, timeout: float) -> None:
         """Raises ``UnavailableError`` unless ps task ``ps`` answers within ``timeout``."""
@@ -184,6 +196,7 @@ class Runtime:
         with self._lock:
             self._fresh.clear()
             self._touched.clear()
+            self._read_before, self._read_now = self._read_now, set()
             params = list(self.params.values()) if clear_grads else []
         for param in params:
             param.grad = None
@@ -220,7 +233,7 @@ class Runtime:
                 self._fresh.add(param.spec.name)
 
     def _create(self, params: Sequence[PSParameter], overwrite: bool) -> None:
-        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
+        requests: _Requests = {}
         for param in params:
             for ps, name, part in param.spec.parts(param.detach()):
                 meta, array = _tensors.pack(part)
@@ -230,34 +243,48 @@ class Runtime:
         self.fanout(requests)
 
     # -- pulls and pushes --------------------------------------------------------------------
+    def _stale_dense(self) -> list[PSParameter]:
+        with self._lock:
+            return [p for n, p in self.params.items() if n not in self._fresh and not p.spec.rows]
+
+    def note_read(self, params: Iterable[PSParameter]) -> None:
+        """Records that a module's forward reads ``params`` (dense variables) in this step."""
+        with self._lock:
+            self._read_now.update(p.spec.name for p in params)
+
     def pull_stale(self) -> None:
         """Pulls every dense variable of this process not pulled since it became stale."""
-        with self._lock:
-            stale = [p for n, p in self.params.items() if n not in self._fresh and not p.spec.rows]
+        stale = self._stale_dense()
         if stale:
             self.pull(stale)
 
     def pull(self, params: Sequence[PSParameter]) -> None:
         """Pulls the whole of each of ``params`` into its local copy."""
         self.ensure_created()
-        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
-        targets: dict[int, list[tuple[PSParameter, slice | None]]] = {}
+        requests: _Requests = {}
+        targets: _Targets = {}
+        self._add_whole(params, requests, targets)
+        self._write(self.fanout(requests), targets)
+        with self._lock:
+            self._fresh.update(p.spec.name for p in params)
+
+    @staticmethod
+    def _add_whole(params: Sequence[PSParameter], requests: _Requests, targets: _Targets) -> None:
         for param in params:
             for ps, name, where in param.spec.shard_slices():
                 requests.setdefault(ps, ("Pull", {"variables": []}, []))[1]["variables"].append(
                     {"name": name, "rows": False}
                 )
                 targets.setdefault(ps, []).append((param, where))
-        self._write(self.fanout(requests), targets)
-        with self._lock:
-            self._fresh.update(p.spec.name for p in params)
 
-    def pull_rows(self, param: PSParameter, ids: torch.Tensor) -> None:
+    def pull_rows(self, param: PSParameter, ids: torch.Tensor, with_stale: bool = False) -> None:
         """Pulls rows ``ids`` (unique, int64) of ``param`` into its local copy, and remembers
-        them as touched (their gradient is what a push sends)."""
+        them as touched (their gradient is what a push sends). With ``with_stale``, the same
+        calls also pull the stale dense variables that modules read in the step before this one
+        (``note_read``): a step like it reads them next, and finds them pulled."""
         self.ensure_created()
-        requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
-        targets: dict[int, list[tuple[PSParameter, torch.Tensor]]] = {}
+        requests: _Requests = {}
+        targets: _Targets = {}
         for ps, name, first, count in param.spec.shards():
             mask = (ids >= first) & (ids < first + count)
             if not bool(mask.any()):
@@ -267,9 +294,16 @@ class Runtime:
             header["variables"].append({"name": name, "rows": True})
             buffers.append((rows - first).numpy())
             targets.setdefault(ps, []).append((param, rows))
+        stale = []
+        if with_stale:
+            with self._lock:
+                before = self._read_before
+            stale = [p for p in self._stale_dense() if p.spec.name in before]
+        self._add_whole(stale, requests, targets)
         self._write(self.fanout(requests), targets)
         with self._lock:
             self._touched.setdefault(param.spec.name, []).append(ids)
+            self._fresh.update(p.spec.name for p in stale)
 
     @staticmethod
     def _write(replies: dict[int, Any], targets: dict[int, list[tuple[Any, Any]]]) -> None:

@@ -22,6 +22,7 @@ what the local optimizer computes for a dense gradient that is zero outside thos
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -56,6 +57,11 @@ def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
     return hyper
 
 
+def _unique(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` holds no index twice (a worker pushes each touched row once)."""
+    return rows.numel() < 2 or bool((rows.sort().values.diff() != 0).all())
+
+
 def _constructor_args(kind: str, hyper: Any) -> dict[str, Any]:
     if kind not in SUPPORTED:
         raise InvalidArgumentError(
@@ -63,10 +69,16 @@ def _constructor_args(kind: str, hyper: Any) -> dict[str, Any]:
         )
     if not isinstance(hyper, dict):
         raise InvalidArgumentError(f"malformed request: hyperparameters {hyper!r}")
-    accepted = inspect.signature(SUPPORTED[kind].__init__).parameters
+    accepted = _accepted(kind)
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in hyper.items() if k in accepted}
     args["foreach"] = False
     return args
+
+
+@functools.cache
+def _accepted(kind: str) -> frozenset[str]:
+    """The constructor arguments of optimizer ``kind``."""
+    return frozenset(inspect.signature(SUPPORTED[kind].__init__).parameters)
 
 
 class Update:
@@ -106,6 +118,9 @@ class Update:
                 with torch.no_grad():
                     variable.index_add_(0, rows, grad.to(variable.dtype), alpha=-lr)
                 return
+            if self.kind == "Adagrad" and self._sparse_ok() and self._rowwise_ok(rows):
+                self._adagrad_rows(grad.to(variable.dtype), rows)
+                return
             if self._sparse_ok():
                 variable.grad = torch.sparse_coo_tensor(
                     rows[None], grad.to(variable.dtype), variable.shape, check_invariants=True
@@ -119,6 +134,31 @@ class Update:
         with torch.sparse.check_sparse_tensor_invariants():
             self.optimizer.step()
         variable.grad = None
+
+    def _rowwise_ok(self, rows: torch.Tensor) -> bool:
+        """Whether ``_adagrad_rows`` computes what torch's sparse Adagrad step would: distinct
+        rows, a real dtype, and the state torch keeps (the constructor makes it)."""
+        state = self.optimizer.state.get(self._variable, {})
+        return (
+            not self._variable.is_complex()
+            and isinstance(state.get("step"), torch.Tensor)
+            and isinstance(state.get("sum"), torch.Tensor)
+            and _unique(rows)
+        )
+
+    def _adagrad_rows(self, grad: torch.Tensor, rows: torch.Tensor) -> None:
+        """torch's Adagrad step for a sparse gradient of distinct ``rows``, on those rows
+        alone: the same arithmetic as its sparse path, without building sparse tensors."""
+        group = self.optimizer.param_groups[0]
+        state = self.optimizer.state[self._variable]
+        with torch.no_grad():
+            state["step"] += 1
+            step = float(state["step"])
+            clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])
+            total = state["sum"]
+            total.index_add_(0, rows, grad.pow(2))
+            std = total.index_select(0, rows).sqrt_().add_(group["eps"])
+            self._variable.index_add_(0, rows, grad / std, alpha=-clr)
 
     def state(self) -> dict[str, Any]:
         """The optimizer's state of the variable (tensors and numbers), as torch keeps it."""

@@ -13,7 +13,9 @@ creation                    the variable exists on the ps from its first use: it
 forward of a module         pulls the values not pulled since they went stale: every dense
                             variable of the process at once (one call per ps), and for
                             ``nn.Embedding``/``nn.EmbeddingBag`` only the rows that the input
-                            ids touch; under ``torch.no_grad()`` the module's own, always
+                            ids touch (in the same calls as the stale dense variables that
+                            modules read in the step before); under ``torch.no_grad()`` the
+                            module's own, always
 ``optimizer.step()``        pushes the gradients (touched rows only for an embedding or a sparse
                             gradient); the ps applies the optimizer
 stale                       at the start of each scheduled function and of ``strategy.run``,
@@ -252,10 +254,12 @@ def _before_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         return
     runtime = ps[0].runtime
     weight = module._parameters.get("weight")
+    if _in_step():
+        runtime.note_read(p for p in ps if not p.spec.rows)
     if isinstance(weight, PSParameter) and weight.spec.rows:
         if args and isinstance(args[0], torch.Tensor):
             ids = torch.unique(args[0].detach().reshape(-1).to("cpu", torch.int64))
-            runtime.pull_rows(weight, ids[ids >= 0])
+            runtime.pull_rows(weight, ids[ids >= 0], with_stale=torch.is_grad_enabled())
         else:
             runtime.pull([weight])
         ps = [p for p in ps if p is not weight]

@@ -1,0 +1,111 @@
+"""The coordinator's agent for one worker keeps ``IN_FLIGHT`` functions sent to it, against a
+fake worker (a gRPC server of the worker's methods, in this process): the next function's
+request waits on the worker while one runs, and a lost call sends its function again."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from feedline._net import rpc
+from feedline.distribute.cluster_resolver import ClusterSpec
+from feedline.distribute.coordinator import ClusterCoordinator
+from feedline.distribute.parameter_server import closures
+from feedline.distribute.parameter_server.agent import IN_FLIGHT
+from feedline.distribute.parameter_server.protocol import SERVICE_NAME
+from feedline.errors import UnavailableError
+from tests.distribute.parameter_server._cluster import chief_strategy
+
+
+class FakeWorker:
+    """Answers Ping and CreateResource; each Run waits for ``release``, then runs the
+    function (the first call of a function whose argument is in ``lose`` fails, as if the
+    worker were gone)."""
+
+    def __init__(self, lose: tuple[int, ...] = ()) -> None:
+        self.release = threading.Event()
+        self.arrived: list[int] = []
+        self._lose = set(lose)
+        self._cond = threading.Condition()
+        token = rpc.resolve_token(None)
+        handlers = {"Ping": self._ping, "CreateResource": self._create, "Run": self._run}
+        self.server, port = rpc.start_server(
+            SERVICE_NAME, handlers, bind="127.0.0.1", port=0, token=token,
+            upload_limits={"Run": 1 << 20, "CreateResource": 1 << 20},
+        )  # fmt: skip
+        self.address = f"127.0.0.1:{port}"
+
+    def _ping(self, header: dict, buffers: list) -> tuple[dict, list]:
+        return {"job": "worker", "task": 0, "incarnation": "fake"}, []
+
+    def _create(self, header: dict, buffers: list) -> tuple[dict, list]:
+        return {}, []
+
+    def _run(self, header: dict, buffers: list) -> tuple[dict, list[Any]]:
+        fn, args, kwargs = closures.ClosureUnpickler(bytes(buffers[0]), {}, {}).load()
+        with self._cond:
+            self.arrived.append(args[0])
+            self._cond.notify_all()
+            failing = args[0] in self._lose
+            self._lose.discard(args[0])
+        if failing:
+            raise UnavailableError("the fake worker lost this call")
+        assert self.release.wait(30)
+        return {"result": True}, [cloudpickle.dumps(fn(*args, **kwargs))]
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> list[int]:
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.arrived) >= count, timeout)
+            return list(self.arrived)
+
+
+@pytest.fixture
+def coordinator_of(ps_spec: ClusterSpec) -> Iterator[Any]:
+    made: list[tuple[ClusterCoordinator, FakeWorker]] = []
+
+    def make(worker: FakeWorker) -> ClusterCoordinator:
+        spec = ClusterSpec({**ps_spec.as_dict(), "worker": [worker.address]})
+        coordinator = ClusterCoordinator(chief_strategy(spec), function_timeout=30)
+        made.append((coordinator, worker))
+        return coordinator
+
+    yield make
+    for coordinator, worker in made:
+        worker.release.set()
+        coordinator.close()
+        worker.server.stop(0.0)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_the_next_function_waits_on_the_worker_while_one_runs(coordinator_of) -> None:
+    assert IN_FLIGHT == 2
+    worker = FakeWorker()
+    coordinator = coordinator_of(worker)
+    values = [coordinator.schedule(_square, args=(i,)) for i in range(5)]
+    # Two functions reach the worker before either has finished; the third waits its turn.
+    assert sorted(worker.wait_for(2)) == [0, 1]
+    time.sleep(0.3)
+    assert len(worker.arrived) == 2 and not any(v.done for v in values)
+    worker.release.set()
+    coordinator.join(timeout=20)
+    assert [v.fetch() for v in values] == [0, 1, 4, 9, 16]
+    assert sorted(worker.arrived) == [0, 1, 2, 3, 4]
+
+
+def test_functions_of_lost_calls_run_again(coordinator_of) -> None:
+    worker = FakeWorker(lose=(0, 1))  # the first calls of the two functions in flight
+    coordinator = coordinator_of(worker)
+    values = [coordinator.schedule(_square, args=(i,)) for i in range(3)]
+    worker.release.set()
+    coordinator.join(timeout=20)
+    assert [v.fetch() for v in values] == [0, 1, 4]
+    # Functions 0 and 1 were sent, lost, and sent again: each ran at least once.
+    assert sorted(worker.arrived) == [0, 0, 1, 1, 2]
