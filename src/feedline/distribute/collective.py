@@ -40,6 +40,7 @@ default: well below torch's 30 minutes, so that a stalled peer surfaces as an er
 _HEARTBEAT_SECONDS = 1.0
 _STALE_SECONDS = 5.0
 _STORE_SECONDS = 2.0  # a heartbeat write never blocks longer than this
+_DRAIN_SECONDS = 0.2  # at exit, for the backend's threads to let go of the last collective
 
 _active: Collective | None = None
 
@@ -332,6 +333,13 @@ class Collective:
         atexit.unregister(self.close)
         if _active is self:
             _active = None
+        if dist.is_initialized() and self.world_size > 1:
+            # A gloo thread lets go of a collective's tensors just after the collective
+            # completes. If that happens once the interpreter is finalizing (the program's last
+            # collective, then its end), releasing a tensor made in Python cannot take the GIL
+            # and the process aborts ("terminate called without an active exception"). Give
+            # those threads the moment they need while Python is whole.
+            time.sleep(_DRAIN_SECONDS)
         self._stop.set()
         if self._beater is not None:
             # The thread must be out of the store's C++ code before the interpreter ends.
