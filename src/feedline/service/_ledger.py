@@ -99,15 +99,20 @@ def covers(ranges: Sequence[Sequence[int]], count: int) -> bool:
     return bool(ranges) and ranges[0][0] <= 0 and ranges[0][1] >= count
 
 
+def _last_start(ranges: Sequence[Sequence[int]], offset: int) -> int:
+    """The index of the last range starting at or before ``offset`` (-1 if none)."""
+    return bisect.bisect_right(ranges, [offset, float("inf")]) - 1
+
+
 def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:
     """Whether ``offset`` is in ``ranges``."""
-    index = bisect.bisect_right(ranges, [offset, float("inf")]) - 1
+    index = _last_start(ranges, offset)
     return index >= 0 and offset < ranges[index][1]
 
 
 def _insert(ranges: Ranges, offset: int) -> bool:
     """Adds ``offset`` to ``ranges`` in place; False if it was there."""
-    index = bisect.bisect_right(ranges, [offset, float("inf")]) - 1  # last start <= offset
+    index = _last_start(ranges, offset)
     if index >= 0 and offset < ranges[index][1]:
         return False
     joins_left = index >= 0 and ranges[index][1] == offset

@@ -56,12 +56,12 @@ class _DispatcherSplits:
         self._worker = worker
         self._job_id = job_id
         self._task_id = task_id
-        self._requests = 0  # the splits received so far: the number of the next request
+        self._requests = 0  # the replies received so far: the number of the next request
         self._requests_lock = threading.Lock()
         self.drained = False
 
     def next_split(self, repetition: int) -> list[int] | None:
-        reply = self._ask({"repetition": repetition}, counted=lambda _: True)
+        reply = self._ask({"repetition": repetition})
         return None if reply is None else reply["split"]
 
     def next_grant(
@@ -72,14 +72,15 @@ class _DispatcherSplits:
         ``finished`` (``[key, count]``) reports the split this task produced last,
         ``handed_out`` the splits whose every element it has handed to consumers since."""
         request = {"repetition": 0, "finished": finished, "handed_out": handed_out}
-        reply = self._ask(request, counted=lambda r: r["split"] is not None)
+        reply = self._ask(request)
         if reply is None or reply.get("wait"):
             return reply
         return None if reply["split"] is None else reply
 
-    def _ask(self, fields: dict[str, Any], counted: Any) -> dict[str, Any] | None:
-        """GetSplit with ``fields``, numbered; the number moves on where ``counted(reply)``
-        (a split was handed out). None when draining."""
+    def _ask(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """GetSplit with ``fields`` and this task's next request number, which moves on with
+        every reply received (a request whose reply was lost goes again with the same
+        number). None when draining."""
         if self._worker.draining:
             self.drained = True
             return None
@@ -94,8 +95,7 @@ class _DispatcherSplits:
                 },
                 f"getting a split of job {self._job_id} for task {self._task_id}",
             )
-            if counted(reply) and not reply.get("wait"):
-                self._requests += 1
+            self._requests += 1
         return reply
 
 
