@@ -38,7 +38,7 @@ compares. ``at-most-once`` (the service without a journal) may lose what a kille
 consumer held, and tells its consumers with an error when it loses a job (dispatcher restart, a
 raising map function); every other column is zero. ``journal`` (``--fault-tolerant``) runs the
 dispatcher with ``--work-dir D --fault-tolerant``, which hands out the job's splits exactly once
-(``feedline.service._ledger``): a dispatcher killed and started again on the same work dir
+(``feedline.service.ledger``): a dispatcher killed and started again on the same work dir
 resumes the job (a split whose ``GetSplit`` reply was on its way when the dispatcher died is
 handed out again to the worker that asks again), the splits a killed worker held are run again
 on the others minus what the consumers already received, and under worker kills, dispatcher

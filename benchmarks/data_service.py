@@ -29,7 +29,7 @@ instead, which general-purpose compressors barely shrink. S1-S3 run with ``compr
 and with ``compression=None`` in both systems.
 
 feedline runs each row twice (``--transfer``): with its default transfer, where a consumer on the
-worker's host reads replies through shared memory (``feedline/service/_shm.py``; "shm"), and
+worker's host reads replies through shared memory (``feedline/service/shm.py``; "shm"), and
 with ``data_transfer_protocol="grpc"``, every byte over loopback gRPC ("grpc"); tf.data service
 runs once. For S1-S3 the table also gives a plain ``memcpy`` of the same bytes (``np.copyto`` of
 element-sized arrays through 64 MB of sources and destinations, more than the caches hold), the

@@ -156,7 +156,7 @@ def instrumentation_seconds_per_reply(calls: int = 100_000) -> float:
     """What the worker's metrics add to one GetElements reply, measured in this process: the
     timed handler (histogram, error counting) around a no-op, and the served counters; the best
     of 5 runs of ``calls``, less the bare call."""
-    from feedline.service._metrics import WorkerTelemetry
+    from feedline.service.status.metrics import WorkerTelemetry
 
     telemetry = WorkerTelemetry(True, lambda: None)
     bare = lambda header, buffers: b""  # noqa: E731

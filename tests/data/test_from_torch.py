@@ -19,8 +19,8 @@ from feedline import service
 from feedline.data import Dataset, TensorSpec
 from feedline.data.ops.from_torch import TorchIterableStyleDataset, TorchMapStyleDataset
 from feedline.errors import InvalidArgumentError
-from feedline.service._split import SplitCursor, SplitPlan, split_plan
-from feedline.service._split_source import with_split_source
+from feedline.service.splits import SplitCursor, SplitPlan, split_plan
+from feedline.service.worker.split_source import with_split_source
 from tests.data.checkpoint_utils import assert_sequences_equal, checkpoint_test
 
 # -- torch datasets written as torchvision and users write them --------------------------------

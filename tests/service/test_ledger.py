@@ -1,4 +1,4 @@
-"""Tests of feedline/service/_ledger.py: the split ledger of exactly-once DYNAMIC jobs (open,
+"""Tests of feedline/service/ledger.py: the split ledger of exactly-once DYNAMIC jobs (open,
 done and replayed splits), the consumer's receipts, and the ledger through the dispatcher's
 state updates and snapshots."""
 
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from feedline.errors import InvalidArgumentError
-from feedline.service import _state as st
-from feedline.service._ledger import (
+from feedline.service.dispatcher import state as st
+from feedline.service.ledger import (
     Receipts,
     SplitLedger,
     add_ranges,

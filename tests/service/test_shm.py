@@ -1,4 +1,4 @@
-"""Replies through shared memory (``feedline/service/_shm.py``): the same elements as over gRPC,
+"""Replies through shared memory (``feedline/service/shm.py``): the same elements as over gRPC,
 the fallbacks, and nothing left in ``/dev/shm``, with in-process workers and with ``feedline
 worker`` processes killed mid-stream. Every wait has a timeout."""
 
@@ -17,7 +17,9 @@ import pytest
 
 from feedline._net.wire import decode_frame
 from feedline.data import Dataset
-from feedline.service import _job_reader, _shm, distribute
+from feedline.service import distribute
+from feedline.service import shm as _shm
+from feedline.service.client import job_reader as _job_reader
 from tests.service.conftest import Cluster
 from tests.service.procs import ServiceProcesses, read_in_thread
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from feedline.errors import FeedlineError
 from feedline.service.config import DispatcherConfig, WorkerConfig
-from feedline.service.dispatcher import DispatchServer
-from feedline.service.worker import WorkerServer
+from feedline.service.dispatcher.server import DispatchServer
+from feedline.service.worker.server import WorkerServer
 
 
 def dispatcher_main(argv: list[str]) -> int:

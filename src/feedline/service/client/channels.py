@@ -1,0 +1,67 @@
+"""The consumers' connections: one channel per address and service in this process, and the
+dispatcher call that waits for the dispatcher to be reachable."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from feedline._net import exit as _exit
+from feedline._net import rpc as _rpc
+from feedline.errors import UnavailableError
+from feedline.service.protocol import DISPATCHER_SERVICE
+
+
+class _Channels:
+    """The consumers' channels: one per address and service in this process (channels are
+    thread-safe), closed when the process exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, str, str], _rpc.RpcClient] = {}
+        _exit.register(self, "close", _exit.CHANNELS)
+
+    def get(self, address: str, service_name: str) -> _rpc.RpcClient:
+        token = _rpc.resolve_token(None)
+        key = (address, service_name, token or "")
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = _rpc.RpcClient(address, service_name, token)
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+_channels = _Channels()
+
+
+def _client(address: str, service_name: str) -> _rpc.RpcClient:
+    """The channel to ``service_name`` at ``address``."""
+    return _channels.get(address, service_name)
+
+
+def _dispatcher(address: str) -> _rpc.RpcClient:
+    return _client(address, DISPATCHER_SERVICE)
+
+
+def _bounded_call(
+    dispatcher: _rpc.RpcClient, method: str, header: dict[str, Any], timeout_s: float, what: str
+) -> tuple[dict[str, Any], list[memoryview]]:
+    """A call to the dispatcher that waits up to ``timeout_s`` for it to be reachable.
+
+    Raises:
+      UnavailableError: it was not, naming the dispatcher and ``what`` the call was for.
+    """
+    try:
+        return dispatcher.call(method, header, timeout=timeout_s, wait_for_ready=True)
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"the dispatcher at {dispatcher.address} could not be reached for {timeout_s:.0f} s "
+            f"while {what} (options.experimental_distribute.service_timeout_ms sets how long "
+            f"to wait): {error}"
+        ) from None

@@ -1,0 +1,333 @@
+"""The consumer side of the data service: ``distribute``, ``register_dataset``,
+``from_dataset_id`` and the dataset they make.
+
+``dataset.apply(distribute(...))`` returns a ``DataServiceDataset``: a source whose elements come
+from the service's workers. The dataset before ``distribute`` travels to the workers as a
+cloudpickled description (any Python in it runs there); what follows ``distribute`` runs here::
+
+    Dataset.range(5).map(square)      # on the workers
+      .apply(distribute("parallel_epochs", target))
+      .map(plus_one)                  # in this process
+
+Each iterator of a ``DataServiceDataset`` (each ``iter``, each ``repeat`` pass) is a new job, or,
+with ``job_name``, the job of ``(job_name, iteration)`` that every consumer of that name shares.
+It registers the dataset on first use, joins the job and reads it with a ``_JobReader``
+(``job_reader``: the heartbeat and fetch threads, first come first served or round robin).
+
+An iterator's ``get_state`` is its position: per task, the elements ``next`` returned
+(``position``; OFF and static sharding, read first come). ``set_state`` releases the job it
+joined and joins a new one of the same name that resumes there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+
+from feedline._net import rpc as _rpc
+from feedline.data.dataset import (
+    INFINITE_CARDINALITY,
+    UNKNOWN_CARDINALITY,
+    Dataset,
+    DatasetIterator,
+    IteratorContext,
+)
+from feedline.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from feedline.service.client.channels import _bounded_call, _dispatcher
+from feedline.service.client.job_reader import _JobReader
+from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
+from feedline.service.config import ShardingPolicy
+from feedline.service.position import check_checkpointable, position_from_state
+from feedline.service.splits import split_plan
+
+__all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
+
+# How long a consumer waits for an unreachable dispatcher, or for a job no worker serves,
+# before next() raises UnavailableError (options.experimental_distribute.service_timeout_ms).
+_DEFAULT_TIMEOUT_MS = 300_000
+
+
+# -- public functions -------------------------------------------------------------------------
+
+
+def distribute(
+    processing_mode: Any,
+    service: Any,
+    job_name: str | None = None,
+    consumer_index: int | None = None,
+    num_consumers: int | None = None,
+    max_outstanding_requests: int | None = None,
+    data_transfer_protocol: str | None = None,
+    compression: str | None = "AUTO",
+    target_workers: str = "AUTO",
+) -> Any:
+    """A transformation (for ``dataset.apply``) that moves the dataset's processing onto the
+    data service.
+
+    Example:
+      >>> from feedline.data import Dataset
+      >>> from feedline import service
+      >>> dispatcher = service.DispatchServer()
+      >>> address = dispatcher.target.split("://")[1]
+      >>> workers = [service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+      ...            for _ in range(2)]
+      >>> dataset = Dataset.range(10).apply(
+      ...     service.distribute("parallel_epochs", dispatcher.target))
+      >>> sorted(int(x) for x in dataset)
+      [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9]
+      >>> for server in [*workers, dispatcher]: server.stop()
+
+    Args:
+      processing_mode: a ``ShardingPolicy``, or ``"parallel_epochs"`` (OFF) /
+        ``"distributed_epoch"`` (DYNAMIC).
+      service: the dispatcher, ``"[grpc://]host:port"`` or ``("grpc", "host:port")``.
+      job_name: share one job per iteration with every consumer of this name.
+      consumer_index: this consumer's index for round-robin reads (with ``num_consumers``).
+      num_consumers: the number of round-robin consumers; needs ``job_name`` and an infinite
+        dataset.
+      max_outstanding_requests: the most elements in flight and buffered at once (memory is at
+        most that many times an element's size).
+      data_transfer_protocol: None (the default: replies of a worker on this host come through
+        shared memory, others over gRPC) or ``"grpc"`` (every reply over gRPC).
+      compression: ``"AUTO"`` (compress on the wire when it pays) or None.
+      target_workers: ``"AUTO"``/``"ANY"`` (every worker) or ``"LOCAL"`` (only workers in this
+        process).
+
+    Raises:
+      InvalidArgumentError: an argument out of its range; under DYNAMIC, a dataset without a
+        splittable source (raised when the transformation is applied).
+    """
+    params = _read_params(
+        processing_mode,
+        service,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        data_transfer_protocol,
+        target_workers,
+    )
+    _check_compression(compression)
+
+    def apply(dataset: Dataset) -> DataServiceDataset:
+        return DataServiceDataset(params, source=dataset, compression=compression)
+
+    return apply
+
+
+def register_dataset(
+    service: Any, dataset: Dataset, compression: str | None = "AUTO", dataset_id: str | None = None
+) -> str:
+    """Registers ``dataset`` with the service's dispatcher and returns its id (registering the
+    same dataset again returns the same id). See ``from_dataset_id``."""
+    if not isinstance(dataset, Dataset):
+        raise InvalidArgumentError(f"register_dataset expects a Dataset, got {type(dataset)}")
+    _check_compression(compression)
+    if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
+        raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+    return _register(_rpc.parse_service(service), dataset, compression, dataset_id)
+
+
+def from_dataset_id(
+    processing_mode: Any,
+    service: Any,
+    dataset_id: str,
+    element_spec: Any = None,
+    job_name: str | None = None,
+    consumer_index: int | None = None,
+    num_consumers: int | None = None,
+    max_outstanding_requests: int | None = None,
+    data_transfer_protocol: str | None = None,
+    target_workers: str = "AUTO",
+) -> DataServiceDataset:
+    """A dataset reading the registered dataset ``dataset_id`` from the service; the element
+    spec is asked of the dispatcher when not given."""
+    params = _read_params(
+        processing_mode,
+        service,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        data_transfer_protocol,
+        target_workers,
+    )
+    if not isinstance(dataset_id, str) or not dataset_id:
+        raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+    reply, buffers = _bounded_call(
+        _dispatcher(params.address),
+        "GetElementSpec",
+        {"dataset_id": dataset_id},
+        _DEFAULT_TIMEOUT_MS / 1000,
+        f"asking for the element spec of dataset {dataset_id}",
+    )
+    if element_spec is None:
+        element_spec = cloudpickle.loads(buffers[0])
+    return DataServiceDataset(
+        params, dataset_id=dataset_id, element_spec=element_spec, cardinality=reply["cardinality"]
+    )
+
+
+def _register(
+    address: str,
+    dataset: Dataset,
+    compression: str | None,
+    dataset_id: str | None,
+    timeout_s: float = _DEFAULT_TIMEOUT_MS / 1000,
+) -> str:
+    spec = cloudpickle.dumps(dataset.element_spec)  # before the dataset: it may cache its spec
+    try:
+        plan = split_plan(dataset).to_json()
+    except InvalidArgumentError:
+        plan = None
+    header = {
+        "compression": compression,
+        "cardinality": dataset.cardinality(),
+        "split_plan": plan,
+        "dataset_id": dataset_id,
+    }
+    try:
+        payload = cloudpickle.dumps(dataset)
+    except Exception as error:
+        raise InvalidArgumentError(
+            f"the dataset cannot be sent to the service: pickling it failed with {error!r}; "
+            "every function in the pipeline must be picklable by cloudpickle"
+        ) from error
+    dispatcher = _dispatcher(address)
+    try:
+        reply, _ = dispatcher.upload(
+            "RegisterDataset", header, (payload, spec), timeout=timeout_s, wait_for_ready=True
+        )
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"the dispatcher at {address} could not be reached for {timeout_s:.0f} s while "
+            f"registering the dataset (options.experimental_distribute.service_timeout_ms sets "
+            f"how long to wait): {error}"
+        ) from None
+    return str(reply["dataset_id"])
+
+
+# -- the dataset ------------------------------------------------------------------------------
+
+
+class DataServiceDataset(Dataset):
+    """Elements read from the data service (made by ``distribute`` and ``from_dataset_id``).
+
+    It has no inputs in this process: the dataset it reads runs on the workers, so graph
+    rewrites here (auto-sharding) never reach into it.
+    """
+
+    def __init__(
+        self,
+        params: _ReadParams,
+        *,
+        source: Dataset | None = None,
+        compression: str | None = "AUTO",
+        dataset_id: str | None = None,
+        element_spec: Any = None,
+        cardinality: int = UNKNOWN_CARDINALITY,
+    ) -> None:
+        super().__init__(())
+        self._params = params
+        self._source = source
+        self._compression = compression
+        self._dataset_id = dataset_id
+        self._iterations = 0
+        if source is not None:
+            if not isinstance(source, Dataset):
+                raise InvalidArgumentError(
+                    f"distribute is applied to a Dataset, got {type(source).__name__}"
+                )
+            if params.mode == ShardingPolicy.DYNAMIC:
+                split_plan(source)  # a dataset without a splittable source fails here
+            element_spec = source.element_spec
+            cardinality = source.cardinality()
+        self._element_spec = element_spec
+        self._source_cardinality = cardinality
+
+    def _cardinality(self) -> int:
+        if self._source_cardinality == INFINITE_CARDINALITY:
+            return INFINITE_CARDINALITY
+        return UNKNOWN_CARDINALITY
+
+    @property
+    def job_name(self) -> str | None:
+        return self._params.job_name
+
+    def _is_sharded_elsewhere(self) -> bool:
+        """Consumers of a named job split its data among themselves: auto-sharding keeps off."""
+        return self._params.job_name is not None
+
+    def _registered_id(self, timeout_s: float) -> str:
+        """The dataset's id at the dispatcher, registering it first if needed (called by an
+        iterator that is joining, under ``_passes_lock``)."""
+        if self._dataset_id is None:
+            if self._source is None:
+                raise FailedPreconditionError("a dataset read by id lost its id")
+            self._dataset_id = _register(
+                self._params.address, self._source, self._compression, None, timeout_s
+            )
+        return self._dataset_id
+
+    def _forget_registration(self, dataset_id: str) -> bool:
+        """Forgets ``dataset_id``, which the dispatcher no longer knows (it forgot a dataset
+        nobody read, or restarted without its journal), so that the next join registers the
+        dataset again; False if this dataset cannot be registered again (it was read by id)."""
+        if self._source is None or self._dataset_id != dataset_id:
+            return False
+        self._dataset_id = None
+        return True
+
+    def _make_iterator(self, ctx: IteratorContext) -> _ServiceIterator:
+        # The iteration counts only once its job is joined: a consumer that failed to join
+        # (dispatcher unreachable, a refused job) joins the same job when it tries again.
+        with self._passes_lock:
+            iterator = _ServiceIterator(self, ctx, self._iterations)
+            self._iterations += 1
+        return iterator
+
+
+class _ServiceIterator(DatasetIterator):
+    """One job's elements. Single-threaded API. The reading happens in a ``_JobReader``, whose
+    threads do not hold the iterator: an iterator dropped unclosed is collected, and closing it
+    releases the job.
+
+    Its state is the consumer's position in the job (``position``): per task, the elements
+    ``next`` has returned. ``set_state`` releases the job joined so far and joins a new job of
+    the same name and iteration whose tasks skip what the position counts, so that the elements
+    after it come next (OFF and static sharding, and DYNAMIC with a fault-tolerant dispatcher,
+    whose position is the splits and offsets returned; round robin raises
+    ``FailedPreconditionError``). A saved position is the job's only if this consumer read the
+    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it.
+    """
+
+    def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:
+        super().__init__(dataset, ctx)
+        timeout_ms = ctx.options.experimental_distribute.service_timeout_ms
+        self._timeout_s = (timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000
+        self._iteration = iteration
+        self._service_dataset = dataset
+        self._reader = _JobReader(dataset, iteration, self._timeout_s)
+
+    def _next(self) -> Any:
+        return self._reader.next()
+
+    def _get_state(self) -> dict[str, Any]:
+        return self._reader.position().to_state()
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        params = self._reader._params
+        check_checkpointable(int(params.mode), params.num_consumers, self._reader.exactly_once)
+        position = position_from_state(state, int(params.mode))
+        if self._closed:
+            raise InvalidArgumentError("the iterator is closed: restore into a new iterator")
+        self._reader.release()
+        self._reader = _JobReader(self._service_dataset, self._iteration, self._timeout_s, position)
+
+    def _close(self) -> None:
+        self._reader.release()

@@ -1,0 +1,98 @@
+"""The arguments of ``distribute`` and ``from_dataset_id`` that say how a consumer reads from
+the service, validated into a ``_ReadParams``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from feedline._net import rpc as _rpc
+from feedline.errors import InvalidArgumentError
+from feedline.service.config import ShardingPolicy
+
+_TARGET_WORKERS = ("AUTO", "ANY", "LOCAL")
+_COMPRESSIONS = ("AUTO", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReadParams:
+    """How a consumer reads from the service (validated by ``read_params``)."""
+
+    mode: ShardingPolicy
+    address: str
+    job_name: str | None
+    consumer_index: int | None
+    num_consumers: int | None
+    max_outstanding_requests: int | None
+    target_workers: str
+    # None: through shared memory with a worker on the same host, else gRPC (_shm);
+    # "grpc": always gRPC.
+    data_transfer_protocol: str | None = None
+
+
+def _read_params(
+    processing_mode: Any,
+    service: Any,
+    job_name: Any,
+    consumer_index: Any,
+    num_consumers: Any,
+    max_outstanding_requests: Any,
+    data_transfer_protocol: Any,
+    target_workers: Any,
+) -> _ReadParams:
+    mode = ShardingPolicy.parse(processing_mode)
+    address = _rpc.parse_service(service)
+    if job_name is not None and (not isinstance(job_name, str) or not job_name):
+        raise InvalidArgumentError(f"job_name must be a non-empty string, got {job_name!r}")
+    if (consumer_index is None) != (num_consumers is None):
+        raise InvalidArgumentError(
+            "consumer_index and num_consumers must be given together (got consumer_index="
+            f"{consumer_index!r}, num_consumers={num_consumers!r})"
+        )
+    if num_consumers is not None:
+        if job_name is None:
+            raise InvalidArgumentError(
+                "round-robin reads (consumer_index/num_consumers) need a job_name that the "
+                "consumers share"
+            )
+        if not _is_int(num_consumers) or num_consumers < 1:
+            raise InvalidArgumentError(f"num_consumers must be an int >= 1, got {num_consumers!r}")
+        if not _is_int(consumer_index) or not 0 <= consumer_index < num_consumers:
+            raise InvalidArgumentError(
+                f"consumer_index must be an int in [0, {num_consumers}), got {consumer_index!r}"
+            )
+    if max_outstanding_requests is not None and (
+        not _is_int(max_outstanding_requests) or max_outstanding_requests < 1
+    ):
+        raise InvalidArgumentError(
+            f"max_outstanding_requests must be an int >= 1 or None, got "
+            f"{max_outstanding_requests!r}"
+        )
+    if data_transfer_protocol not in (None, "grpc"):
+        raise InvalidArgumentError(
+            f"data_transfer_protocol must be None or 'grpc', got {data_transfer_protocol!r}"
+        )
+    workers = target_workers.upper() if isinstance(target_workers, str) else target_workers
+    if workers not in _TARGET_WORKERS:
+        raise InvalidArgumentError(
+            f"target_workers must be one of {_TARGET_WORKERS}, got {target_workers!r}"
+        )
+    return _ReadParams(
+        mode,
+        address,
+        job_name,
+        consumer_index,
+        num_consumers,
+        max_outstanding_requests,
+        "ANY" if workers == "AUTO" else workers,
+        data_transfer_protocol,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_compression(compression: Any) -> None:
+    if compression not in _COMPRESSIONS:
+        raise InvalidArgumentError(f"compression must be 'AUTO' or None, got {compression!r}")

@@ -1,0 +1,399 @@
+"""Exactly-once DYNAMIC epochs: the dispatcher's split ledger and the consumer's receipts.
+
+With ``fault_tolerant_mode`` a DYNAMIC job keeps a ``SplitLedger``: every split handed out stays
+*open* until its elements were delivered, and a split whose worker was lost is handed out again.
+
+- A worker runs the job's pipeline once per split (``worker.replay``) and tags each element with
+  ``(key, offset)``: ``key`` names the split (its first position in the repetition's order),
+  ``offset`` is the element's place among the outputs of that split. When it has produced the
+  whole split it tells the dispatcher how many elements the split has (``count``), with its next
+  ``GetSplit``.
+- Consumers keep ``Receipts``: the offsets received of each open split, dropping an offset they
+  already have; their heartbeats report them (``receive``). A split is *done* once its count is
+  known and the offsets the consumers received cover ``0 .. count - 1``.
+- When a worker is lost its open splits wait until every consumer of the job has *closed* that
+  worker's task (it takes nothing more from it, and reported all it received): only then is the
+  set of delivered offsets final, and the split goes to the ``replay`` queue. ``GetSplit`` hands
+  out replays first, with the delivered offsets to ``skip``; so an element that one consumer
+  received is never given to another.
+- The repetition ends (``GetSplit`` answers None) only when every split was handed out and is
+  done; until then a worker whose input ran out is told to ``wait``, as a replay may come.
+- A consumer that leaves (released, or gone silent past ``client_timeout_ms``) takes with it what
+  it received and had not reported yet, so its offsets may never be covered. Once one has left,
+  a split is also done when its worker has handed out every element of it (``handed_out``):
+  what the leaver held is lost with it (at most once, for a consumer that dies), and the others
+  reach the end of the epoch.
+
+Offsets travel as *ranges*: sorted, disjoint ``[start, stop)`` pairs (``add_ranges``).
+
+Example:
+  >>> ledger = SplitLedger()
+  >>> ledger.grant(0, task_id=7); ledger.grant(4, task_id=8)
+  >>> ledger.receive(0, [[0, 3]]); ledger.count(0, 4)
+  >>> sorted(ledger.open)
+  [0, 4]
+  >>> ledger.holder_lost(7, consumers=[1])  # split 0 waits for consumer 1 to close task 7
+  >>> ledger.closed(1, [7]); ledger.replay
+  [0]
+  >>> ledger.regrant(0, task_id=8); ledger.open[0].delivered  # the replay skips offsets 0-2
+  [[0, 3]]
+  >>> ledger.receive(0, [[3, 4]]); sorted(ledger.open), ledger.done
+  ([4], {0: 4})
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from feedline.errors import InvalidArgumentError
+
+__all__ = [
+    "OpenSplit",
+    "Receipts",
+    "Returned",
+    "SplitLedger",
+    "add_ranges",
+    "check_report",
+    "contains",
+    "covers",
+    "ranges_of",
+]
+
+Ranges = list[list[int]]
+
+
+def add_ranges(ranges: Sequence[Sequence[int]], more: Iterable[Sequence[int]]) -> Ranges:
+    """The union of two range lists, sorted and merged (touching ranges join).
+
+    Example:
+      >>> add_ranges([[0, 2], [5, 6]], [[2, 4], [8, 9]])
+      [[0, 4], [5, 6], [8, 9]]
+    """
+    pairs = sorted([int(a), int(b)] for a, b in (*ranges, *more) if int(b) > int(a))
+    merged: Ranges = []
+    for start, stop in pairs:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return merged
+
+
+def ranges_of(offsets: Iterable[int]) -> Ranges:
+    """The ranges that hold exactly ``offsets``.
+
+    Example:
+      >>> ranges_of([3, 0, 1, 4, 7])
+      [[0, 2], [3, 5], [7, 8]]
+    """
+    return add_ranges([], ([o, o + 1] for o in offsets))
+
+
+def covers(ranges: Sequence[Sequence[int]], count: int) -> bool:
+    """Whether ``ranges`` hold every offset ``0 .. count - 1``."""
+    if count <= 0:
+        return True
+    return bool(ranges) and ranges[0][0] <= 0 and ranges[0][1] >= count
+
+
+def _last_start(ranges: Sequence[Sequence[int]], offset: int) -> int:
+    """The index of the last range starting at or before ``offset`` (-1 if none)."""
+    return bisect.bisect_right(ranges, [offset, float("inf")]) - 1
+
+
+def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:
+    """Whether ``offset`` is in ``ranges``."""
+    index = _last_start(ranges, offset)
+    return index >= 0 and offset < ranges[index][1]
+
+
+def _insert(ranges: Ranges, offset: int) -> bool:
+    """Adds ``offset`` to ``ranges`` in place; False if it was there."""
+    index = _last_start(ranges, offset)
+    if index >= 0 and offset < ranges[index][1]:
+        return False
+    joins_left = index >= 0 and ranges[index][1] == offset
+    joins_right = index + 1 < len(ranges) and ranges[index + 1][0] == offset + 1
+    if joins_left and joins_right:
+        ranges[index][1] = ranges.pop(index + 1)[1]
+    elif joins_left:
+        ranges[index][1] = offset + 1
+    elif joins_right:
+        ranges[index + 1][0] = offset
+    else:
+        ranges.insert(index + 1, [offset, offset + 1])
+    return True
+
+
+def _check_ranges(value: Any, what: str) -> Ranges:
+    if not isinstance(value, list) or not all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair)
+        for pair in value
+    ):
+        raise InvalidArgumentError(f"malformed request: {what} must be [[start, stop], ...]")
+    return add_ranges([], value)
+
+
+@dataclasses.dataclass
+class OpenSplit:
+    """A split handed out and not yet done.
+
+    Attributes:
+      holder: the task producing it, None while it waits to be handed out again.
+      count: how many elements it has, once a worker produced all of it.
+      delivered: the offsets consumers reported, as ranges.
+      lost_holder: the lost task it was taken from (while it waits for ``awaiting``).
+      awaiting: the consumers that must close ``lost_holder`` before it is replayed.
+      handed_out: its holder has handed every element of it to consumers.
+    """
+
+    holder: int | None
+    count: int | None = None
+    delivered: Ranges = dataclasses.field(default_factory=list)
+    lost_holder: int | None = None
+    awaiting: list[int] = dataclasses.field(default_factory=list)
+    handed_out: bool = False
+
+
+@dataclasses.dataclass
+class SplitLedger:
+    """The splits of one exactly-once job: open, done, and waiting to be handed out again.
+
+    Plain data changed only by its methods, which the dispatcher's state updates call
+    (``dispatcher.state``);
+    ``to_json`` / ``from_json`` write and read it for the journal's snapshot.
+    """
+
+    open: dict[int, OpenSplit] = dataclasses.field(default_factory=dict)
+    #: The splits done, and how many elements each had.
+    done: dict[int, int] = dataclasses.field(default_factory=dict)
+    replay: list[int] = dataclasses.field(default_factory=list)
+    #: A consumer left the job: a split handed out whole is done, covered or not.
+    consumer_left: bool = False
+
+    def grant(self, key: int, task_id: int) -> None:
+        """Split ``key`` was handed out for the first time, to ``task_id``."""
+        if key not in self.done:
+            self.open.setdefault(key, OpenSplit(task_id)).holder = task_id
+
+    def regrant(self, key: int, task_id: int) -> None:
+        """Split ``key`` (from the replay queue) was handed out again, to ``task_id``."""
+        if key in self.replay:
+            self.replay.remove(key)
+        split = self.open.get(key)
+        if split is not None:
+            split.holder, split.handed_out = task_id, False
+
+    def count(self, key: int, count: int) -> None:
+        """A worker produced all of split ``key``: it has ``count`` elements."""
+        split = self.open.get(key)
+        if split is not None:
+            split.count = count
+            self._settle(key)
+
+    def receive(self, key: int, ranges: Sequence[Sequence[int]]) -> None:
+        """A consumer reported that it received the offsets ``ranges`` of split ``key``."""
+        split = self.open.get(key)
+        if split is not None:
+            split.delivered = add_ranges(split.delivered, ranges)
+            self._settle(key)
+
+    def holder_lost(self, task_id: int, consumers: Sequence[int]) -> None:
+        """The worker of ``task_id`` is gone: its open splits are replayed once each of
+        ``consumers`` (the job's, now) has closed the task."""
+        for key, split in list(self.open.items()):
+            if split.holder == task_id:
+                split.holder, split.lost_holder = None, task_id
+                split.awaiting = sorted(set(consumers))
+                self._release(key)
+
+    def closed(self, client_id: int, task_ids: Iterable[int]) -> None:
+        """Consumer ``client_id`` takes nothing more from ``task_ids`` (lost tasks) and has
+        reported everything it received from them."""
+        closed = set(task_ids)
+        for key, split in list(self.open.items()):
+            if split.lost_holder in closed and client_id in split.awaiting:
+                split.awaiting.remove(client_id)
+                self._release(key)
+
+    def client_gone(self, client_id: int) -> None:
+        """Consumer ``client_id`` left the job: nothing waits for it any more, and what it
+        did not report is not waited for either (the module's last rule)."""
+        self.consumer_left = True
+        for key, split in list(self.open.items()):
+            if client_id in split.awaiting:
+                split.awaiting.remove(client_id)
+                self._release(key)
+            if key in self.open:
+                self._settle(key)
+
+    def handed_out(self, key: int, task_id: int) -> None:
+        """``task_id`` handed every element of split ``key`` to consumers."""
+        split = self.open.get(key)
+        if split is not None and split.holder == task_id:
+            split.handed_out = True
+            self._settle(key)
+
+    def adds(self, key: int, ranges: Sequence[Sequence[int]]) -> bool:
+        """Whether a consumer's report of ``ranges`` of split ``key`` is news to the ledger."""
+        split = self.open.get(key)
+        return split is not None and add_ranges(split.delivered, ranges) != split.delivered
+
+    def awaits(self, client_id: int, task_id: int) -> bool:
+        """Whether a split waits for consumer ``client_id`` to close the lost ``task_id``."""
+        return any(
+            split.lost_holder == task_id and client_id in split.awaiting
+            for split in self.open.values()
+        )
+
+    def resume(self, done: Mapping[int, int], partial: Mapping[int, Ranges]) -> None:
+        """Seeds a new job with a consumer's saved position: ``done`` splits (key -> count)
+        are not handed out, ``partial`` ones (key -> offsets returned) are handed out first,
+        skipping those offsets."""
+        self.done.update(done)
+        for key, ranges in partial.items():
+            if key not in self.done:
+                self.open[key] = OpenSplit(None, delivered=add_ranges([], ranges))
+                self._release(key)
+
+    def known(self, key: int) -> bool:
+        """Whether split ``key`` was handed out (or a resumed position has it)."""
+        return key in self.done or key in self.open
+
+    def holds(self, task_id: int) -> list[int]:
+        """The open splits that ``task_id`` is producing."""
+        return sorted(key for key, split in self.open.items() if split.holder == task_id)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every split handed out is done (none open, none waiting for a replay)."""
+        return not self.open and not self.replay
+
+    def _release(self, key: int) -> None:
+        split = self.open[key]
+        if split.holder is None and not split.awaiting and key not in self.replay:
+            self.replay.append(key)
+
+    def _settle(self, key: int) -> None:
+        split = self.open[key]
+        if split.count is not None and (
+            covers(split.delivered, split.count) or (self.consumer_left and split.handed_out)
+        ):
+            del self.open[key]
+            self.done[key] = split.count
+            if key in self.replay:
+                self.replay.remove(key)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger as JSON values; ``from_json`` reads it back."""
+        return {
+            "open": [[key, dataclasses.asdict(split)] for key, split in self.open.items()],
+            "done": sorted([key, count] for key, count in self.done.items()),
+            "replay": list(self.replay),
+            "consumer_left": self.consumer_left,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SplitLedger:
+        """The ledger ``to_json`` wrote."""
+        return cls(
+            {int(key): OpenSplit(**fields) for key, fields in data["open"]},
+            {int(key): int(count) for key, count in data["done"]},
+            [int(key) for key in data["replay"]],
+            bool(data.get("consumer_left", False)),
+        )
+
+
+def check_report(received: Any, closed: Any) -> tuple[list[tuple[int, Ranges]], list[int]]:
+    """A consumer's report (``ClientHeartbeat``'s ``received`` and ``closed``), checked.
+
+    Raises:
+      InvalidArgumentError: not ``[[key, ranges], ...]`` and a list of task ids.
+    """
+    if not isinstance(received, list) or not all(
+        isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) for item in received
+    ):
+        raise InvalidArgumentError("malformed request: received must be [[key, ranges], ...]")
+    if not isinstance(closed, list) or not all(isinstance(t, int) for t in closed):
+        raise InvalidArgumentError("malformed request: closed must be a list of task ids")
+    return [(key, _check_ranges(ranges, "received")) for key, ranges in received], closed
+
+
+class Receipts:
+    """A consumer's record of what it received of an exactly-once job: per open split, the
+    offsets it has, so that a replayed element it already has is dropped; and which splits
+    changed since the last report. Not thread-safe: the reader holds its lock."""
+
+    def __init__(self) -> None:
+        self._received: dict[int, Ranges] = {}
+        self._done: set[int] = set()
+        self._changed: set[int] = set()
+
+    def take(self, key: int, offset: int) -> bool:
+        """Records ``(key, offset)``; False if it was received before (drop it)."""
+        if key in self._done:
+            return False
+        if not _insert(self._received.setdefault(key, []), offset):
+            return False
+        self._changed.add(key)
+        return True
+
+    def report(self, everything: bool = False) -> list[list[Any]]:
+        """``[[key, ranges], ...]`` of the splits received since the last report (or of every
+        open split), to send; ``changed`` is cleared."""
+        keys = set(self._received) if everything else self._changed & set(self._received)
+        self._changed.clear()
+        return [[key, [list(pair) for pair in self._received[key]]] for key in sorted(keys)]
+
+    def unreported(self) -> bool:
+        return bool(self._changed)
+
+    def holding(self) -> list[int]:
+        """The splits received from and not yet known to be done: the dispatcher says which
+        of them are done (``forget``)."""
+        return sorted(self._received)
+
+    def forget(self, keys: Iterable[int]) -> None:
+        """The dispatcher says ``keys`` are done: their offsets need not be kept (any element of
+        them that still arrives is a duplicate)."""
+        for key in keys:
+            self._received.pop(key, None)
+            self._done.add(key)
+
+
+class Returned:
+    """What a consumer of an exactly-once job returned from ``next``, as its position: per
+    split the offsets returned, and the element counts of the splits the dispatcher said are
+    done. Not thread-safe: the reader holds its lock."""
+
+    def __init__(
+        self, done: Mapping[int, int] | None = None, partial: Mapping[int, Ranges] | None = None
+    ) -> None:
+        done, partial = done or {}, partial or {}
+        self._ranges: dict[int, Ranges] = {key: [[0, count]] for key, count in done.items()}
+        self._ranges.update((key, add_ranges([], r)) for key, r in partial.items())
+        self._counts: dict[int, int] = dict(done)
+
+    def take(self, key: int, offset: int) -> None:
+        _insert(self._ranges.setdefault(key, []), offset)
+
+    def counted(self, counts: Iterable[Sequence[int]]) -> None:
+        """``[[key, count], ...]`` of splits done at the dispatcher."""
+        self._counts.update((int(key), int(count)) for key, count in counts)
+
+    def position(self) -> tuple[dict[int, int], dict[int, Ranges]]:
+        """(done: key -> count, partial: key -> ranges): a split is done here once its count
+        is known and this consumer returned all of it."""
+        done, partial = {}, {}
+        for key, ranges in self._ranges.items():
+            count = self._counts.get(key)
+            if count is not None and covers(ranges, count):
+                done[key] = count
+            else:
+                partial[key] = [list(pair) for pair in ranges]
+        return done, partial

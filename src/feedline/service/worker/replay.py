@@ -1,0 +1,113 @@
+"""A worker's side of exactly-once DYNAMIC jobs: the pipeline run once per split, so that a split
+can be run again on another worker and give the same elements at the same offsets.
+
+In an exactly-once job (``ledger``) the worker does not run one pipeline over all the splits it
+is given, as other DYNAMIC jobs do: ``SplitRunner.run(key, units)`` runs the dataset with its
+source reduced to that one split, from a fresh iterator whose seed is fixed by the split's key.
+Element ``offset`` of split ``key`` is then the same element wherever and however often the split
+runs, provided the pipeline above the source depends on nothing but the split:
+
+==========================================  =================================================
+allowed                                     ``map``, ``filter``, ``flat_map``, ``interleave``,
+                                            ``batch`` / ``padded_batch`` (within a split, the
+                                            last batch of each split may be short), seeded
+                                            ``shuffle`` (within a split), ``prefetch``,
+                                            ``unbatch``, ``ignore_errors``
+refused (``check_replayable``)              ``repeat``, ``take``, ``skip``, ``shard``,
+                                            ``enumerate``, ``cache`` (they count across the
+                                            whole stream), ``batch(drop_remainder=True)``
+                                            (it would drop a remainder per split), ``shuffle``
+                                            without a seed, ``deterministic=False``
+cannot be checked: keep them deterministic  the functions given to ``map`` & co. (no
+                                            unseeded randomness, no state kept across calls)
+==========================================  =================================================
+
+Apply those refused operations after ``distribute``, on the consumer, instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from feedline.data.dataset import Dataset, IteratorContext, mix_seed, walk
+from feedline.errors import InvalidArgumentError
+from feedline.service.worker.split_source import with_split_source
+
+__all__ = ["SplitRunner", "check_replayable"]
+
+# Operations that count elements across the whole stream: per split they would mean another thing.
+_STREAM_WIDE = {
+    "RepeatDataset": "repeat",
+    "TakeDataset": "take",
+    "SkipDataset": "skip",
+    "ShardDataset": "shard",
+    "EnumerateDataset": "enumerate",
+    "CacheDataset": "cache",
+}
+
+
+def check_replayable(dataset: Dataset) -> None:
+    """Checks that ``dataset`` gives the same elements each time a split of it runs again.
+
+    Raises:
+      InvalidArgumentError: an operation the module's table refuses; the message names it.
+    """
+    problems = []
+    for node in walk(dataset):
+        name = type(node).__name__
+        if name in _STREAM_WIDE:
+            problems.append(f"{_STREAM_WIDE[name]} (it counts across the whole stream)")
+        elif name in ("BatchDataset", "PaddedBatchDataset", "RebatchDataset") and getattr(
+            node, "_drop_remainder", False
+        ):
+            problems.append("batch(drop_remainder=True) (it would drop a remainder per split)")
+        elif name == "ShuffleDataset" and getattr(node, "_seed", 0) is None:
+            problems.append("shuffle without a seed (a replayed split would come in another order)")
+        elif getattr(node, "_deterministic", None) is False:
+            problems.append(f"{name} with deterministic=False")
+    if dataset.options().deterministic is False:
+        problems.append("options.deterministic = False")
+    if problems:
+        raise InvalidArgumentError(
+            "a fault-tolerant dispatcher hands out a DYNAMIC job's splits exactly once, "
+            "running the pipeline above the source once per split so that the split of a lost "
+            "worker can run again elsewhere; this dataset cannot: "
+            + "; ".join(dict.fromkeys(problems))
+            + ". Apply these after distribute(), on the consumer"
+        )
+
+
+class _OneSplit:
+    """A ``SplitProvider`` that gives the split it was loaded with, once."""
+
+    def __init__(self) -> None:
+        self.units: list[int] | None = None
+
+    def next_split(self, repetition: int) -> list[int] | None:
+        units, self.units = self.units, None
+        return units
+
+
+class SplitRunner:
+    """Runs ``dataset`` over one split at a time (one runner per task, used by one thread).
+
+    Raises:
+      InvalidArgumentError: ``dataset`` cannot be replayed (``check_replayable``) or has no
+        splittable source.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        check_replayable(dataset)
+        self._provider = _OneSplit()
+        self._dataset = with_split_source(dataset, self._provider)
+        self._options = self._dataset.options()
+
+    def run(self, key: int, units: Sequence[int]) -> Iterator[Any]:
+        """The elements of split ``key`` (its source units ``units``), in order."""
+        self._provider.units = list(units)
+        iterator = self._dataset._iterator(IteratorContext(self._options, mix_seed(key)))
+        try:
+            yield from iterator
+        finally:
+            iterator.close()

@@ -1,0 +1,600 @@
+"""``WorkerServer``: runs the tasks the dispatcher assigns and serves their elements.
+
+A worker registers with the dispatcher and keeps a heartbeat open (``WorkerHeartbeat`` waits at
+the dispatcher for news, so a new job's task starts at once). For each task it fetches the job's
+dataset (cloudpickled, so any Python in the pipeline runs here), shapes it by the job's sharding
+policy, and runs it on a producer thread into a buffer bounded in bytes and elements (a task:
+``task``; the replies it gives consumers: ``replies``):
+
+============  ==================================================================================
+OFF           the whole dataset
+DYNAMIC       the source replaced by the splits the dispatcher hands this task (``split_source``)
+FILE          ``auto_shard(FILE)``: this worker's share of the files
+DATA          ``shard(num_workers, worker_index)``
+FILE_OR_DATA  FILE where the dataset reads files, else DATA
+HINT          ``auto_shard(HINT)``: ``shard(SHARD_HINT, SHARD_HINT)`` filled in
+============  ==================================================================================
+
+A task of a job resumed from a consumer's checkpoint skips the ``skip`` elements of its stream
+that the consumer had received (``position``) before it serves any.
+
+Consumers call ``GetElements``. First come, first served: a reply carries as many buffered
+elements as fit in the consumer's request (several small ones, or one large one as raw NumPy
+buffers), but while another consumer of the task waits, the buffer is split between them and a
+consumer holding ``_AHEAD`` unread elements takes no more (``replies``). Round robin
+(``num_consumers``): the task cuts its output into rounds of ``num_consumers`` elements and
+consumer ``i`` gets element ``i`` of each round it asks for; nobody waits for a consumer that
+stopped asking, and rounds far behind the newest are dropped.
+
+Faults. Whatever fails while a task is built or run (shaping, unpickling, any element) fails the
+task: the worker reports it to the dispatcher at once (a heartbeat), which ends the job with
+that error; the error travels to consumers *inside* replies (``feedline._net.remote_errors``),
+so that a failed call only ever means an unreachable worker. A worker remembers why each recent
+task ended (its input ended, or the error its consumers get). It drops the tasks of an earlier
+life of a restarted dispatcher (every id carries the dispatcher's incarnation), keys its
+unpickled datasets by content, stops on its own after ``dispatcher_timeout_ms`` without a
+dispatcher (unless ``wait_forever``), and drains when stopped with ``drain_seconds``: no new
+task or split, the DYNAMIC split it holds finished, what it holds handed out, then it tells the
+dispatcher it leaves.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import cloudpickle
+
+from feedline._net import exit as _exit
+from feedline._net import rpc as _rpc
+from feedline._net.rpc import field
+from feedline._net.wire import encode_frame
+from feedline.data.dataset import Dataset
+from feedline.errors import (
+    FailedPreconditionError,
+    FeedlineError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from feedline.service.config import WorkerConfig
+from feedline.service.protocol import (
+    DISPATCHER_SERVICE,
+    WORKER_SERVICE,
+    incarnation_of,
+    register_local_worker,
+    unregister_local_worker,
+)
+from feedline.service.shm import WorkerSegments
+from feedline.service.status.metrics import WorkerTelemetry
+from feedline.service.status.page import WorkerSnapshot, render_worker
+from feedline.service.status.server import StatusServer
+from feedline.service.worker.replies import _MAX_WAIT_S
+from feedline.service.worker.task import _Task
+
+__all__ = ["WorkerServer"]
+
+logger = logging.getLogger(__name__)
+
+# A GetElements request is a small header; nothing larger is read.
+_MAX_REQUEST_BYTES = 64 << 10
+# How many ended tasks a worker remembers (what their consumers hear), and unpickled datasets.
+_ENDED_KEPT = 4096
+_DATASETS_KEPT = 16
+# An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
+_DATASET_KEEP_S = 10.0
+
+class WorkerServer:
+    """A data service worker.
+
+    Example:
+      >>> from feedline import service
+      >>> dispatcher = service.DispatchServer()
+      >>> worker = service.WorkerServer(
+      ...     service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1]))
+      >>> worker.stop(); dispatcher.stop()
+
+    Args:
+      config: a ``WorkerConfig``.
+      start: start now: serve, and register with the dispatcher (waiting up to
+        ``dispatcher_timeout_ms`` for it).
+    """
+
+    def __init__(self, config: WorkerConfig, start: bool = True) -> None:
+        if not isinstance(config, WorkerConfig):
+            raise InvalidArgumentError(
+                f"config must be a WorkerConfig, got {type(config).__name__}"
+            )
+        self._config = config
+        self._token = _rpc.resolve_token(config.token)
+        self._dispatcher = _rpc.RpcClient(
+            _rpc.parse_service(config.dispatcher_address), DISPATCHER_SERVICE, self._token
+        )
+        self._tasks: dict[int, _Task] = {}
+        # Tasks that ended here, newest last, with what their consumers hear from now on:
+        # None (the end of the task's input) or an error report.
+        self._ended: collections.OrderedDict[int, dict[str, Any] | None] = collections.OrderedDict()
+        # Unpickled datasets by fingerprint (their content): an id is not enough, since a
+        # dispatcher restarted without its journal may give another dataset the same chosen id.
+        self._datasets: collections.OrderedDict[str, tuple[Dataset, str | None]] = (
+            collections.OrderedDict()
+        )
+        # Since when no task here runs each cached dataset.
+        self._dataset_unused_since: dict[str, float] = {}
+        self._incarnation: int | None = None
+        # The incarnations of the dispatcher's earlier lives that this worker served: a task of
+        # one of them is gone. A task of an incarnation not seen yet belongs to a newer life
+        # whose heartbeat reply is still on its way here, and is waited for.
+        self._past_incarnations: set[int] = set()
+        self._lock = threading.Lock()
+        self._task_started = threading.Condition(self._lock)
+        self._reply_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._draining = threading.Event()
+        self._drain_cancelled = threading.Event()
+        self._left = threading.Event()  # the dispatcher was told this worker leaves
+        self._error: BaseException | None = None
+        self._server: Any = None
+        self._address: str | None = None
+        self._heartbeat_thread: threading.Thread | None = None
+        # The status page and metrics (``status_port``): counted only when served.
+        self._started_at = time.monotonic()
+        self._telemetry = WorkerTelemetry(config.status_port is not None, self._status_snapshot)
+        self._status_server: StatusServer | None = None
+        # Arenas of same-host consumers (replies through shared memory: _shm).
+        self._shm = WorkerSegments(config.data_transfer_protocol != "grpc")
+        if start:
+            self.start()
+
+    @property
+    def worker_address(self) -> str:
+        """The address consumers reach this worker at."""
+        if self._address is None:
+            raise FailedPreconditionError("the worker is not started; call start() first")
+        return self._address
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped this worker on its own (its dispatcher stayed unreachable
+        for longer than ``dispatcher_timeout_ms``), or None."""
+        return self._error
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the worker has stopped (``stop()``, or on its own: see ``error``)."""
+        return self._stopped.is_set()
+
+    def start(self) -> None:
+        """Starts serving and registers with the dispatcher; idempotent.
+
+        Raises:
+          UnavailableError: the dispatcher could not be reached within dispatcher_timeout_ms.
+          FailedPreconditionError: the dispatcher refuses this worker (not in its fixed list).
+        """
+        if self._server is not None:
+            return
+        config = self._config
+        self._server, port = _rpc.start_server(
+            WORKER_SERVICE,
+            {"GetElements": self._telemetry.instrument(self._get_elements)},
+            bind=config.bind,
+            port=config.port,
+            token=self._token,
+            max_request_bytes=_MAX_REQUEST_BYTES,
+        )
+        host = "localhost" if config.bind in ("0.0.0.0", "::", "[::]") else config.bind
+        self._address = (config.worker_address or f"{host}:%port%").replace("%port%", str(port))
+        register_local_worker(self._address)
+        _exit.register(self, "stop", _exit.WORKER)
+        try:
+            if config.status_port is not None:
+                self._start_status_server(config.status_port)
+            self._heartbeat(wait_s=0.0, timeout=config.dispatcher_timeout_s, wait_for_ready=True)
+        except Exception:
+            self.stop()
+            raise
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat_loop, name=f"feedline-worker-{port}-heartbeat", daemon=True
+        )
+        self._heartbeat_thread.start()
+        logger.info("worker %s registered with %s", self._address, self._dispatcher.address)
+
+    def join(self) -> None:
+        """Blocks until the server stops."""
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    def stop(self, drain_seconds: float = 0.0) -> None:
+        """Stops serving and every task; idempotent.
+
+        Args:
+          drain_seconds: first drain, for at most this long: take no new task or split,
+            finish the splits of DYNAMIC jobs already begun, hand out what is buffered, then
+            tell the dispatcher this worker leaves. What is still here after that is lost, as
+            when a worker dies. ``cancel_drain()`` cuts a drain short.
+        """
+        if drain_seconds > 0 and self._server is not None and not self._stopped.is_set():
+            self._drain(drain_seconds)
+        self._stopped.set()
+        with self._lock:
+            self._task_started.notify_all()
+        unregister_local_worker(self._address or "")
+        if self._server is not None:
+            self._server.stop(grace=0.0 if _exit.exiting() else 0.2)
+        if self._status_server is not None:
+            self._status_server.stop()
+        with self._lock:
+            tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
+            task.stop()
+        self._shm.close()
+        self._dispatcher.close()
+
+    def cancel_drain(self) -> None:
+        """Ends a drain in progress (``stop(drain_seconds=...)``) now; safe in a signal handler."""
+        self._drain_cancelled.set()
+
+    @property
+    def status_url(self) -> str | None:
+        """``"http://host:port/"``: the status page (``status_port``), None without one; its
+        Prometheus metrics are at ``status_url + "metrics"``."""
+        return None if self._status_server is None else self._status_server.url
+
+    def _start_status_server(self, port: int) -> None:
+        self._status_server = StatusServer(
+            owner="worker",
+            bind=self._config.bind,
+            port=port,
+            page=lambda: render_worker(self._status_snapshot()),
+            metrics=self._telemetry.exposition,
+            token=self._token,
+            setting="WorkerConfig.status_port (feedline worker --status-port)",
+        )
+
+    def _status_snapshot(self) -> WorkerSnapshot:
+        """What the status page and the metrics' gauges show; each task is read under its own
+        lock, one after the other."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+            ended = [
+                {"task_id": task_id, "outcome": "input ended" if why is None else
+                 f"{why.get('type')}: {why.get('message')}"}
+                for task_id, why in list(self._ended.items())[-10:][::-1]
+            ]  # fmt: skip
+        seen = self._telemetry.last_heartbeat
+        stopped = self._stopped.is_set()
+        return WorkerSnapshot(
+            address=self._address or "",
+            dispatcher=self._dispatcher.address,
+            incarnation=self._incarnation,
+            uptime_s=time.monotonic() - self._started_at,
+            state="stopped" if stopped else "draining" if self.draining else "serving",
+            since_heartbeat=None if seen is None else time.monotonic() - seen,
+            tasks=[task.status(self._telemetry.rates) for task in tasks],
+            ended=ended,
+            errors=self._telemetry.errors.list(),
+        )
+
+    def __enter__(self) -> WorkerServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- draining ---------------------------------------------------------------------------
+    def _drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        self._draining.set()
+        with self._lock:
+            tasks = list(self._tasks.values())
+        for task in tasks:
+            task.drain()
+        logger.info(
+            "worker %s: draining %d tasks (at most %.1f s)", self._address, len(tasks), seconds
+        )
+        with contextlib.suppress(FeedlineError):  # at once: no new task comes here
+            self._heartbeat(wait_s=0.0, timeout=min(2.0, seconds))
+        while time.monotonic() < deadline and not self._drain_cancelled.is_set():
+            with self._lock:
+                left = [task for task in self._tasks.values() if not task.drained_out()]
+            if not left or self._stopped.is_set():
+                break
+            self._drain_cancelled.wait(0.05)
+        with self._lock:
+            held = sum(task.buffered() for task in self._tasks.values())
+        if held:
+            logger.warning(
+                "worker %s: drain ended with %d elements not handed out", self._address, held
+            )
+        self._left.set()  # no heartbeat after this one registers the worker again
+        with contextlib.suppress(FeedlineError):  # the dispatcher forgets this worker now
+            self._heartbeat(wait_s=0.0, timeout=2.0, leaving=True)
+
+    # -- the dispatcher ---------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        config = self._config
+        backoff = 0.05
+        unreachable_since: float | None = None
+        while not self._stopped.is_set() and not self._left.is_set():
+            try:
+                self._heartbeat(wait_s=config.heartbeat_interval_s, timeout=10.0)
+            except UnavailableError as error:
+                if self._stopped.is_set():
+                    return
+                self._telemetry.heartbeat_failed(error)
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                    if not _exit.exiting():
+                        logger.warning(
+                            "worker %s: dispatcher %s unreachable (%s); trying again %s",
+                            self._address,
+                            self._dispatcher.address,
+                            error,
+                            "until it answers"
+                            if config.wait_forever
+                            else f"for up to {config.dispatcher_timeout_s:.0f} s",
+                        )
+                elif (
+                    not config.wait_forever
+                    and now - unreachable_since > config.dispatcher_timeout_s
+                ):
+                    self._give_up(now - unreachable_since)
+                    return
+                self._stopped.wait(backoff)
+                backoff = min(2 * backoff, 1.0)
+            except Exception as error:
+                if self._stopped.is_set():
+                    return
+                self._telemetry.heartbeat_failed(error)
+                logger.warning("worker %s: heartbeat failed: %r", self._address, error)
+                self._stopped.wait(1.0)
+            else:
+                if unreachable_since is not None:
+                    logger.info(
+                        "worker %s: dispatcher %s answers again after %.1f s",
+                        self._address,
+                        self._dispatcher.address,
+                        time.monotonic() - unreachable_since,
+                    )
+                unreachable_since = None
+                backoff = 0.05
+
+    def _give_up(self, seconds: float) -> None:
+        """The dispatcher stayed unreachable past the bound: stop, saying why once."""
+        self._error = UnavailableError(
+            f"worker {self._address}: the dispatcher at {self._dispatcher.address} was "
+            f"unreachable for {seconds:.0f} s (WorkerConfig.dispatcher_timeout_ms = "
+            f"{self._config.dispatcher_timeout_s * 1000:.0f}); the worker stops. Set "
+            "WorkerConfig(wait_forever=True) (--wait-forever) to keep trying"
+        )
+        logger.error("%s", self._error)
+        threading.Thread(target=self.stop, name="feedline-worker-stop", daemon=True).start()
+
+    def _heartbeat(
+        self,
+        *,
+        wait_s: float,
+        timeout: float,
+        wait_for_ready: bool = False,
+        leaving: bool = False,
+    ) -> None:
+        with self._lock:
+            current = sorted(self._tasks)
+            finished = sorted(t for t, task in self._tasks.items() if task.completed())
+            failed = [r for task in self._tasks.values() if (r := task.failure()) is not None]
+            # What each task served, for the status pages.
+            stats = [
+                [t, task.served_elements, task.served_bytes] for t, task in self._tasks.items()
+            ]
+        reply, _ = self._dispatcher.call(
+            "WorkerHeartbeat",
+            {
+                "address": self._address,
+                "tags": list(self._config.worker_tags),
+                "current_tasks": current,
+                "finished_tasks": finished,
+                "failed_tasks": failed,
+                "draining": self._draining.is_set(),
+                "leaving": leaving,
+                "wait_ms": int(wait_s * 1000),
+                "task_stats": stats,
+            },
+            timeout=timeout + wait_s,
+            wait_for_ready=wait_for_ready,
+        )
+        self._telemetry.heartbeat(stats)
+        self._apply_reply(reply)
+        self._forget_unused_datasets()
+
+    def _forget_unused_datasets(self) -> None:
+        """Drops the cached datasets that no task here has run for ``_DATASET_KEEP_S``."""
+        now = time.monotonic()
+        with self._lock:
+            running = {task.fingerprint for task in self._tasks.values()}
+            unused = self._dataset_unused_since
+            for fingerprint in list(self._datasets):
+                if fingerprint in running:
+                    unused.pop(fingerprint, None)
+                elif now - unused.setdefault(fingerprint, now) > _DATASET_KEEP_S:
+                    del self._datasets[fingerprint]
+            for fingerprint in [f for f in unused if f not in self._datasets]:
+                del unused[fingerprint]
+
+    def _apply_reply(self, reply: dict[str, Any]) -> None:
+        with self._reply_lock:
+            incarnation = reply.get("incarnation")
+            if incarnation != self._incarnation:
+                self._new_incarnation(incarnation)
+            errors = reply.get("task_errors", {})
+            for task_id in reply.get("delete_tasks", []):
+                self._end_task(task_id, errors.get(str(task_id)))
+            for task_id in reply.get("lost_tasks", []):
+                self._end_task(task_id, self._lost_report(task_id))
+            for task_def in reply["new_tasks"]:
+                self._start_task(task_def)
+
+    def _new_incarnation(self, incarnation: Any) -> None:
+        """The dispatcher is a new life: what belongs to an earlier one is dropped."""
+        previous, self._incarnation = self._incarnation, incarnation
+        if previous is None:
+            return
+        with self._lock:
+            self._past_incarnations.add(previous)
+            stale = [t for t in self._tasks if incarnation_of(t) != incarnation]
+        logger.warning(
+            "worker %s: the dispatcher restarted (incarnation %x, was %x); dropping the %d "
+            "tasks of its earlier life",
+            self._address,
+            incarnation,
+            previous,
+            len(stale),
+        )
+        for task_id in stale:
+            self._end_task(task_id, self._lost_report(task_id))
+
+    def _lost_report(self, task_id: int) -> dict[str, Any]:
+        return {
+            "type": "FailedPreconditionError",
+            "message": (
+                f"task {task_id} belonged to a job of an earlier life of the dispatcher at "
+                f"{self._dispatcher.address}, which restarted without a journal: the job is "
+                "gone, with the elements not yet received. Iterate the dataset again to start "
+                "a new job"
+            ),
+            "worker": self._address,
+            "task_id": task_id,
+        }
+
+    def _end_task(self, task_id: int, error: dict[str, Any] | None) -> None:
+        """Removes a task; its consumers hear ``error``, or, without one, the end of its input
+        if it reached it, else that it was cancelled."""
+        with self._lock:
+            task = self._tasks.pop(task_id, None)
+            if task is None:
+                if task_id not in self._ended and error is not None:
+                    self._remember(task_id, error)
+                return
+            if error is None and not task.completed():
+                error = task.failure() or {
+                    "type": "FailedPreconditionError",
+                    "message": (
+                        f"task {task_id} was cancelled: its job ended before the task's input "
+                        "did (its consumers were released, or the job was collected)"
+                    ),
+                    "worker": self._address,
+                    "task_id": task_id,
+                }
+            self._remember(task_id, error)
+        task.stop()
+
+    def _remember(self, task_id: int, error: dict[str, Any] | None) -> None:
+        self._ended[task_id] = error
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def _start_task(self, task_def: dict[str, Any]) -> None:
+        task_id = int(task_def["task_id"])
+        with self._lock:
+            if (
+                self._stopped.is_set()
+                or self._draining.is_set()
+                or task_id in self._tasks
+                or task_id in self._ended
+            ):
+                return
+            task = _Task(task_def, self)
+            self._tasks[task_id] = task
+            self._task_started.notify_all()
+        task.start()
+
+    def _report_failure(self) -> None:
+        """Tells the dispatcher at once that a task failed (the heartbeat carries it), so that
+        its job ends and every consumer hears the error."""
+        if self._stopped.is_set():
+            return
+        try:
+            self._heartbeat(wait_s=0.0, timeout=5.0)
+        except FeedlineError as error:  # the next heartbeat carries it again
+            logger.info("worker %s: reporting a failed task: %s", self._address, error)
+
+    def dataset(self, task_def: dict[str, Any]) -> tuple[Dataset, str | None]:
+        """The dataset of ``task_def`` and its compression (called on a task's thread)."""
+        fingerprint = str(task_def.get("fingerprint", ""))
+        with self._lock:
+            cached = self._datasets.get(fingerprint) if fingerprint else None
+            self._dataset_unused_since.pop(fingerprint, None)  # a task of it runs now
+        if cached is not None:
+            return cached
+        reply, buffers = self.call_dispatcher(
+            "GetDatasetDef",
+            {"dataset_id": task_def["dataset_id"]},
+            f"fetching dataset {task_def['dataset_id']} for task {task_def['task_id']}",
+        )
+        cached = (cloudpickle.loads(buffers[0]), reply["compression"])
+        if fingerprint:
+            with self._lock:
+                self._datasets[fingerprint] = cached
+                while len(self._datasets) > _DATASETS_KEPT:
+                    self._datasets.popitem(last=False)
+        return cached
+
+    def call_dispatcher(
+        self, method: str, header: dict[str, Any], what: str
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        """One call to the dispatcher, tried again while it cannot be reached, for as long as
+        a heartbeat would (``dispatcher_timeout_ms``, or forever with ``wait_forever``).
+
+        Raises:
+          UnavailableError: the dispatcher stayed unreachable; the message says doing ``what``.
+        """
+        config = self._config
+        started = time.monotonic()
+        while True:
+            try:
+                return self._dispatcher.call(method, header, timeout=10.0, wait_for_ready=True)
+            except UnavailableError:
+                waited = time.monotonic() - started
+                if self._stopped.is_set() or (
+                    not config.wait_forever and waited > config.dispatcher_timeout_s
+                ):
+                    raise UnavailableError(
+                        f"worker {self._address}: the dispatcher at {self._dispatcher.address} "
+                        f"was unreachable for {waited:.0f} s while {what}"
+                    ) from None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    # -- consumers --------------------------------------------------------------------------
+    def _get_elements(self, header: dict[str, Any], buffers: list[memoryview]) -> bytes:
+        task_id = field(header, "task_id", int)
+        deadline = time.monotonic() + min(field(header, "wait_ms", int, 500) / 1000, _MAX_WAIT_S)
+        with self._lock:
+            while True:
+                task = self._tasks.get(task_id)
+                ended = task_id in self._ended
+                other_life = incarnation_of(task_id) in self._past_incarnations
+                remaining = deadline - time.monotonic()
+                if task is not None or ended or other_life or self._stopped.is_set():
+                    break
+                if self._draining.is_set() or remaining <= 0:
+                    break
+                # The task is on its way here (the consumer heard of it first): wait for it, so
+                # that every consumer already asking is waiting at the task when its first
+                # elements come, and they share them.
+                self._task_started.wait(remaining)
+            why = self._ended.get(task_id)
+        if task is not None:
+            return task.get_elements(header)
+        if ended:
+            return encode_frame({"error": why} if why is not None else {"eos": True})
+        if other_life:
+            return encode_frame({"error": self._lost_report(task_id)})
+        if self._stopped.is_set() or self._draining.is_set():
+            return encode_frame({"gone": True})
+        return encode_frame({"eos": False})

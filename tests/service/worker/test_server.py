@@ -1,0 +1,98 @@
+"""Tests of feedline/service/worker/server.py: what a task runs under each sharding policy (the
+module's table), and a worker's lifecycle."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any
+
+import pytest
+
+from feedline import errors, service
+from feedline.data import Dataset, TextLineDataset
+from feedline.data.ops.shard import SHARD_HINT
+from feedline.service.config import ShardingPolicy
+from feedline.service.protocol import local_worker_addresses
+from feedline.service.worker import server as worker_module
+from feedline.service.worker.task import task_dataset
+from tests.service.dispatcher.test_server import wait_until
+
+
+def run(mode: ShardingPolicy, dataset: Dataset, num_workers: int = 2) -> list[list[Any]]:
+    return [
+        [x.item() for x in task_dataset(dataset, mode, num_workers, index, None)]
+        for index in range(num_workers)
+    ]
+
+
+def test_off_runs_everything() -> None:
+    assert run(ShardingPolicy.OFF, Dataset.range(4)) == [[0, 1, 2, 3], [0, 1, 2, 3]]
+
+
+def test_data_keeps_every_nth_element() -> None:
+    assert run(ShardingPolicy.DATA, Dataset.range(7)) == [[0, 2, 4, 6], [1, 3, 5]]
+    assert run(ShardingPolicy.FILE_OR_DATA, Dataset.range(4)) == [[0, 2], [1, 3]]
+
+
+def test_file_reads_each_workers_share_of_the_files(tmp_path: pathlib.Path) -> None:
+    names = []
+    for index in range(2):
+        path = tmp_path / f"f{index}.txt"
+        path.write_text(f"{index}a\n{index}b\n")
+        names.append(str(path))
+    lines = TextLineDataset(names)
+    expected = [[b"0a", b"0b"], [b"1a", b"1b"]]
+    assert run(ShardingPolicy.FILE, lines) == expected
+    assert run(ShardingPolicy.FILE_OR_DATA, lines) == expected
+
+
+def test_file_without_files_is_an_error() -> None:
+    with pytest.raises(errors.NotFoundError):
+        run(ShardingPolicy.FILE, Dataset.range(4))
+
+
+def test_hint_fills_in_the_shard_hint() -> None:
+    hinted = Dataset.range(6).shard(SHARD_HINT, SHARD_HINT)
+    assert run(ShardingPolicy.HINT, hinted, 3) == [[0, 3], [1, 4], [2, 5]]
+
+
+def test_a_worker_is_local_while_it_runs(make_cluster: Any) -> None:
+    cluster = make_cluster(1)
+    worker = cluster.workers[0]
+    assert worker.worker_address in local_worker_addresses()
+    worker.stop()
+    assert worker.worker_address not in local_worker_addresses()
+
+
+def test_worker_address_template(make_cluster: Any) -> None:
+    cluster = make_cluster(0)
+    worker = cluster.add_worker(worker_address="localhost:%port%")
+    assert worker.worker_address.startswith("localhost:")
+    assert worker.worker_address.split(":")[1].isdigit()
+
+
+def test_an_unreachable_dispatcher_is_an_error_after_the_timeout() -> None:
+    config = service.WorkerConfig(dispatcher_address="127.0.0.1:1", dispatcher_timeout_ms=300)
+    with pytest.raises(errors.UnavailableError):
+        service.WorkerServer(config)
+
+
+def test_a_worker_drops_a_dataset_no_task_has_run_for_a_while(
+    make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "_DATASET_KEEP_S", 0.3)
+    cluster = make_cluster(1, job_gc_check_interval_ms=50)
+    worker = cluster.workers[0]
+    endless = Dataset.range(3).repeat().apply(service.distribute("parallel_epochs", cluster.target))
+    iterator = iter(endless)
+    assert [int(next(iterator)) for _ in range(4)] == [0, 1, 2, 0]
+    time.sleep(1.0)  # past the keep time: a running task keeps its dataset
+    assert len(worker._datasets) == 1
+    iterator.close()
+    wait_until(lambda: not worker._tasks and not worker._datasets)
+    # Needed again, it is fetched again.
+    assert sorted(
+        int(x)
+        for x in Dataset.range(2).apply(service.distribute("parallel_epochs", cluster.target))
+    ) == [0, 1]
