@@ -1,78 +1,76 @@
 """``WorkerAgent``: the coordinator's threads for one ``worker`` task.
 
-It takes scheduled functions from the coordinator's queue, makes the worker's per-worker
-datasets and iterators first (again after the worker restarted: every request names the
-incarnation it was meant for), sends the function, and resolves its ``RemoteValue``. It keeps
-``IN_FLIGHT`` functions sent to the worker, which runs them one at a time: the next one waits
-on the worker while the current one runs. A call that fails means the worker is gone: its
-function (and the other one in flight) goes back to the front of the queue, and the agent tries
-the worker every ``RETRY_S`` on a fresh channel until it answers again. A call's deadline is
-``function_timeout`` for each function ahead of it on the worker, its own included.
+It takes scheduled functions from the coordinator's ``ClosureQueue``, makes the worker's
+per-worker datasets and iterators first (again after the worker restarted: every request names
+the incarnation it was meant for), sends the function, and hands its outcome back to the queue
+(which resolves its ``RemoteValue``). It keeps ``IN_FLIGHT`` functions sent to the worker,
+which runs them one at a time: the next one waits on the worker while the current one runs. A
+call that fails means the worker is gone: its function (and the other one in flight) goes back
+to the front of the queue, and the agent tries the worker every ``RETRY_S`` on a fresh channel
+until it answers again. A call's deadline is ``function_timeout`` for each function ahead of it
+on the worker, its own included.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
 from feedline._net import rpc as _rpc
 from feedline._net.remote_errors import error_from_report
 from feedline.distribute.parameter_server import closures
+from feedline.distribute.parameter_server.closure_queue import Closure, ClosureQueue
 from feedline.distribute.parameter_server.protocol import SERVICE_NAME
-from feedline.distribute.parameter_server.values import PerWorkerValues, RemoteValue
+from feedline.distribute.parameter_server.resources import ResourceRegistry
+from feedline.distribute.parameter_server.runtime import ParameterServerUnavailableError
 from feedline.errors import UnavailableError
 
-if TYPE_CHECKING:
-    from feedline.distribute.parameter_server.coordinator import ClusterCoordinator
-
-__all__ = ["IN_FLIGHT", "RETRY_S", "Closure", "Resource", "WorkerAgent"]
+__all__ = ["IN_FLIGHT", "RETRY_S", "WorkerAgent"]
 
 #: How often an unreachable worker is tried.
 RETRY_S = 0.2
 #: How many functions one worker is sent at a time. It runs them one after the other; the
 #: next one's request waits on the worker, so no round trip to the coordinator separates them.
 IN_FLIGHT = 2
-
-
-@dataclasses.dataclass
-class Closure:
-    """A scheduled function: its pickle, the PerWorkerValues it refers to, its result."""
-
-    name: str
-    data: bytes
-    values: dict[int, PerWorkerValues]
-    result: RemoteValue
-
-
-@dataclasses.dataclass(frozen=True)
-class Resource:
-    """A per-worker dataset (its pickled function) or iterator (of resource ``source``)."""
-
-    ident: int
-    kind: str  # "dataset" or "iterator"
-    payload: bytes
-    source: int
+#: How long a lane waits for a function before it makes the worker's new resources.
+_IDLE_S = 0.1
 
 
 class WorkerAgent:
     """Sends one worker its functions, ``IN_FLIGHT`` at a time, and follows it through
     restarts.
 
-    Each of its ``IN_FLIGHT`` threads (lanes) takes a function from the coordinator's queue and
-    sends it; the worker runs them one at a time, so while one runs the next one's request is
-    already there. Until the worker has answered (at first, and after it was lost) only one
-    lane takes a function to try it with, so the others leave theirs in the queue for other
-    workers. Connecting and making resources happen under one lock, once for all lanes.
+    Each of its ``IN_FLIGHT`` threads (lanes) takes a function from ``queue`` and sends it; the
+    worker runs them one at a time, so while one runs the next one's request is already there.
+    Until the worker has answered (at first, and after it was lost) only one lane takes a
+    function to try it with, so the others leave theirs in the queue for other workers.
+    Connecting and making resources happen under one lock, once for all lanes.
+
+    Args:
+      queue: the coordinator's scheduled functions.
+      resources: the per-worker datasets and iterators to make on the worker.
+      index: the worker's task index.
+      address: the worker's address.
+      function_timeout: seconds one function may run on the worker before it counts as lost.
     """
 
-    def __init__(self, coordinator: ClusterCoordinator, index: int, address: str) -> None:
-        self._coordinator = coordinator
+    def __init__(
+        self,
+        queue: ClosureQueue,
+        resources: ResourceRegistry,
+        index: int,
+        address: str,
+        function_timeout: float,
+    ) -> None:
+        self._queue = queue
+        self._resources = resources
         self.index = index
         self.address = address
+        self._function_timeout = function_timeout
+        self._closed = threading.Event()  # set by close: the lanes end
         self._token = _rpc.resolve_token(None)
         # Under _setup: the client, the worker's incarnation, the resources made on it, and
         # whether a lane is waiting for the worker to come back.
@@ -95,14 +93,17 @@ class WorkerAgent:
         ]
 
     def start(self) -> None:
+        """Starts the lanes."""
         for lane in self._lanes:
             lane.start()
 
     def close(self) -> None:
+        """Ends the lanes and closes the connection to the worker; idempotent."""
+        self._closed.set()
         self._client.close()
 
     def _serve(self) -> None:
-        while not self._coordinator._stopping.is_set():
+        while not self._closed.is_set():
             if self._known.is_set():
                 self._serve_one()
             elif not self._recovering and self._probe.acquire(blocking=False):
@@ -115,8 +116,7 @@ class WorkerAgent:
 
     def _serve_one(self) -> None:
         """Takes one function (or waits a little for one), sends it and resolves its value."""
-        coordinator = self._coordinator
-        closure = coordinator._take()
+        closure = self._queue.take(timeout=_IDLE_S)
         client = self._client
         try:
             if closure is None:
@@ -129,20 +129,32 @@ class WorkerAgent:
             outcome = self._execute(closure, client, incarnation)
         except UnavailableError:
             if closure is not None:
-                coordinator._requeue(closure)
+                self._queue.requeue(closure)
             self._recover(client)
             return
         except Exception as error:  # a per-worker dataset that cannot be made
-            if coordinator._stopping.is_set():  # stopped: its channel was closed
+            if self._closed.is_set():  # stopped: its channel was closed
                 if closure is not None:
-                    coordinator._requeue(closure)
+                    self._queue.requeue(closure)
                 return
             if closure is None:
-                with coordinator._cond:
-                    coordinator._error = coordinator._error or error
+                self._queue.report(error)
                 return
             outcome = (False, error, None)
-        coordinator._finish(closure, outcome)
+        self._settle(closure, outcome)
+
+    def _settle(self, closure: Closure, outcome: tuple[bool, Any, int | None]) -> None:
+        """Hands the queue what became of ``closure``: its value, or its error (a ps that
+        failed under it fails the whole queue)."""
+        ok, value, ps_task = outcome
+        if ok:
+            self._queue.finish(closure, value)
+        elif ps_task is not None:
+            error = ParameterServerUnavailableError(str(value), ps_task)
+            error.__cause__ = value
+            self._queue.abort(error, closure)
+        else:
+            self._queue.fail(closure, value)
 
     @staticmethod
     def _ping(client: _rpc.RpcClient) -> str | None:
@@ -176,9 +188,7 @@ class WorkerAgent:
         return self._client, self._incarnation
 
     def _make_resources(self) -> None:
-        with self._coordinator._cond:
-            missing = [r for r in self._coordinator._resources if r.ident not in self._created]
-        for resource in missing:
+        for resource in self._resources.missing(self._created):
             header, _ = self._client.upload(
                 "CreateResource",
                 {
@@ -188,7 +198,7 @@ class WorkerAgent:
                     "source": resource.source,
                 },
                 [resource.payload] if resource.payload else [],
-                timeout=self._coordinator._function_timeout,
+                timeout=self._function_timeout,
             )
             if header.get("restarted"):
                 raise UnavailableError(f"worker {self.index} restarted")
@@ -209,7 +219,7 @@ class WorkerAgent:
                 "Run",
                 {"incarnation": incarnation, "values": ids},
                 [closure.data, *values],
-                timeout=self._coordinator._function_timeout * ahead,
+                timeout=self._function_timeout * ahead,
             )
         except Exception as error:
             if client is not self._client:  # another lane found the worker lost: closed
@@ -251,16 +261,16 @@ class WorkerAgent:
     def _wait_until_back(self) -> None:
         """Tries the worker every ``RETRY_S`` (on a fresh channel, free of gRPC's reconnect
         backoff) until it answers; then its resources are made again."""
-        while not self._coordinator._stopping.is_set():
-            if self._coordinator._cluster_error is not None:
-                self._coordinator._stopping.wait(RETRY_S)
+        while not self._closed.is_set():
+            if self._queue.aborted:
+                self._closed.wait(RETRY_S)
                 continue
             client = _rpc.RpcClient(self.address, SERVICE_NAME, self._token)
             try:
                 incarnation = self._ping(client)
             except UnavailableError:
                 client.close()
-                self._coordinator._stopping.wait(RETRY_S)
+                self._closed.wait(RETRY_S)
                 continue
             with self._setup:
                 old, self._client = self._client, client

@@ -74,7 +74,7 @@ class _Pickler(cloudpickle.CloudPickler):
         if not _CAN_CACHE:
             return super()._dynamic_function_reduce(func)
         newargs = self._function_getnewargs(func)
-        slotstate = {
+        slotstate: dict[str, Any] = {
             # "".join: fresh strings, as cloudpickle makes them (interning would change the memo)
             "__name__": "".join(func.__name__),
             "__qualname__": "".join(func.__qualname__),

@@ -1,9 +1,11 @@
 """``ClusterCoordinator``: schedules functions on the workers of a ``ParameterServerStrategy``.
 
-The coordinator (on the chief) keeps a bounded queue of scheduled functions and one agent per
-``worker`` task, which keeps ``agent.IN_FLIGHT`` (2) functions sent to the worker (cloudpickled,
-``closures``; the worker runs them one at a time, the next one's request already there) and
-resolves their ``RemoteValue``. What TensorFlow documents holds:
+The coordinator (on the chief) keeps a bounded queue of scheduled functions (a
+``ClosureQueue``), the per-worker datasets and iterators (a ``ResourceRegistry``) and one agent
+per ``worker`` task, given both, which keeps ``agent.IN_FLIGHT`` (2) functions sent to the
+worker (cloudpickled, ``closures``; the worker runs them one at a time, the next one's request
+already there) and hands their outcomes back to the queue, which resolves their
+``RemoteValue``. What TensorFlow documents holds:
 
 * ``schedule`` returns at once unless the queue holds ``max_pending`` functions (TensorFlow's
   256 * 1024), then waits for room;
@@ -21,7 +23,6 @@ resolves their ``RemoteValue``. What TensorFlow documents holds:
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Callable
@@ -29,19 +30,16 @@ from typing import Any
 
 from feedline._net import exit as _exit
 from feedline.distribute.parameter_server import closures
-from feedline.distribute.parameter_server.agent import Closure, Resource, WorkerAgent
+from feedline.distribute.parameter_server.agent import WorkerAgent
+from feedline.distribute.parameter_server.closure_queue import Closure, ClosureQueue
+from feedline.distribute.parameter_server.resources import ResourceRegistry
 from feedline.distribute.parameter_server.runtime import ParameterServerUnavailableError
 from feedline.distribute.parameter_server.strategy import ParameterServerStrategy
 from feedline.distribute.parameter_server.values import (
     PerWorkerDataset,
     RemoteValue,
 )
-from feedline.errors import (
-    FailedPreconditionError,
-    FeedlineError,
-    InvalidArgumentError,
-    UnavailableError,
-)
+from feedline.errors import FeedlineError, InvalidArgumentError, UnavailableError
 
 __all__ = ["ClusterCoordinator"]
 
@@ -92,19 +90,15 @@ class ClusterCoordinator:
             )
         self.strategy = strategy
         self._runtime = strategy._ps_placer.runtime
-        self._max_pending = max_pending
-        self._function_timeout = function_timeout
         self._worker_timeout = worker_timeout
-        self._cond = threading.Condition()
-        self._queue: collections.deque[Closure] = collections.deque()
-        self._running = 0
-        self._error: BaseException | None = None
-        self._cluster_error: BaseException | None = None
-        self._resources: list[Resource] = []
-        self._next_id = 1
-        self._stopping = threading.Event()
+        self._queue = ClosureQueue(max_pending)
+        self._resources = ResourceRegistry()
+        self._stopping = threading.Event()  # ends the ps watch
         addresses = [spec.task_address("worker", i) for i in spec.task_indices("worker")]
-        self._agents = [WorkerAgent(self, i, address) for i, address in enumerate(addresses)]
+        self._agents = [
+            WorkerAgent(self._queue, self._resources, i, address, function_timeout)
+            for i, address in enumerate(addresses)
+        ]
         for agent in self._agents:
             agent.start()
         self._monitor = threading.Thread(
@@ -125,19 +119,12 @@ class ClusterCoordinator:
         """
         if not callable(fn):
             raise TypeError(f"schedule expects a callable, got {type(fn).__name__}")
-        self._raise_errors()
+        self._queue.raise_if_error()
         data, values = closures.dumps_closure(fn, tuple(args or ()), dict(kwargs or {}))
         self._runtime.ensure_created()  # the workers pull the variables' first values
         name = getattr(fn, "__qualname__", type(fn).__name__)
-        closure = Closure(name, data, values, RemoteValue(self, name))
-        with self._cond:
-            while len(self._queue) >= self._max_pending:
-                self._cond.wait(0.1)
-                self._raise_errors()
-                if self._stopping.is_set():
-                    raise FailedPreconditionError("the coordinator stopped; nothing was scheduled")
-            self._queue.append(closure)
-            self._cond.notify_all()
+        closure = Closure(name, data, values, RemoteValue(name, self._queue.raise_if_aborted))
+        self._queue.put(closure)
         return closure.result
 
     def join(self, timeout: float | None = None) -> None:
@@ -147,24 +134,15 @@ class ClusterCoordinator:
           the first error a function raised since the last raise (the rest are cancelled);
           ``UnavailableError`` after a ps failure, or when ``timeout`` passes first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                self._raise_errors()
-                if not self._queue and not self._running:
-                    return
-                if deadline is not None and time.monotonic() > deadline:
-                    raise UnavailableError(
-                        f"join: {len(self._queue) + self._running} scheduled functions did "
-                        f"not finish within {timeout:g} s (are the workers up?)"
-                    )
-                self._cond.wait(0.1)
+        if not self._queue.wait(timeout):
+            raise UnavailableError(
+                f"join: {self._queue.unfinished} scheduled functions did not finish within "
+                f"{timeout:g} s (are the workers up?)"
+            )
 
     def done(self) -> bool:
         """Whether every scheduled function has run; raises as ``join`` does."""
-        with self._cond:
-            self._raise_errors()
-            return not self._queue and not self._running
+        return self._queue.done()
 
     def fetch(self, values: Any) -> Any:
         """``values`` with every ``RemoteValue`` in it (lists, tuples, dicts) fetched."""
@@ -185,48 +163,17 @@ class ClusterCoordinator:
         """
         payload, _ = closures.dumps_closure(dataset_fn, (), {})
         self._runtime.ensure_created()
-        return PerWorkerDataset(self, self._add_resource("dataset", payload, 0))
+        return PerWorkerDataset(self._resources, self._resources.add("dataset", payload, 0))
 
-    # -- resources -----------------------------------------------------------------------------
-    def _add_resource(self, kind: str, payload: bytes, source: int) -> int:
-        with self._cond:
-            ident = self._next_id
-            self._next_id += 1
-            self._resources.append(Resource(ident, kind, payload, source))
-            self._cond.notify_all()
-        return ident
-
-    def _add_iterator(self, dataset: int) -> int:
-        return self._add_resource("iterator", b"", dataset)
-
-    # -- errors --------------------------------------------------------------------------------
-    def _raise_cluster_error(self) -> None:
-        if self._cluster_error is not None:
-            raise self._cluster_error
-
-    def _raise_errors(self) -> None:
-        self._raise_cluster_error()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def _fail_cluster(self, error: BaseException) -> None:
-        with self._cond:
-            if self._cluster_error is None:
-                self._cluster_error = error
-            pending, self._queue = list(self._queue), collections.deque()
-            self._cond.notify_all()
-        for closure in pending:
-            closure.result._fail(error)
-
+    # -- the watch -----------------------------------------------------------------------------
     def _watch_workers(self) -> None:
         """Fails the cluster once functions have waited ``worker_timeout`` with every worker
         unreachable."""
-        since = [agent.down_since for agent in self._agents]
-        if self._worker_timeout is None or None in since or not (self._queue or self._running):
+        since = [a.down_since for a in self._agents if a.down_since is not None]
+        if self._worker_timeout is None or len(since) < len(self._agents):
             return
-        if time.monotonic() - max(since) > self._worker_timeout:  # type: ignore[type-var]
-            self._fail_cluster(
+        if self._queue.unfinished and time.monotonic() - max(since) > self._worker_timeout:
+            self._queue.abort(
                 UnavailableError(
                     f"no worker answered for {self._worker_timeout:g} s "
                     f"({', '.join(a.address for a in self._agents)}) while functions waited; "
@@ -247,7 +194,7 @@ class ClusterCoordinator:
                 except FeedlineError as error:  # unreachable, or its channel just replaced
                     misses[ps] += 1
                     if misses[ps] >= 2:
-                        self._fail_cluster(
+                        self._queue.abort(
                             ParameterServerUnavailableError(
                                 f"parameter server /job:ps/task:{ps} at {address} is unavailable "
                                 f"({error}); a ps failure is not recoverable: restart the cluster "
@@ -258,50 +205,6 @@ class ClusterCoordinator:
                         )
                         return
 
-    # -- the agents' side ------------------------------------------------------------------------
-    def _take(self) -> Closure | None:
-        with self._cond:
-            if not self._queue or self._cluster_error is not None:
-                self._cond.wait(0.1)
-            if not self._queue or self._cluster_error is not None:
-                return None
-            self._running += 1
-            return self._queue.popleft()
-
-    def _requeue(self, closure: Closure) -> None:
-        with self._cond:
-            self._running -= 1
-            if self._cluster_error is not None:
-                closure.result._fail(self._cluster_error)
-            else:
-                self._queue.appendleft(closure)
-            self._cond.notify_all()
-
-    def _finish(self, closure: Closure, outcome: tuple[bool, Any, int | None]) -> None:
-        ok, value, ps_task = outcome
-        if ok:
-            closure.result._set(value)
-        elif ps_task is not None:
-            error = ParameterServerUnavailableError(str(value), ps_task)
-            error.__cause__ = value
-            closure.result._fail(error)
-            self._fail_cluster(error)
-        else:
-            closure.result._fail(value)
-            cancelled = FailedPreconditionError(
-                f"cancelled: an earlier scheduled function failed ({type(value).__name__}: "
-                f"{value}); schedule it again"
-            )
-            with self._cond:
-                if self._error is None:
-                    self._error = value
-                pending, self._queue = list(self._queue), collections.deque()
-            for other in pending:
-                other.result._fail(cancelled)
-        with self._cond:
-            self._running -= 1
-            self._cond.notify_all()
-
     def close(self) -> None:
         """Stops scheduling and closes the connections to the workers; idempotent. Closures
         still queued are not run. Called at interpreter exit for a coordinator never closed."""
@@ -309,5 +212,6 @@ class ClusterCoordinator:
 
     def _stop(self) -> None:
         self._stopping.set()
+        self._queue.stop()
         for agent in self._agents:
             agent.close()

@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from feedline.errors import UnavailableError
 
 if TYPE_CHECKING:
-    from feedline.distribute.parameter_server.coordinator import ClusterCoordinator
+    from feedline.distribute.parameter_server.resources import ResourceRegistry
 
 __all__ = ["PerWorkerDataset", "PerWorkerDatasetIterator", "PerWorkerValues", "RemoteValue"]
 
@@ -30,10 +30,15 @@ class RemoteValue:
 
     ``fetch()`` and ``get()`` wait for it and return it, or raise the function's error (with the
     worker's traceback as a note), or the ``UnavailableError`` of a failed parameter server.
+
+    Args:
+      name: the function's name, for messages.
+      raise_if_aborted: raises the error of a failed parameter server, if one failed; called
+        while ``fetch`` waits.
     """
 
-    def __init__(self, coordinator: ClusterCoordinator, name: str) -> None:
-        self._coordinator = coordinator
+    def __init__(self, name: str, raise_if_aborted: Callable[[], None]) -> None:
+        self._raise_if_aborted = raise_if_aborted
         self._name = name
         self._done = threading.Event()
         self._value: Any = None
@@ -60,7 +65,7 @@ class RemoteValue:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._done.wait(0.1):
-            self._coordinator._raise_cluster_error()
+            self._raise_if_aborted()
             if deadline is not None and time.monotonic() > deadline:
                 raise UnavailableError(
                     f"the result of {self._name} did not arrive within {timeout:g} s; it is "
@@ -102,17 +107,21 @@ class PerWorkerDataset:
 
     ``iter()`` gives a ``PerWorkerDatasetIterator``: each worker's own iterator over its own
     dataset, to pass to scheduled functions.
+
+    Args:
+      resources: the coordinator's registry, where ``iter()`` adds the iterator.
+      ident: this dataset's id in ``resources``.
     """
 
-    def __init__(self, coordinator: ClusterCoordinator, ident: int) -> None:
-        self._coordinator = coordinator
+    def __init__(self, resources: ResourceRegistry, ident: int) -> None:
+        self._resources = resources
         self._id = ident
 
     def _feedline_reference(self) -> tuple[str, int]:
         return ("resource", self._id)
 
     def __iter__(self) -> PerWorkerDatasetIterator:
-        return PerWorkerDatasetIterator(self._coordinator._add_iterator(self._id))
+        return PerWorkerDatasetIterator(self._resources.add_iterator(self._id))
 
     def __repr__(self) -> str:
         return f"<PerWorkerDataset {self._id}>"
