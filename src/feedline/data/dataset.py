@@ -3,7 +3,8 @@
 A ``Dataset`` is an immutable, picklable node: its inputs, its parameters and the spec of its
 elements. Nothing runs until it is iterated. Each operation is one subclass in ``data/ops`` or
 ``data/readers`` that implements ``_make_iterator`` (and, where it knows them, ``_cardinality``
-and ``_random_access``). The fluent methods (``ds.map``, ``ds.batch``, ...) are attached in
+and ``_random_access``). The fluent methods (``ds.map``, ``ds.batch``, ...) are declared in
+``feedline.data._fluent_api``, which ``Dataset`` inherits, and attached in
 ``feedline.data._fluent``, in one place.
 
 A ``DatasetIterator`` is the running state of one pass. Subclasses implement ``_next`` (raise
@@ -22,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from feedline.data import structure
+from feedline.data._fluent_api import FluentAPI
 from feedline.data.options import Options
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 
@@ -118,7 +120,7 @@ class RowCursor:
         self.position = int(state["position"])
 
 
-class Dataset:
+class Dataset(FluentAPI):
     """A lazy, immutable, picklable description of a sequence of elements.
 
     Example:
