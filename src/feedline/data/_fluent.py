@@ -242,7 +242,7 @@ def apply(self: Dataset, transformation_func: Callable[[Dataset], Dataset]) -> D
     return result
 
 
-_STATIC = {
+_STATIC: dict[str, Callable[..., Dataset]] = {
     "range": range_,
     "from_tensors": from_tensors,
     "from_tensor_slices": from_tensor_slices,
@@ -254,7 +254,7 @@ _STATIC = {
     "choose_from_datasets": choose_from_datasets,
 }
 
-_METHODS = {
+_METHODS: dict[str, Callable[..., Any]] = {
     "map": map_,
     "filter": filter_,
     "flat_map": flat_map,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
@@ -178,7 +178,7 @@ class Dataset(FluentAPI):
     def inputs(self) -> tuple[Dataset, ...]:
         return self._inputs
 
-    def _with_inputs(self, inputs: tuple[Dataset, ...]) -> Dataset:
+    def _with_inputs(self, inputs: tuple[Dataset, ...]) -> Self:
         """A shallow copy of this node over other ``inputs``, with the same parameters.
 
         What graph rewrites (auto-sharding) use to rebuild the nodes above a replaced source.
@@ -224,6 +224,12 @@ class Dataset(FluentAPI):
                 )
             del clone.__dict__["_element_spec"]
         return clone
+
+    def _with_files(self, filenames: Any) -> Dataset:
+        """The same file reader over other ``filenames`` (names, or a Dataset of names): what
+        FILE auto-sharding calls on the operations marked ``_is_file_reader``, which implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} reads no files")
 
     def cardinality(self) -> int:
         """The number of elements, ``INFINITE_CARDINALITY`` or ``UNKNOWN_CARDINALITY``."""

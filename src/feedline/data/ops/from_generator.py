@@ -131,6 +131,8 @@ class GeneratorDataset(Dataset):
 
 
 class _GeneratorIterator(DatasetIterator):
+    _dataset: GeneratorDataset
+
     def __init__(self, dataset: GeneratorDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._iterator: Iterator[Any] | None = None
