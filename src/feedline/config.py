@@ -121,7 +121,7 @@ def list_logical_devices(device_type: str | None = None) -> list[LogicalDevice]:
     default), and one logical GPU per GPU, e.g. ``[LogicalDevice(name='/device:CPU:0',
     device_type='CPU')]`` where nothing is configured.
     """
-    devices = []
+    devices: list[LogicalDevice] = []
     for physical in list_physical_devices(device_type):
         kind = physical.device_type
         count = len(_configuration.logical.get(physical, (None,)))

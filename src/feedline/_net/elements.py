@@ -123,8 +123,8 @@ def _signature(element: Sequence[np.ndarray]) -> list[list[Any]]:
 
 
 def _numeric_view(leaf: np.ndarray) -> memoryview:
-    view = memoryview(leaf)
-    return view if view.c_contiguous else memoryview(np.ascontiguousarray(leaf))
+    view = leaf.data  # memoryview(leaf)
+    return view if view.c_contiguous else np.ascontiguousarray(leaf).data
 
 
 def _add_buffers(
@@ -189,14 +189,15 @@ def unpack_elements(meta: dict[str, Any], buffers: Sequence[memoryview]) -> list
             )
         order = [0] * count
     else:
-        order = meta.get("elements")
-        if not isinstance(order, list) or not all(
-            type(i) is int and 0 <= i < len(plans) for i in order
+        listed = meta.get("elements")
+        if not isinstance(listed, list) or not all(
+            type(i) is int and 0 <= i < len(plans) for i in listed
         ):
             raise InvalidArgumentError(
                 f"element meta 'elements' must be a list of indices into its {len(plans)} "
-                f"signatures, not {order!r:.200}"
+                f"signatures, not {listed!r:.200}"
             )
+        order = listed
     needed = sum(costs[i] for i in order)
     if needed != len(buffers):
         raise InvalidArgumentError(
@@ -234,7 +235,7 @@ def _parse_signature(
     reshape, the bytes of a numeric leaf, and the buffers the leaf takes."""
     if not isinstance(signature, list):
         raise InvalidArgumentError(f"element signature must be a list, not {signature!r:.200}")
-    plan = []
+    plan: list[tuple[np.dtype | None, tuple[int, ...], bool, int, int]] = []
     for leaf in signature:
         if not (isinstance(leaf, list) and len(leaf) == 2 and isinstance(leaf[1], list)):
             raise InvalidArgumentError(

@@ -67,7 +67,7 @@ Handler = Callable[
     [dict[str, Any], list[memoryview]], "bytes | tuple[dict[str, Any], Sequence[Any]]"
 ]
 
-_STATUS_OF: list[tuple[type[BaseException], grpc.StatusCode]] = [
+_STATUS_OF: list[tuple[type[errors.FeedlineError], grpc.StatusCode]] = [
     (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
     (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -176,7 +176,7 @@ def start_server(
       UnavailableError: the address cannot be bound.
     """
     uploads = dict(upload_limits or {})
-    methods = {
+    methods: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
         name: grpc.stream_unary_rpc_method_handler(
             _upload_handler(service_name, name, handler, uploads[name])
         )
@@ -419,7 +419,9 @@ class RpcClient:
             bytes(frame[start : start + UPLOAD_CHUNK_BYTES])
             for start in range(0, len(frame), UPLOAD_CHUNK_BYTES)
         )
-        stub = self._channel.stream_unary(f"/{self._service_name}/{method}")
+        stub: grpc.StreamUnaryMultiCallable[bytes, bytes] = self._channel.stream_unary(
+            f"/{self._service_name}/{method}"
+        )
         try:
             reply = stub(
                 chunks, timeout=timeout, metadata=self._metadata, wait_for_ready=wait_for_ready
@@ -435,7 +437,9 @@ class RpcClient:
 def _error_of(error: grpc.RpcError, where: str) -> Exception:
     code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
-    trailing = dict(error.trailing_metadata() or ()) if isinstance(error, grpc.Call) else {}
+    trailing: dict[str, str | bytes] = (
+        dict(error.trailing_metadata() or ()) if isinstance(error, grpc.Call) else {}
+    )
     name = trailing.get(_ERROR_TYPE_KEY)
     kind = getattr(errors, name, None) if isinstance(name, str) else None
     if isinstance(kind, type) and issubclass(kind, errors.FeedlineError):

@@ -149,7 +149,7 @@ def _as_view(buffer: Buffer) -> memoryview:
                 "a frame buffer cannot be an object array (it holds pointers, not data); send "
                 "byte strings with pack_elements"
             )
-        return memoryview(np.ascontiguousarray(buffer))
+        return np.ascontiguousarray(buffer).data  # memoryview() of it
     view = memoryview(buffer)
     if "O" in view.format:
         raise InvalidArgumentError("a frame buffer cannot hold Python objects (format 'O')")

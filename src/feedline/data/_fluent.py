@@ -1,14 +1,18 @@
 """The fluent API of ``Dataset``: every method and static constructor, attached in one place.
 
 Operations import only the small base module ``feedline.data.dataset``; this module imports them
-all and attaches the methods once, so no operation imports the central class lazily.
+all and attaches the methods once, so no operation imports the central class lazily. Each method
+is declared, with its signature and docstring, in ``feedline.data._fluent_api`` (which
+``Dataset`` inherits, for type checkers and IDEs); here are the bodies, one function per declared
+name, attached to ``Dataset`` with the declaration's docstring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from feedline.data._fluent_api import FluentAPI
 from feedline.data.dataset import Dataset
 from feedline.data.ops.batch import BatchDataset
 from feedline.data.ops.cache import CacheDataset
@@ -40,21 +44,21 @@ from feedline.data.ops.zip import ZipDataset
 from feedline.data.options import Options
 from feedline.data.readers.list_files import ListFilesDataset
 
+if TYPE_CHECKING:
+    from feedline.data.torch_loader import FeedlineIterableDataset
+
 # -- sources -----------------------------------------------------------------------------------
 
 
 def range_(*args: int, dtype: Any = None) -> Dataset:
-    """``range(start, stop, step)`` as int64 scalars: ``Dataset.range(3)`` gives 0, 1, 2."""
     return RangeDataset(*args) if dtype is None else RangeDataset(*args, dtype=dtype)
 
 
 def from_tensors(tensors: Any) -> Dataset:
-    """A dataset of one element, ``tensors``."""
     return TensorDataset(tensors)
 
 
 def from_tensor_slices(tensors: Any) -> Dataset:
-    """The rows of ``tensors`` (a nested structure of arrays) along their first dimension."""
     return TensorSliceDataset(tensors)
 
 
@@ -65,29 +69,20 @@ def from_generator(
     args: Sequence[Any] | None = None,
     output_signature: Any = None,
 ) -> Dataset:
-    """Elements of ``generator(*args)``, converted to ``output_signature``."""
     return GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
 
 
 def from_torch(dataset: Any, output_signature: Any = None) -> Dataset:
-    """The items of a PyTorch dataset: a map-style one (``__len__``, ``__getitem__``) as a
-    random-access source, an ``IterableDataset`` as a stream; see ``ops/from_torch.py``."""
     return from_torch_dataset(dataset, output_signature)
 
 
 def list_files(
     file_pattern: str | Sequence[str], shuffle: bool | None = None, seed: int | None = None
 ) -> Dataset:
-    """The files matching ``file_pattern`` (shuffled by default, reproducibly with ``seed``)."""
     return ListFilesDataset(file_pattern, shuffle=shuffle, seed=seed)
 
 
 def zip_(*args: Any, datasets: Any = None) -> Dataset:
-    """Elements of several datasets side by side, until the shortest ends.
-
-    ``Dataset.zip(a, b)``, ``Dataset.zip((a, b))`` and ``Dataset.zip(datasets={"x": a})`` all
-    work; the elements have the structure of the datasets given.
-    """
     if datasets is not None:
         if args:
             raise TypeError("zip: give the datasets positionally or as datasets=, not both")
@@ -104,7 +99,6 @@ def sample_from_datasets(
     stop_on_empty_dataset: bool = False,
     rerandomize_each_iteration: bool | None = None,
 ) -> Dataset:
-    """Elements drawn at random from ``datasets`` with probabilities ``weights``."""
     return SampleFromDatasetsDataset(
         datasets, weights, seed, stop_on_empty_dataset, rerandomize_each_iteration
     )
@@ -113,7 +107,6 @@ def sample_from_datasets(
 def choose_from_datasets(
     datasets: Sequence[Dataset], choice_dataset: Dataset, stop_on_empty_dataset: bool = True
 ) -> Dataset:
-    """Elements taken from ``datasets[i]`` for each ``i`` that ``choice_dataset`` yields."""
     return ChooseFromDatasetsDataset(datasets, choice_dataset, stop_on_empty_dataset)
 
 
@@ -128,19 +121,16 @@ def map_(
     *,
     use_processes: bool = False,
 ) -> Dataset:
-    """``map_func`` applied to every element; see ``MapDataset``."""
     return MapDataset(
         self, map_func, num_parallel_calls, deterministic, use_processes=use_processes
     )
 
 
 def filter_(self: Dataset, predicate: Callable[..., Any]) -> Dataset:
-    """The elements for which ``predicate`` returns True."""
     return FilterDataset(self, predicate)
 
 
 def flat_map(self: Dataset, map_func: Callable[..., Dataset]) -> Dataset:
-    """The elements of the datasets that ``map_func`` returns, one dataset after another."""
     return FlatMapDataset(self, map_func)
 
 
@@ -152,7 +142,6 @@ def interleave(
     num_parallel_calls: int | None = None,
     deterministic: bool | None = None,
 ) -> Dataset:
-    """The datasets of ``map_func`` read ``cycle_length`` at a time, ``block_length`` each turn."""
     return InterleaveDataset(
         self, map_func, cycle_length, block_length, num_parallel_calls, deterministic
     )
@@ -165,7 +154,6 @@ def batch(
     num_parallel_calls: int | None = None,
     deterministic: bool | None = None,
 ) -> Dataset:
-    """Consecutive elements stacked in batches of ``batch_size``."""
     return BatchDataset(self, batch_size, drop_remainder, num_parallel_calls, deterministic)
 
 
@@ -176,19 +164,16 @@ def padded_batch(
     padding_values: Any = None,
     drop_remainder: bool = False,
 ) -> Dataset:
-    """Batches of elements padded to a common shape."""
     return PaddedBatchDataset(self, batch_size, padded_shapes, padding_values, drop_remainder)
 
 
 def unbatch(self: Dataset) -> Dataset:
-    """Splits every element along its first dimension."""
     return UnbatchDataset(self)
 
 
 def rebatch(
     self: Dataset, batch_size: int | Sequence[int], drop_remainder: bool = False
 ) -> Dataset:
-    """The same rows regrouped into batches of ``batch_size``."""
     return RebatchDataset(self, batch_size, drop_remainder)
 
 
@@ -198,64 +183,50 @@ def shuffle(
     seed: int | None = None,
     reshuffle_each_iteration: bool | None = None,
 ) -> Dataset:
-    """The elements in random order, through a buffer of ``buffer_size``."""
     return ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
 
 
 def repeat(self: Dataset, count: int | None = None) -> Dataset:
-    """The dataset ``count`` times (forever with None or -1)."""
     return RepeatDataset(self, count)
 
 
 def take(self: Dataset, count: int) -> Dataset:
-    """At most the first ``count`` elements (-1: all)."""
     return TakeDataset(self, count)
 
 
 def skip(self: Dataset, count: int) -> Dataset:
-    """All but the first ``count`` elements (-1: none)."""
     return SkipDataset(self, count)
 
 
 def shard(self: Dataset, num_shards: int, index: int) -> Dataset:
-    """Elements ``index``, ``index + num_shards``, ..."""
     return ShardDataset(self, num_shards, index)
 
 
 def enumerate_(self: Dataset, start: int = 0) -> Dataset:
-    """``(i, element)`` pairs, ``i`` counting from ``start``."""
     return EnumerateDataset(self, start)
 
 
 def prefetch(self: Dataset, buffer_size: int) -> Dataset:
-    """Elements produced ahead on a background thread (``AUTOTUNE`` sizes the buffer)."""
     return PrefetchDataset(self, buffer_size)
 
 
 def cache(self: Dataset, filename: str = "") -> Dataset:
-    """The elements of the first pass kept in memory (or in ``filename``) for later passes."""
     return CacheDataset(self, filename)
 
 
 def concatenate(self: Dataset, dataset: Dataset) -> Dataset:
-    """This dataset's elements, then ``dataset``'s."""
     return ConcatenateDataset(self, dataset)
 
 
 def ignore_errors(self: Dataset, log_warning: bool = False) -> Dataset:
-    """The elements whose production raised no error; the others are dropped."""
     return IgnoreErrorsDataset(self, log_warning)
 
 
 def with_options(self: Dataset, options: Options) -> Dataset:
-    """The same dataset with ``options`` merged over its current ones."""
     return OptionsDataset(self, options)
 
 
-def as_torch(self: Dataset) -> Any:
-    """This dataset as a ``torch.utils.data.IterableDataset`` whose elements are torch tensors
-    (zero-copy from NumPy), with ``state_dict``/``load_state_dict``; for a plain loop or
-    ``DataLoader(dataset.as_torch(), batch_size=None)``. See ``feedline.data.torch_loader``."""
+def as_torch(self: Dataset) -> FeedlineIterableDataset:
     # The one way into torch from feedline.data: imported here, when asked for, never at import.
     from feedline.data.torch_loader import FeedlineIterableDataset
 
@@ -263,7 +234,6 @@ def as_torch(self: Dataset) -> Any:
 
 
 def apply(self: Dataset, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
-    """``transformation_func(self)``: for transformations packaged as functions."""
     result = transformation_func(self)
     if not isinstance(result, Dataset):
         raise TypeError(
@@ -272,7 +242,7 @@ def apply(self: Dataset, transformation_func: Callable[[Dataset], Dataset]) -> D
     return result
 
 
-_STATIC = {
+_STATIC: dict[str, Callable[..., Dataset]] = {
     "range": range_,
     "from_tensors": from_tensors,
     "from_tensor_slices": from_tensor_slices,
@@ -284,7 +254,7 @@ _STATIC = {
     "choose_from_datasets": choose_from_datasets,
 }
 
-_METHODS = {
+_METHODS: dict[str, Callable[..., Any]] = {
     "map": map_,
     "filter": filter_,
     "flat_map": flat_map,
@@ -309,13 +279,28 @@ _METHODS = {
 }
 
 
+def _declared() -> dict[str, Any]:
+    """The names ``FluentAPI`` declares, each with its function."""
+    return {name: getattr(FluentAPI, name) for name in vars(FluentAPI) if not name.startswith("_")}
+
+
 def attach() -> None:
+    """Sets every implementation on ``Dataset`` under its declared name, with its docstring."""
+    declared = _declared()
+    if declared.keys() != _STATIC.keys() | _METHODS.keys():
+        raise ImportError(
+            "feedline.data._fluent and _fluent_api disagree: declared but not implemented "
+            f"{sorted(declared.keys() - _STATIC.keys() - _METHODS.keys())}, implemented but not "
+            f"declared {sorted((_STATIC.keys() | _METHODS.keys()) - declared.keys())}"
+        )
     for name, fn in _STATIC.items():
         fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = declared[name].__doc__
         setattr(Dataset, name, staticmethod(fn))
     for name, fn in _METHODS.items():
         fn.__name__ = name
         fn.__qualname__ = f"Dataset.{name}"
+        fn.__doc__ = declared[name].__doc__
         setattr(Dataset, name, fn)
 
 

@@ -3,7 +3,8 @@
 A ``Dataset`` is an immutable, picklable node: its inputs, its parameters and the spec of its
 elements. Nothing runs until it is iterated. Each operation is one subclass in ``data/ops`` or
 ``data/readers`` that implements ``_make_iterator`` (and, where it knows them, ``_cardinality``
-and ``_random_access``). The fluent methods (``ds.map``, ``ds.batch``, ...) are attached in
+and ``_random_access``). The fluent methods (``ds.map``, ``ds.batch``, ...) are declared in
+``feedline.data._fluent_api``, which ``Dataset`` inherits, and attached in
 ``feedline.data._fluent``, in one place.
 
 A ``DatasetIterator`` is the running state of one pass. Subclasses implement ``_next`` (raise
@@ -17,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
 from feedline.data import structure
+from feedline.data._fluent_api import FluentAPI
 from feedline.data.options import Options
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 
@@ -118,7 +120,7 @@ class RowCursor:
         self.position = int(state["position"])
 
 
-class Dataset:
+class Dataset(FluentAPI):
     """A lazy, immutable, picklable description of a sequence of elements.
 
     Example:
@@ -176,7 +178,7 @@ class Dataset:
     def inputs(self) -> tuple[Dataset, ...]:
         return self._inputs
 
-    def _with_inputs(self, inputs: tuple[Dataset, ...]) -> Dataset:
+    def _with_inputs(self, inputs: tuple[Dataset, ...]) -> Self:
         """A shallow copy of this node over other ``inputs``, with the same parameters.
 
         What graph rewrites (auto-sharding) use to rebuild the nodes above a replaced source.
@@ -222,6 +224,12 @@ class Dataset:
                 )
             del clone.__dict__["_element_spec"]
         return clone
+
+    def _with_files(self, filenames: Any) -> Dataset:
+        """The same file reader over other ``filenames`` (names, or a Dataset of names): what
+        FILE auto-sharding calls on the operations marked ``_is_file_reader``, which implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} reads no files")
 
     def cardinality(self) -> int:
         """The number of elements, ``INFINITE_CARDINALITY`` or ``UNKNOWN_CARDINALITY``."""

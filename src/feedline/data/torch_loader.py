@@ -36,8 +36,7 @@ passes after a restore reshuffle as the uninterrupted run's would have.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -101,6 +100,24 @@ def _to_tensor(value: Any) -> Any:
         ) from error
 
 
+class StatefulIterator(Protocol):
+    """What ``as_torch`` reads: an iterator whose position can be saved and restored."""
+
+    def __next__(self) -> Any: ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StatefulIterable(Protocol):
+    """An iterable of ``StatefulIterator`` passes (a ``DistributedDataset``)."""
+
+    def __iter__(self) -> StatefulIterator: ...
+
+
 def _check_not_in_worker() -> None:
     info = torch.utils.data.get_worker_info()
     if info is not None:
@@ -140,7 +157,7 @@ class FeedlineIterableDataset(torch.utils.data.IterableDataset):
       [[2, 3], [4]]
     """
 
-    def __init__(self, source: Dataset | Iterable[Any]) -> None:
+    def __init__(self, source: Dataset | StatefulIterable) -> None:
         super().__init__()
         if not isinstance(source, Dataset) and not callable(getattr(source, "__iter__", None)):
             raise TypeError(
@@ -153,7 +170,7 @@ class FeedlineIterableDataset(torch.utils.data.IterableDataset):
         self._current: _TorchIterator | None = None
 
     @property
-    def source(self) -> Dataset | Iterable[Any]:
+    def source(self) -> Dataset | StatefulIterable:
         """The feedline dataset (or distributed dataset) this iterates."""
         return self._source
 
@@ -161,6 +178,7 @@ class FeedlineIterableDataset(torch.utils.data.IterableDataset):
         _check_not_in_worker()
         index, resume = self._pass, self._resume
         self._pass, self._resume = index + 1, None
+        iterator: StatefulIterator
         if isinstance(self._source, Dataset):
             source = self._source
             iterator = source._iterator(IteratorContext(source.options(), mix_seed(index)))
@@ -223,7 +241,7 @@ class _TorchIterator:
     """One pass of a ``FeedlineIterableDataset``: the feedline iterator's elements as tensors.
     Single-threaded, as the iterator it wraps."""
 
-    def __init__(self, iterator: Any, index: int) -> None:
+    def __init__(self, iterator: StatefulIterator, index: int) -> None:
         self.index = index
         self.done = False
         self._iterator = iterator

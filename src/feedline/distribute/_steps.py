@@ -119,6 +119,8 @@ class _SplitIterator(DatasetIterator):
     batches to cut before reading the input again (``batches``: a position restored on another
     number of workers, see ``_iterator_state``)."""
 
+    _dataset: SplitBatchesDataset
+
     def __init__(self, dataset: SplitBatchesDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
@@ -169,6 +171,8 @@ class GroupElementsDataset(Dataset):
 
 
 class _GroupIterator(DatasetIterator):
+    _dataset: GroupElementsDataset
+
     def __init__(self, dataset: GroupElementsDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)

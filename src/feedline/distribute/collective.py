@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
 import os
 import threading
 import time
@@ -299,10 +300,10 @@ class Collective:
         """Copies ``tensors`` from rank ``src`` into every worker's tensors, in place."""
         for tensor in tensors:
             if tensor.device == self.device:
-                self._call("a broadcast", lambda t=tensor: dist.broadcast(t, src))
+                self._call("a broadcast", functools.partial(dist.broadcast, tensor, src))
             else:
                 staged = tensor.detach().to(self.device)
-                self._call("a broadcast", lambda t=staged: dist.broadcast(t, src))
+                self._call("a broadcast", functools.partial(dist.broadcast, staged, src))
                 with torch.no_grad():
                     tensor.copy_(staged)
 

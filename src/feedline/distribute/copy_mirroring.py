@@ -204,7 +204,7 @@ class CopyMirroring(Mirroring):
         """The primary's gradient plus every other replica's, summed on the reduce device."""
         with torch.no_grad():
             for k, param in enumerate(self._params):
-                grads = [g[k] for g in self._replica_grads if g[k] is not None]
+                grads = [grad for g in self._replica_grads if (grad := g[k]) is not None]
                 if not grads:
                     continue
                 device = self._reduce_device or param.device

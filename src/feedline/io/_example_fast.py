@@ -164,9 +164,9 @@ def _decode_varints(rows: np.ndarray, varints: list[list[int]]) -> np.ndarray:
     for k, positions in enumerate(varints):
         by_length.setdefault(len(positions), []).append(k)
     for m, ks in by_length.items():
-        positions = np.asarray([varints[k] for k in ks], dtype=np.intp)  # (K, m)
+        index = np.asarray([varints[k] for k in ks], dtype=np.intp)  # (K, m)
         shifts = (np.arange(m, dtype=np.uint64) * np.uint64(7)).astype(np.uint64)
-        digits = (rows[:, positions] & 0x7F).astype(np.uint64) << shifts
+        digits = (rows[:, index] & 0x7F).astype(np.uint64) << shifts
         out[:, ks] = np.bitwise_or.reduce(digits, axis=2)
     return out.view(np.int64)
 

@@ -202,7 +202,7 @@ def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, np
         _parse_fast(rows, features, records) if rows is not None and n > 1 else ({}, None)
     )
     slow_rows = range(n) if matched is None else np.flatnonzero(~matched).tolist()
-    slow = {}
+    slow: dict[int, dict[str, Any]] = {}
     for i in slow_rows:
         raw = records[i] if records else rows[i].tobytes()  # type: ignore[index]
         where = f" (record {i} of the batch)"
@@ -315,14 +315,14 @@ def _assemble(
     n: int,
     fast: np.ndarray | None,
     matched: np.ndarray | None,
-    slow: dict[int, np.ndarray],
+    slow: dict[int, dict[str, Any]],
 ) -> np.ndarray:
     if fast is not None and not slow:
         if isinstance(spec, VarLenFeature):
             return fast.reshape(-1)
         return np.ascontiguousarray(fast)
     rows: list[Any] = [None] * n
-    if fast is not None:
+    if fast is not None and matched is not None:  # fast rows come with their mask
         # ``fast[k, ...]``: a row of a 1-d object array as a 0-d array, not a bare ``bytes``.
         for k, i in enumerate(np.flatnonzero(matched).tolist()):
             rows[i] = fast[k, ...]

@@ -126,7 +126,10 @@ class MeanMetricWrapper(Mean):
         self._fn = fn
         self._fn_kwargs = kwargs
 
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+    # Keras' signature: a wrapper is updated with labels and predictions, where Mean takes values.
+    def update_state(  # type: ignore[override]
+        self, y_true: Any, y_pred: Any, sample_weight: Any = None
+    ) -> None:
         """Adds the batch's per-example values, weighted by ``sample_weight`` (default 1)."""
         y_true = metric_input(y_true, "y_true")
         y_pred = metric_input(y_pred, "y_pred")

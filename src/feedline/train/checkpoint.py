@@ -47,6 +47,7 @@ running it; the marker is no defence against a file crafted to carry it.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickletools
@@ -294,7 +295,7 @@ class Checkpoint:
                 continue
             _check_compatible(obj, state, dotted, path, parameter_names)
             matched.append(dotted)
-            plan.append((dotted, lambda obj=obj, state=state: _set_state(obj, state)))
+            plan.append((dotted, functools.partial(_set_state, obj, state)))
         unused.extend(prefix + name for name in entries if name not in self._objects)
         counter = int(saved["save_counter"])
         plan.append((prefix + "save_counter", lambda: setattr(self, "_save_counter", counter)))
@@ -510,7 +511,7 @@ def _is_checkpoint_state(state: Any) -> bool:
 
 def _unpicklable(states: Mapping[str, Any], objects: Mapping[str, Any]) -> list[str]:
     """The names (dotted) whose state does not pickle; modules and optimizers are not tried."""
-    found = []
+    found: list[str] = []
     for name, obj in objects.items():
         if isinstance(obj, Checkpoint):
             inner = _unpicklable(states[name]["objects"], obj._objects)

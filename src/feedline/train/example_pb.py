@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 __all__ = ["BytesList", "Example", "Feature", "Features", "FloatList", "Int64List"]
 
@@ -33,8 +34,8 @@ _Field = descriptor_pb2.FieldDescriptorProto
 def _field(
     name: str,
     number: int,
-    kind: int,
-    label: int = _Field.LABEL_OPTIONAL,
+    kind: _Field.Type.ValueType,
+    label: _Field.Label.ValueType = _Field.LABEL_OPTIONAL,
     type_name: str = "",
     packed: bool = False,
     oneof_index: int | None = None,
@@ -107,7 +108,7 @@ _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(_file())
 
 
-def _message(name: str) -> type:
+def _message(name: str) -> type[Message]:
     return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"tensorflow.{name}"))
 
 

@@ -334,7 +334,7 @@ def _metrics_by_name(
     else:
         named = {}
         for metric in metrics:
-            name = getattr(metric, "name", None)
+            name: Any = getattr(metric, "name", None)  # any object until checked below
             if name in named:
                 raise InvalidArgumentError(
                     f"two metrics are named {name!r}; give them distinct names, or pass a dict "

@@ -105,7 +105,7 @@ class _Rows:
     def __init__(self, elements: list[Any], seed: int) -> None:
         self.seed = seed  # of the pass that filled the cache
         self.access: RandomAccess | None = None  # where the rows can be gathered
-        self._elements: list[Any] | None = elements
+        self._elements = elements  # emptied once stacked into ``access``
         leaves = structure.flatten(elements[0])[0] if elements else []
         if leaves and all(np.asarray(a).dtype.kind != "U" for a in leaves):
             try:
@@ -113,15 +113,22 @@ class _Rows:
             except InvalidArgumentError:
                 return  # elements of different shapes stay a list
             self.access = TensorSliceDataset(stacked)._random_access()
-            self._elements = None
+            self._elements = []
 
     def __len__(self) -> int:
-        return len(self._elements) if self._elements is not None else len(self.access)
+        return len(self.access) if self.access is not None else len(self._elements)
 
     def get(self, index: int) -> Any:
-        if self._elements is not None:
-            return self._elements[index]
-        return self.access.get(index)
+        if self.access is not None:
+            return self.access.get(index)
+        return self._elements[index]
+
+    def gather(self, indices: np.ndarray) -> Any:
+        """The rows at ``indices`` stacked; an error where their shapes differ (why they are a
+        list). Readers gather only from ``access``; this makes ``_Rows`` a ``RandomAccess``."""
+        if self.access is not None:
+            return self.access.gather(indices)
+        return structure.batch_elements([self._elements[i] for i in indices], "cache")
 
 
 class _MemoryStore:

@@ -25,7 +25,7 @@ class EnumerateDataset(Dataset):
         if isinstance(start, bool) or not hasattr(start, "__index__"):
             raise InvalidArgumentError(f"enumerate: start must be an int, got {start!r}")
         self._start = int(start)
-        self._element_spec = (TensorSpec((), np.int64), input_dataset.element_spec)
+        self._element_spec = (TensorSpec((), np.dtype(np.int64)), input_dataset.element_spec)
 
     def _cardinality(self) -> int:
         return self._inputs[0].cardinality()

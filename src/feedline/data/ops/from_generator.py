@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,7 @@ class GeneratorDataset(Dataset):
         generator: Callable[..., Any],
         output_types: Any = None,
         output_shapes: Any = None,
-        args: tuple[Any, ...] | None = None,
+        args: Sequence[Any] | None = None,
         output_signature: Any = None,
     ) -> None:
         super().__init__()
@@ -131,6 +131,8 @@ class GeneratorDataset(Dataset):
 
 
 class _GeneratorIterator(DatasetIterator):
+    _dataset: GeneratorDataset
+
     def __init__(self, dataset: GeneratorDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._iterator: Iterator[Any] | None = None

@@ -101,7 +101,7 @@ class _SliceIterator(DatasetIterator):
         super().__init__(dataset, ctx)
         self._cursor = RowCursor(_SliceAccess(dataset))
         self._next = self._cursor.next  # type: ignore[method-assign]
-        self._next_batch = self._cursor.next_batch  # type: ignore[assignment]
+        self._next_batch = self._cursor.next_batch
 
     def _get_state(self) -> dict[str, Any]:
         return self._cursor.state()

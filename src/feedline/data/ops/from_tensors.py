@@ -25,6 +25,8 @@ class TensorDataset(Dataset):
 
 
 class _TensorIterator(DatasetIterator):
+    _dataset: TensorDataset
+
     def __init__(self, dataset: TensorDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._done = False

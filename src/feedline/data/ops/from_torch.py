@@ -318,7 +318,7 @@ class _RowsIterator(DatasetIterator):
         super().__init__(dataset, ctx)
         self._cursor = RowCursor(dataset._random_access())
         self._next = self._cursor.next  # type: ignore[method-assign]
-        self._next_batch = self._cursor.next_batch  # type: ignore[assignment]
+        self._next_batch = self._cursor.next_batch
 
     def _get_state(self) -> dict[str, Any]:
         return self._cursor.state()
@@ -367,6 +367,8 @@ class TorchIterableStyleDataset(Dataset):
 
 
 class _StreamIterator(DatasetIterator):
+    _dataset: TorchIterableStyleDataset
+
     def __init__(self, dataset: TorchIterableStyleDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._items = _Items(dataset.element_spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import EllipsisType
 from typing import Any
 
 import numpy as np
@@ -180,7 +181,9 @@ def _pad_column(column: list[Any], shape: Shape, value: np.ndarray, name: str) -
             f"shapes {sorted(set(shapes))}"
         )
     longest = tuple(max(dims) for dims in zip(*shapes, strict=True)) if shape else ()
-    target = tuple(m if p is None else p for p, m in zip(shape, longest, strict=True))
+    target: tuple[int, ...] = tuple(
+        m if p is None else p for p, m in zip(shape, longest, strict=True)
+    )
     for i, element_shape in enumerate(shapes):
         if any(d > t for d, t in zip(element_shape, target, strict=True)):
             raise InvalidArgumentError(
@@ -191,18 +194,25 @@ def _pad_column(column: list[Any], shape: Shape, value: np.ndarray, name: str) -
     dtype = column[0].dtype
     if dtype.kind == "U":
         dtype = np.result_type(*[a.dtype for a in column], value.dtype)
-    shape = (len(column), *target)
+    out_shape = (len(column), *target)
     if dtype == structure.BYTES:
-        out = structure.full_bytes(shape, value.item())
+        out = structure.full_bytes(out_shape, value.item())
     else:
-        out = np.full(shape, value, dtype=dtype)
+        out = np.full(out_shape, value, dtype=dtype)
     for i, array in enumerate(column):
         # ``...`` makes a 0-d object array's item, not the array, what lands in ``out``.
-        out[(i, *(slice(0, d) for d in np.shape(array)), ...)] = array
+        region: tuple[int | slice | EllipsisType, ...] = (
+            i,
+            *(slice(0, d) for d in np.shape(array)),
+            ...,
+        )
+        out[region] = array
     return out
 
 
 class _PaddedBatchIterator(DatasetIterator):
+    _dataset: PaddedBatchDataset
+
     def __init__(self, dataset: PaddedBatchDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)

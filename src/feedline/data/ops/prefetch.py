@@ -43,9 +43,10 @@ class _PrefetchIterator(DatasetIterator):
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
         self._synchronous = dataset._buffer_size == 0
-        self._tuner = BufferTuner(ctx.options) if dataset._buffer_size == AUTOTUNE else None
+        tuner = BufferTuner(ctx.options) if dataset._buffer_size == AUTOTUNE else None
+        self._tuner = tuner
         fixed = dataset._buffer_size
-        capacity = (lambda: self._tuner.size) if self._tuner else (lambda: fixed)
+        capacity = (lambda: tuner.size) if tuner else (lambda: fixed)
         self._producer = Producer(self._input._next, capacity, name="feedline-prefetch")
 
     def _next(self) -> Any:

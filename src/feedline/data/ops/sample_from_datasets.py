@@ -121,7 +121,7 @@ class _SampleIterator(DirectedIterator):
     def __init__(self, dataset: SampleFromDatasetsDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx, dataset._count, dataset._stop_on_empty)
         self._rng = np.random.default_rng(dataset.pass_seed(ctx))
-        self._fixed: np.ndarray = dataset._weights  # None with a weights dataset
+        self._fixed: np.ndarray | None = dataset._weights  # None with a weights dataset
         self._weights = (
             None
             if dataset._weights is not None
@@ -160,7 +160,7 @@ class _SampleIterator(DirectedIterator):
         self._rng.bit_generator.state = state["rng"]
         if self._weights is not None:
             self._weights.set_state(state["weights"])
-        else:
+        if self._fixed is not None:
             self._reweigh(self._fixed)
 
     def _close(self) -> None:

@@ -170,6 +170,8 @@ class _ShuffleIterator(DatasetIterator):
     through the buffer. Both share one state shape and the state names the way it was made, so
     an input that is random-access only sometimes (a cache once filled) restores either way."""
 
+    _dataset: ShuffleDataset
+
     def __init__(self, dataset: ShuffleDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
@@ -184,7 +186,7 @@ class _ShuffleIterator(DatasetIterator):
         # Callers may hold on to ``_next`` (a producer thread does), so it delegates rather than
         # being rebound; ``_next_batch`` is looked up on every batch.
         self._impl = impl
-        self._next_batch = impl.next_batch  # type: ignore[assignment]
+        self._next_batch = impl.next_batch
 
     def _next(self) -> Any:
         return self._impl.next()

@@ -66,7 +66,7 @@ class RowReader:
 
     def rows(self, n: int) -> tuple[Any, int]:
         """Up to ``n`` (>= 1) rows stacked and their number; StopIteration if none is left."""
-        parts = []
+        parts: list[Any] = []
         count = 0
         while count < n:
             if self._position >= self._rows:

@@ -63,9 +63,10 @@ class ZipDataset(Dataset):
 
     def _random_access(self) -> RandomAccess | None:
         accesses = [d._random_access() for d in self._inputs]
-        if any(a is None for a in accesses):
+        present = [a for a in accesses if a is not None]
+        if len(present) < len(accesses):
             return None
-        return _ZipAccess(accesses, self._treespec)
+        return _ZipAccess(present, self._treespec)
 
     def _make_iterator(self, ctx: IteratorContext) -> _ZipIterator:
         return _ZipIterator(self, ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class FileReaderMixin:
         Dataset.__init__(self, () if dataset is None else (dataset,))  # type: ignore[arg-type]
         self._filenames = names
 
-    def _with_files(self, filenames: FileNames) -> Dataset:
+    def _with_files(self, filenames: FileNames) -> Self:
         """The same reader over ``filenames`` (names, or a Dataset of names) instead."""
         return type(self)(filenames, **self._reader_args)  # type: ignore[call-arg]
 

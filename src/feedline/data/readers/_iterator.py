@@ -174,9 +174,9 @@ class FilesIterator(DatasetIterator):
         if self._threaded:
             self._next = self._next_round_robin  # type: ignore[method-assign]
             if records:
-                self._next_batch = self._next_batch_records  # type: ignore[assignment]
+                self._next_batch = self._next_batch_records
         elif batchable:
-            self._next_batch = self._next_batch_sequential  # type: ignore[assignment]
+            self._next_batch = self._next_batch_sequential
 
     def _next(self) -> Any:
         slot = self._slots[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from feedline.data.dataset import (
@@ -16,6 +18,7 @@ from feedline.data.structure import TensorSpec
 from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
 
 _BLOCK_ROWS = 4096
+MmapMode = Literal["r", "c"]
 _MMAP_MODES = (None, "r", "c")
 
 
@@ -47,7 +50,7 @@ class NpyDataset(FileReaderMixin, Dataset):
       (5, [[8, 9]])
     """
 
-    def __init__(self, filenames: FileNames, mmap_mode: str | None = "r") -> None:
+    def __init__(self, filenames: FileNames, mmap_mode: MmapMode | None = "r") -> None:
         self._init_files(filenames)
         if mmap_mode not in _MMAP_MODES:
             raise InvalidArgumentError(
@@ -86,7 +89,9 @@ class NpyDataset(FileReaderMixin, Dataset):
         return UNKNOWN_CARDINALITY if self._rows is None else sum(self._rows)
 
     def _random_access(self) -> _NpyAccess | None:
-        return None if self._rows is None else _NpyAccess(self)
+        if self._rows is None or self._filenames is None:  # rows are counted only from names
+            return None
+        return _NpyAccess(self, self._filenames, self._rows)
 
     def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
         return FilesIterator(self, ctx)
@@ -103,7 +108,7 @@ class NpyDataset(FileReaderMixin, Dataset):
         return _NpyReader(array, position)
 
 
-def load_array(filename: str, mmap_mode: str | None) -> np.ndarray:
+def load_array(filename: str, mmap_mode: MmapMode | None) -> np.ndarray:
     """The array in a ``.npy`` file (memory-mapped unless ``mmap_mode`` is None)."""
     try:
         return np.load(filename, mmap_mode=mmap_mode, allow_pickle=False)
@@ -166,10 +171,10 @@ class _NpyReader:
 class _NpyAccess:
     """Rows of all files by global index; files are mapped when first touched."""
 
-    def __init__(self, dataset: NpyDataset) -> None:
+    def __init__(self, dataset: NpyDataset, names: tuple[str, ...], rows: tuple[int, ...]) -> None:
         self._dataset = dataset
-        self._names: tuple[str, ...] = dataset._filenames  # type: ignore[assignment]
-        self._offsets = np.concatenate([[0], np.cumsum(dataset._rows, dtype=np.int64)])
+        self._names = names
+        self._offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         self._arrays: list[np.ndarray | None] = [None] * len(self._names)
 
     def __len__(self) -> int:

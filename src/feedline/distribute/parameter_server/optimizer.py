@@ -74,7 +74,8 @@ def _convert(optimizer: torch.optim.Optimizer) -> None:
             f"{base.__name__} cannot keep its state on parameter servers; use one of "
             f"{sorted(SUPPORTED)} (torch.optim) with ParameterServerStrategy"
         )
-    optimizer.__class__ = _ps_class(base)
+    # mypy takes a class object for unhashable (python/mypy#11470); classes hash by identity.
+    optimizer.__class__ = _ps_class(base)  # type: ignore[arg-type]
     optimizer._feedline_id = uuid.uuid4().hex  # type: ignore[attr-defined]
     optimizer.state.clear()  # the ps holds it
 
@@ -93,7 +94,7 @@ class _PSOptimizer(torch.optim.Optimizer):
     def _runtime(self) -> Runtime:
         return self._params()[0].runtime
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -194,7 +195,7 @@ def _rebuild(
     optimizer = _rebuilt.get(ident)
     if optimizer is None:
         base = SUPPORTED[kind]
-        optimizer = object.__new__(_ps_class(base))
+        optimizer = object.__new__(_ps_class(base))  # type: ignore[arg-type]  # mypy#11470
         torch.optim.Optimizer.__init__.__wrapped__(optimizer, groups, defaults)  # type: ignore[attr-defined]
         optimizer._feedline_id = ident  # type: ignore[attr-defined]
         _rebuilt[ident] = optimizer

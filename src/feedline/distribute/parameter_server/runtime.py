@@ -332,14 +332,20 @@ class Runtime:
             buffers.extend(arrays)
 
         for param, grad, kind, hyper in items:
-            rows, values = _rows_of(self, param, grad)
+            touched = _rows_of(self, param, grad)
             for ps, name, first, count in param.spec.shards():
-                entry = {"name": name, "optimizer": kind, "hyper": hyper, "rows": rows is not None}
-                if rows is None:
+                entry = {
+                    "name": name,
+                    "optimizer": kind,
+                    "hyper": hyper,
+                    "rows": touched is not None,
+                }
+                if touched is None:
                     part = grad if param.spec.single else grad[first : first + count]
                     meta, array = _tensors.pack(part)
                     add(ps, {**entry, "grad": meta}, [array])
                     continue
+                rows, values = touched
                 mask = (rows >= first) & (rows < first + count)
                 if not bool(mask.any()):
                     continue
@@ -388,8 +394,8 @@ class Runtime:
 
 def _rows_of(
     runtime: Runtime, param: PSParameter, grad: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The rows of ``grad`` to push and their values, or (None, None) for the whole."""
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows of ``grad`` to push and their values, or None to push the whole."""
     if grad.is_sparse:
         grad = grad.coalesce()
         return grad.indices()[0].to("cpu", torch.int64), grad.values().cpu()
@@ -397,4 +403,4 @@ def _rows_of(
         rows = runtime.touched_rows(param)
         if rows is not None:
             return rows, grad.index_select(0, rows.to(grad.device)).cpu()
-    return None, None
+    return None

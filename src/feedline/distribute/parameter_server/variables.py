@@ -189,7 +189,11 @@ def install_hooks() -> None:
             return
         from feedline.distribute.parameter_server import optimizer
 
-        torch.nn.modules.module.register_module_parameter_registration_hook(_on_parameter)
+        # torch annotates the hook as returning None; its docstring and code take a returned
+        # parameter in place of the registered one, which _on_parameter relies on.
+        torch.nn.modules.module.register_module_parameter_registration_hook(
+            _on_parameter  # type: ignore[arg-type]
+        )
         torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
         optimizer.install()
         _installed = True
