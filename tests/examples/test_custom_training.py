@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from feedline.cli import main
 from feedline.examples import custom_training
 
 
@@ -24,7 +25,7 @@ def test_demo_trains_checkpoints_restores_and_resumes(
 ) -> None:
     checkpoints = tmp_path / "ckpt"
     args = ["--epochs", "3", "--checkpoint-dir", str(checkpoints)]
-    assert custom_training.main(args) == 0
+    assert main(["demo", *args]) == 0
     out = capsys.readouterr().out
     assert "training on scikit-learn's 8x8 digits" in out
     assert "Number of devices: 2" in out
@@ -33,10 +34,7 @@ def test_demo_trains_checkpoints_restores_and_resumes(
     assert "Accuracy after restoring the saved model without strategy" in out
     assert sorted(p.name for p in checkpoints.glob("ckpt-*")) == ["ckpt-1", "ckpt-2"]
 
-    assert (
-        custom_training.main(["--epochs", "4", "--checkpoint-dir", str(checkpoints), "--resume"])
-        == 0
-    )
+    assert main(["demo", "--epochs", "4", "--checkpoint-dir", str(checkpoints), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "after epoch 3" in out
     epochs = [line for line in out.splitlines() if line.startswith("Epoch ") and "Test" in line]

@@ -84,8 +84,8 @@ def test_ctrl_c_stops_the_cluster() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    from feedline.examples import parameter_server_demo
+    from feedline.cli import main
 
     with pytest.raises(SystemExit) as raised:
-        parameter_server_demo.main(["--steps", "0"])
+        main(["demo", "--parameter-server", "--steps", "0"])
     assert raised.value.code == 2

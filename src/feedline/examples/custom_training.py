@@ -11,21 +11,24 @@ Fashion-MNIST is read from ``--data-dir``, ``$FEEDLINE_DATA_DIR`` or the cache (
 where the network allows). Without it, the demo trains on scikit-learn's bundled 8x8 digits and
 says so in one line.
 
-    python -m feedline.examples.custom_training --epochs 10 --replicas 2
+    feedline demo --epochs 10 --replicas 2
 
 On a cluster the same program trains under ``MultiWorkerMirroredStrategy``: ``--workers N``
 starts N worker processes on this machine through torchrun's launcher; started by ``torchrun``
 or with ``TF_CONFIG`` on each machine, each process is one worker. The chief (worker 0) prints,
 writes the checkpoints and evaluates the restored model; every worker trains.
 
-    python -m feedline.examples.custom_training --workers 2
+    feedline demo --workers 2
     torchrun --nnodes 2 --node-rank R --nproc-per-node 1 --master-addr HOST --master-port 29500 \
-        -m feedline.examples.custom_training --checkpoint-dir /shared/ckpt
+        -m feedline.cli demo --checkpoint-dir /shared/ckpt
+
+The command line (``feedline.cli``) parses the options and calls ``run`` or, for ``--workers``,
+``launch_workers``. On a terminal a progress bar shows each epoch's steps; in a log, each
+epoch is one line.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -35,7 +38,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import feedline.data as fd
 import feedline.distribute as fdist
@@ -45,6 +47,7 @@ import feedline.train
 from feedline._net.ports import free_port
 from feedline.datasets import digits, fashion_mnist
 from feedline.errors import NotFoundError
+from feedline.examples._progress import progress_bar
 
 TEMPLATE = "Epoch {}, Loss: {}, Accuracy: {}, Test Loss: {}, Test Accuracy: {}"
 
@@ -109,13 +112,13 @@ def make_strategy(replicas: int | None) -> fdist.Strategy:
 
 
 def launch_workers(workers: int, argv: Sequence[str], timeout: float | None = None) -> int:
-    """Runs this demo as ``workers`` processes on this machine through torchrun's launcher
-    (``torch.distributed.run``); the exit code is the launcher's."""
+    """Runs ``feedline demo ARGV`` as ``workers`` processes on this machine through torchrun's
+    launcher (``torch.distributed.run``); the exit code is the launcher's."""
     port = free_port()
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
         "--nproc-per-node", str(workers), "--master-addr", "127.0.0.1",
-        "--master-port", str(port), "-m", "feedline.examples.custom_training", *argv,
+        "--master-port", str(port), "-m", "feedline.cli", "demo", *argv,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     process = subprocess.Popen(command, env=env, start_new_session=True)
@@ -140,42 +143,38 @@ class _Progress:
         self.epoch = int(state["epoch"])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="feedline demo", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="default: 10 on Fashion-MNIST, 40 on digits"
-    )
-    parser.add_argument(
-        "--replicas",
-        type=int,
-        default=None,
-        help="logical CPU replicas where there is no GPU: default 2, or 1 per worker",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=1, help="worker processes on this machine (torchrun)"
-    )
-    parser.add_argument("--data-dir", default=None, help="folder with Fashion-MNIST's .gz files")
-    parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
-    parser.add_argument("--resume", action="store_true", help="go on from the latest checkpoint")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.workers > 1 and not in_cluster():
-        # Every worker must write to one checkpoint folder: choose it here, once.
-        checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="feedline-demo-")
-        forwarded = _without_option(list(sys.argv[1:] if argv is None else argv), "--workers")
-        forwarded = [*_without_option(forwarded, "--checkpoint-dir"), "--checkpoint-dir",
-                     checkpoint_dir]  # fmt: skip
-        return launch_workers(args.workers, forwarded)
-    torch.manual_seed(args.seed)
+def run(
+    *,
+    epochs: int | None = None,
+    replicas: int | None = None,
+    data_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    resume: bool = False,
+    seed: int = 0,
+) -> int:
+    """Trains, checkpoints, restores and evaluates as the tutorial does; the exit code (0).
+
+    In a cluster (torchrun's environment or ``TF_CONFIG``) this process is one worker.
+
+    Args:
+      epochs: epochs to train; default 10 on Fashion-MNIST, 40 on the digits.
+      replicas: logical CPU replicas where there is no GPU: default 2, or 1 per worker.
+      data_dir: folder with Fashion-MNIST's ``.gz`` files (default: ``$FEEDLINE_DATA_DIR`` or
+        the cache).
+      checkpoint_dir: where checkpoints go; default a new temporary folder.
+      resume: go on from the latest checkpoint in ``checkpoint_dir``.
+      seed: the shuffle's and the model's seed.
+    """
+    torch.manual_seed(seed)
     started = time.perf_counter()
 
-    strategy = make_strategy(args.replicas)
+    strategy = make_strategy(replicas)
     chief = strategy.extended.should_checkpoint
     show = print if chief else _quiet  # the chief speaks for the cluster
-    name, (train_images, train_labels, test_images, test_labels) = load(args.data_dir, show)
-    if args.epochs is None:
+    name, (train_images, train_labels, test_images, test_labels) = load(data_dir, show)
+    if epochs is None:
         # The digits have 1,438 training images: 12 steps an epoch, so they need more epochs.
-        args.epochs = 10 if name == "Fashion-MNIST" else 40
+        epochs = 10 if name == "Fashion-MNIST" else 40
     if strategy.extended.num_workers > 1:
         show(f"Number of workers: {strategy.extended.num_workers}")
     show(f"Number of devices: {strategy.num_replicas_in_sync}")
@@ -185,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     global_batch_size = batch_size_per_replica * strategy.num_replicas_in_sync
     train_dataset = (
         fd.Dataset.from_tensor_slices((train_images, train_labels))
-        .shuffle(buffer_size, seed=args.seed)
+        .shuffle(buffer_size, seed=seed)
         .batch(global_batch_size)
     )
     test_dataset = fd.Dataset.from_tensor_slices((test_images, test_labels)).batch(
@@ -194,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_dist_dataset = strategy.experimental_distribute_dataset(train_dataset)
     test_dist_dataset = strategy.experimental_distribute_dataset(test_dataset)
 
-    checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="feedline-demo-")
+    checkpoint_dir = checkpoint_dir or tempfile.mkdtemp(prefix="feedline-demo-")
     checkpoint_prefix = os.path.join(checkpoint_dir, "ckpt")
     progress = _Progress()
     # The model, optimizer and checkpoint are created under the strategy's scope.
@@ -202,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = create_model(train_images.shape[-1])
         optimizer = torch.optim.Adam(model.parameters())
         checkpoint = feedline.train.Checkpoint(optimizer=optimizer, model=model, progress=progress)
-    if args.resume:
+    if resume:
         latest = feedline.train.latest_checkpoint(checkpoint_dir)
         checkpoint.restore(latest)
         show(f"Resumed from {latest} after epoch {progress.epoch}")
@@ -249,14 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     steps_per_epoch = -(-len(train_images) // global_batch_size)
     final_test_accuracy = float("nan")
-    for epoch in range(progress.epoch, args.epochs):
+    for epoch in range(progress.epoch, epochs):
         total_loss, num_batches = 0.0, 0
-        bar = tqdm(
-            train_dist_dataset,
-            total=steps_per_epoch,
-            desc=f"epoch {epoch + 1}",
-            leave=False,
-            disable=not chief,
+        # On a terminal, a bar over the epoch's steps; in a log, the epoch's line below only.
+        bar = progress_bar(
+            train_dist_dataset, total=steps_per_epoch, desc=f"epoch {epoch + 1}", enabled=chief
         )
         for x in bar:
             total_loss += float(distributed_train_step(x))
@@ -299,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             total_loss += float(distributed_train_step(next(train_iter)))
             num_batches += 1
         accuracy = float(train_accuracy.result()) * 100
-        show(f"Epoch {args.epochs}, Loss: {total_loss / num_batches}, Accuracy: {accuracy}")
+        show(f"Epoch {epochs}, Loss: {total_loss / num_batches}, Accuracy: {accuracy}")
         train_accuracy.reset_state()
 
     seconds = time.perf_counter() - started
@@ -307,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show(
         f"Summary: {name}, {strategy.num_replicas_in_sync} replicas"
         + (f" on {workers} workers" if workers > 1 else "")
-        + f", {args.epochs} epochs, test accuracy {final_test_accuracy * 100:.2f}% "
+        + f", {epochs} epochs, test accuracy {final_test_accuracy * 100:.2f}% "
         f"(restored without strategy: {restored_accuracy * 100:.2f}%), {seconds:.0f} s; "
         f"checkpoints in {checkpoint_dir}"
     )
@@ -333,19 +329,7 @@ def _quiet(*args: object, **kwargs: object) -> None:
     """``print`` for workers other than the chief: nothing."""
 
 
-def _without_option(argv: list[str], name: str) -> list[str]:
-    """``argv`` without ``name VALUE`` / ``name=VALUE``."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == name:
-            skip = True
-        elif not arg.startswith(name + "="):
-            out.append(arg)
-    return out
+if __name__ == "__main__":  # python -m feedline.examples.custom_training [OPTIONS]
+    from feedline.cli import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["demo", *sys.argv[1:]]))

@@ -25,9 +25,9 @@ on Ctrl-C: SIGTERM, then SIGKILL) and, on Linux, also when this process dies wit
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -46,14 +46,16 @@ import feedline.distribute as fdist
 from feedline._net.ports import free_ports
 from feedline.distribute.cluster_resolver import ClusterSpec, SimpleClusterResolver
 from feedline.distribute.experimental.partitioners import MinSizePartitioner
+from feedline.errors import InvalidArgumentError
 
 __all__ = [
+    "DemoSettings",
     "LocalCluster",
     "build_model",
     "dataset_fn",
     "free_ports",
-    "main",
     "make_train_step",
+    "run",
 ]
 
 #: Seconds a ``feedline server`` child may take to print that it serves.
@@ -256,37 +258,51 @@ def make_train_step(
     return train_step
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="feedline demo --parameter-server",
-        description="Trains a model with a large sharded embedding on a local cluster "
-        "(1 chief, 2 workers, 2 ps) through ClusterCoordinator.schedule.",
-    )
-    parser.add_argument("--parameter-server", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=1000, help="steps to train (1000)")
-    parser.add_argument("--print-every", type=int, default=100, help="print every N steps")
-    parser.add_argument("--batch-size", type=int, default=256, help="examples per step")
-    parser.add_argument("--rows", type=int, default=200_000, help="embedding rows")
-    parser.add_argument("--dim", type=int, default=32, help="embedding width")
-    parser.add_argument("--workers", type=int, default=2, help="worker tasks (2)")
-    parser.add_argument("--ps", type=int, default=2, help="ps tasks (2)")
-    parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds the training may take in all"
-    )
-    args = parser.parse_args(argv)
-    for name in ("steps", "print_every", "batch_size", "rows", "dim", "workers", "ps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    return args
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+    """What ``feedline demo --parameter-server`` trains, and on how large a cluster (the
+    command line's options; their defaults are its own).
+
+    Attributes:
+      steps: steps to train.
+      print_every: print the rate and the loss every this many steps.
+      batch_size: examples per step.
+      rows: embedding rows.
+      dim: embedding width.
+      workers: worker tasks.
+      ps: ps tasks.
+      timeout: seconds the training may take in all.
+
+    Raises:
+      InvalidArgumentError: a count is below 1, or the timeout is not positive.
+    """
+
+    steps: int
+    print_every: int
+    batch_size: int
+    rows: int
+    dim: int
+    workers: int
+    ps: int
+    timeout: float
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name != "timeout" and value < 1:
+                raise InvalidArgumentError(f"DemoSettings.{field.name} must be >= 1, got {value}")
+        if not self.timeout > 0:
+            raise InvalidArgumentError(f"DemoSettings.timeout must be > 0, got {self.timeout}")
 
 
-def train(cluster: LocalCluster, args: argparse.Namespace, say: Callable[[str], None]) -> float:
-    """Trains ``args.steps`` steps on ``cluster``, printing progress; the steps per second."""
+def train(cluster: LocalCluster, settings: DemoSettings, say: Callable[[str], None]) -> float:
+    """Trains ``settings.steps`` steps on ``cluster``, printing progress; the steps per
+    second."""
     resolver = SimpleClusterResolver(cluster.spec, task_type="chief", task_id=0)
     strategy = fdist.ParameterServerStrategy(
         resolver, variable_partitioner=MinSizePartitioner(max_shards=2), connect_timeout=30
     )
-    model, optimizer = build_model(strategy, args.rows, args.dim)
+    model, optimizer = build_model(strategy, settings.rows, settings.dim)
     for name, param in model.named_parameters():
         shards = [f"ps:{ps} rows {first}-{first + n - 1}" for ps, first, n in param.spec.shard_list]
         shape = " x ".join(map(str, param.shape))
@@ -294,49 +310,50 @@ def train(cluster: LocalCluster, args: argparse.Namespace, say: Callable[[str], 
     coordinator = fdist.coordinator.ClusterCoordinator(
         strategy, function_timeout=60.0, worker_timeout=60.0
     )
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn(args.rows, args.batch_size)))
+    iterator = iter(
+        coordinator.create_per_worker_dataset(dataset_fn(settings.rows, settings.batch_size))
+    )
     train_step = make_train_step(model, optimizer)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + settings.timeout
     start = last = time.perf_counter()
     # A few functions per worker in flight: the workers never wait for the chief, and the
     # chief's pickling is spread over the run instead of all before it.
     in_flight: collections.deque[Any] = collections.deque()
     scheduled = 0
     window: list[float] = []
-    for step in range(1, args.steps + 1):
-        while scheduled < args.steps and len(in_flight) < 4 * args.workers:
+    for step in range(1, settings.steps + 1):
+        while scheduled < settings.steps and len(in_flight) < 4 * settings.workers:
             in_flight.append(coordinator.schedule(train_step, args=(iterator,)))
             scheduled += 1
         remote = in_flight.popleft()
         window.append(remote.fetch(timeout=max(0.1, deadline - time.monotonic())))
-        if step % args.print_every == 0 or step == args.steps:
+        if step % settings.print_every == 0 or step == settings.steps:
             now = time.perf_counter()
-            first = " (with start-up)" if step <= args.print_every else ""
+            first = " (with start-up)" if step <= settings.print_every else ""
             say(
-                f"step {step}/{args.steps}: {len(window) / (now - last):.1f} steps/s{first}, "
+                f"step {step}/{settings.steps}: {len(window) / (now - last):.1f} steps/s{first}, "
                 f"loss {sum(window) / len(window):.4f}"
             )
             window, last = [], now
     coordinator.join(timeout=max(0.1, deadline - time.monotonic()))
     elapsed = time.perf_counter() - start
-    say(f"done: {args.steps} steps in {elapsed:.1f} s ({args.steps / elapsed:.1f} steps/s)")
-    return args.steps / elapsed
+    say(f"done: {settings.steps} steps in {elapsed:.1f} s ({settings.steps / elapsed:.1f} steps/s)")
+    return settings.steps / elapsed
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``feedline demo --parameter-server [--steps N] [--print-every N] ...``; the exit code:
-    0 when trained, 1 on an error (said on stderr), 130 on Ctrl-C."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+def run(settings: DemoSettings) -> int:
+    """``feedline demo --parameter-server``: starts the cluster, trains on it and stops it; the
+    exit code: 0 when trained, 1 on an error (said on stderr), 130 on Ctrl-C."""
     torch.set_num_threads(1)
-    cluster = LocalCluster(workers=args.workers, ps=args.ps)
+    cluster = LocalCluster(workers=settings.workers, ps=settings.ps)
     print(
-        f"cluster: chief (this process), {args.workers} workers, {args.ps} ps on 127.0.0.1 "
+        f"cluster: chief (this process), {settings.workers} workers, {settings.ps} ps on 127.0.0.1 "
         f"({json.dumps(cluster.cluster)})",
         flush=True,
     )
     try:
         with cluster:
-            train(cluster, args, lambda line: print(line, flush=True))
+            train(cluster, settings, lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         print("interrupted: the cluster is stopped", file=sys.stderr)
         return 130
@@ -350,5 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m feedline.examples.parameter_server_demo [OPTIONS]
+    from feedline.cli import main
+
+    raise SystemExit(main(["demo", "--parameter-server", *sys.argv[1:]]))

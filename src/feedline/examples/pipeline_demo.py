@@ -1,4 +1,4 @@
-"""A tour of feedline.data: ``feedline demo`` (or ``python -m feedline.examples.pipeline_demo``).
+"""A tour of feedline.data: ``feedline pipeline-demo [--examples N] [--batch-size B]``.
 
 It builds a Fashion-MNIST-shaped input pipeline (60,000 28x28 uint8 images), measures its rate,
 saves the iterator's state mid-epoch and shows that a restored iterator continues with exactly the
@@ -7,8 +7,8 @@ same batches, then prints the seeds' distributed-input tables for plain datasets
 
 from __future__ import annotations
 
-import argparse
 import pickle
+import sys
 import time
 
 import numpy as np
@@ -35,14 +35,15 @@ def build_pipeline(images: np.ndarray, labels: np.ndarray, batch_size: int) -> f
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="feedline demo", description=__doc__)
-    parser.add_argument("--examples", type=int, default=60_000)
-    parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args(argv)
+def run(*, examples: int = 60_000, batch_size: int = 64) -> int:
+    """Runs the tour; the exit code: 0 when the restored iterator went on identically.
 
-    images, labels = _images(args.examples)
-    dataset = build_pipeline(images, labels, args.batch_size)
+    Args:
+      examples: images in the dataset.
+      batch_size: images per batch.
+    """
+    images, labels = _images(examples)
+    dataset = build_pipeline(images, labels, batch_size)
     print(f"pipeline: {dataset.element_spec}")
     print(f"batches per epoch: {len(dataset)}")
 
@@ -68,5 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if same else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m feedline.examples.pipeline_demo [OPTIONS]
+    from feedline.cli import main
+
+    raise SystemExit(main(["pipeline-demo", *sys.argv[1:]]))

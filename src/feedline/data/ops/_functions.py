@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ from feedline.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from feedline.data.dataset import Dataset
+
+Outcome = tuple[bool, Any]  # (True, element) or (False, exception)
 
 
 def function_name(fn: Callable[..., Any]) -> str:
@@ -59,6 +62,22 @@ class UserFunction:
             if not any("raised by the function of" in n for n in getattr(error, "__notes__", ())):
                 error.add_note(f"raised by the function of {self.description}")
             raise
+
+
+def apply_chunk(fn: UserFunction, elements: list[Any]) -> tuple[list[Outcome], float]:
+    """Applies ``fn`` to each element; returns the outcomes and the seconds it took.
+
+    What a parallel map's thread pool runs, and what a ``map(..., use_processes=True)`` worker
+    process runs (``_process_wire``), so that both report a chunk the same way.
+    """
+    start = time.perf_counter()
+    outcomes: list[Outcome] = []
+    for element in elements:
+        try:
+            outcomes.append((True, fn(element)))
+        except Exception as error:
+            outcomes.append((False, error))
+    return outcomes, time.perf_counter() - start
 
 
 def dummy_element(spec: Any, unknown: int, fill: int = 0) -> Any:

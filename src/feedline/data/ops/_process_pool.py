@@ -1,8 +1,8 @@
 """Worker processes for ``map(..., use_processes=True)``: Python functions that hold the GIL.
 
 ``ProcessPool(fn, num_workers)`` is what one parallel-map iterator uses: ``submit(elements)``
-returns a ``Future`` of ``(outcomes, seconds)``, exactly what ``map.apply_chunk`` returns, and
-``shutdown`` releases the workers. Underneath:
+returns a ``Future`` of ``(outcomes, seconds)``, exactly what ``_functions.apply_chunk``
+returns, and ``shutdown`` releases the workers. Underneath:
 
 * Workers are spawned (``multiprocessing.get_context("spawn")``), never forked, so they are safe
   next to threads and CUDA. The function is pickled with cloudpickle once, before any process
@@ -593,7 +593,7 @@ class ProcessPool:
         return self._workers.pids
 
     def submit(self, elements: list[Any]) -> Future:
-        """A future of ``(outcomes, seconds)`` for ``elements``, as ``map.apply_chunk`` gives."""
+        """A future of ``(outcomes, seconds)`` for ``elements``, as ``apply_chunk`` gives."""
         if self._closed:
             raise UnavailableError("submit on a ProcessPool that was shut down")
         return self._workers.submit(self._owner, list(elements))

@@ -12,17 +12,7 @@ from feedline.data.dataset import (
     DatasetIterator,
     IteratorContext,
 )
-from feedline.errors import InvalidArgumentError
-
-
-def check_positive(name: str, value: Any, operation: str) -> int:
-    """``value`` as a positive int, or an InvalidArgumentError that names it and the range."""
-    if isinstance(value, bool) or (not isinstance(value, int) and not hasattr(value, "__index__")):
-        raise InvalidArgumentError(f"{operation}: {name} must be an int >= 1, got {value!r}")
-    value = int(value)
-    if value <= 0:
-        raise InvalidArgumentError(f"{operation}: {name} must be >= 1, got {value}")
-    return value
+from feedline.data.ops._checks import check_positive
 
 
 def pull_up_to(iterator: DatasetIterator, n: int, drop_remainder: bool) -> list[Any]:

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
+from feedline.data.ops._checks import check_int
 from feedline.data.structure import TensorSpec
-from feedline.errors import InvalidArgumentError
 
 
 class EnumerateDataset(Dataset):
@@ -22,9 +22,7 @@ class EnumerateDataset(Dataset):
 
     def __init__(self, input_dataset: Dataset, start: int = 0) -> None:
         super().__init__((input_dataset,))
-        if isinstance(start, bool) or not hasattr(start, "__index__"):
-            raise InvalidArgumentError(f"enumerate: start must be an int, got {start!r}")
-        self._start = int(start)
+        self._start = check_int("start", start, "enumerate")
         self._element_spec = (TensorSpec((), np.dtype(np.int64)), input_dataset.element_spec)
 
     def _cardinality(self) -> int:

@@ -24,9 +24,8 @@ from typing import Any
 from feedline.data.autotune import ConcurrencyLimit, ParallelismTuner, cpu_budget
 from feedline.data.dataset import AUTOTUNE, Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._background import ELEMENT, END, ERROR, Producer
-from feedline.data.ops.batch import check_positive
+from feedline.data.ops._checks import check_parallel_calls, check_positive
 from feedline.data.ops.flat_map import DatasetFunction
-from feedline.data.ops.map import check_parallel_calls
 from feedline.errors import InvalidArgumentError
 
 # Parallel mode: each open dataset is read ahead by up to this many chunks, each chunk about

@@ -10,8 +10,9 @@ from typing import Any
 
 from feedline.data.autotune import ParallelismTuner, cpu_budget
 from feedline.data.dataset import AUTOTUNE, Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops._functions import UserFunction, infer_output_spec
-from feedline.errors import InvalidArgumentError
+from feedline.data.ops._checks import check_parallel_calls
+from feedline.data.ops._functions import Outcome, UserFunction, apply_chunk, infer_output_spec
+from feedline.data.ops._process_pool import ProcessPool
 
 # Parallel work is handed out in chunks that take about this long, so that queueing costs stay
 # small next to the function however cheap it is.
@@ -19,21 +20,6 @@ _CHUNK_SECONDS = 0.0005
 # Chunks for worker processes are longer: each costs the consumer ~0.1 ms to send and receive.
 _PROCESS_CHUNK_SECONDS = 0.005
 _MAX_CHUNK = 256
-
-Outcome = tuple[bool, Any]  # (True, element) or (False, exception)
-
-
-def check_parallel_calls(value: int | None, operation: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{operation}: num_parallel_calls must be an int, got {value!r}")
-    value = int(value)
-    if value < 1 and value != AUTOTUNE:
-        raise InvalidArgumentError(
-            f"{operation}: num_parallel_calls must be >= 1 or AUTOTUNE (-1), got {value}"
-        )
-    return value
 
 
 class MapDataset(Dataset):
@@ -88,18 +74,6 @@ class _MapIterator(DatasetIterator):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._input.set_state(state["input"])
-
-
-def apply_chunk(fn: UserFunction, elements: list[Any]) -> tuple[list[Outcome], float]:
-    """Applies ``fn`` to each element; returns the outcomes and the seconds it took."""
-    start = time.perf_counter()
-    outcomes: list[Outcome] = []
-    for element in elements:
-        try:
-            outcomes.append((True, fn(element)))
-        except Exception as error:
-            outcomes.append((False, error))
-    return outcomes, time.perf_counter() - start
 
 
 class _ParallelMapIterator(DatasetIterator):
@@ -181,8 +155,6 @@ class _ParallelMapIterator(DatasetIterator):
                 self._pool.shutdown(wait=False)
             self._pool_size = max(level, cpu_budget(self._ctx.options))
             if self._use_processes:
-                from feedline.data.ops._process_pool import ProcessPool
-
                 self._pool = ProcessPool(self._fn, self._pool_size)
             else:
                 self._pool = ThreadPoolExecutor(self._pool_size, thread_name_prefix="feedline-map")

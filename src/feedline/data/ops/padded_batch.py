@@ -10,7 +10,8 @@ import numpy as np
 
 from feedline.data import structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops.batch import batched_cardinality, check_positive, pull_up_to
+from feedline.data.ops._checks import check_positive
+from feedline.data.ops.batch import batched_cardinality, pull_up_to
 from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
 

@@ -7,6 +7,7 @@ from typing import Any
 from feedline.data.autotune import BufferTuner
 from feedline.data.dataset import AUTOTUNE, Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._background import END, ERROR, Producer
+from feedline.data.ops._checks import check_int
 from feedline.errors import InvalidArgumentError
 
 
@@ -21,9 +22,7 @@ class PrefetchDataset(Dataset):
 
     def __init__(self, input_dataset: Dataset, buffer_size: int) -> None:
         super().__init__((input_dataset,))
-        if isinstance(buffer_size, bool) or not hasattr(buffer_size, "__index__"):
-            raise InvalidArgumentError(f"prefetch: buffer_size must be an int, got {buffer_size!r}")
-        buffer_size = int(buffer_size)
+        buffer_size = check_int("buffer_size", buffer_size, "prefetch")
         if buffer_size < 0 and buffer_size != AUTOTUNE:
             raise InvalidArgumentError(
                 f"prefetch: buffer_size must be >= 0 or AUTOTUNE (-1), got {buffer_size}"

@@ -13,7 +13,8 @@ from feedline.data.dataset import (
     DatasetIterator,
     IteratorContext,
 )
-from feedline.data.ops.batch import batched_cardinality, check_positive
+from feedline.data.ops._checks import check_positive
+from feedline.data.ops.batch import batched_cardinality
 from feedline.data.ops.unbatch import RowReader, static_batch_dim, unbatched_spec
 from feedline.errors import InvalidArgumentError
 

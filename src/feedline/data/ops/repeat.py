@@ -11,7 +11,7 @@ from feedline.data.dataset import (
     DatasetIterator,
     IteratorContext,
 )
-from feedline.data.ops.take import check_count
+from feedline.data.ops._checks import check_count
 
 
 class RepeatDataset(Dataset):

@@ -17,6 +17,7 @@ from feedline.data.dataset import (
     IteratorContext,
     mix_seed,
 )
+from feedline.data.ops._checks import check_seed
 from feedline.data.ops.choose_from_datasets import DirectedIterator, check_datasets
 from feedline.errors import InvalidArgumentError
 
@@ -90,9 +91,8 @@ class SampleFromDatasetsDataset(Dataset):
                 np.full(count, 1.0) if weights is None else _probabilities(weights, count)
             )
             super().__init__(datasets)
-        if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
-            raise TypeError(f"sample_from_datasets: seed must be an int or None, got {seed!r}")
-        self._seed = secrets.randbits(63) if seed is None else int(seed)
+        checked = check_seed(seed, "sample_from_datasets")
+        self._seed = secrets.randbits(63) if checked is None else checked
         self._count = count
         self._stop_on_empty = bool(stop_on_empty_dataset)
         self._rerandomize = bool(rerandomize_each_iteration)

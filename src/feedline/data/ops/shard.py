@@ -16,16 +16,11 @@ from feedline.data.dataset import (
     RandomAccess,
     RowCursor,
 )
+from feedline.data.ops._checks import check_int
 from feedline.errors import InvalidArgumentError
 
 #: Placeholder for the number of shards and the shard index, filled in by HINT auto-sharding.
 SHARD_HINT = -1
-
-
-def _check_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"shard: {name} must be an int, got {value!r}")
-    return int(value)
 
 
 class ShardDataset(Dataset):
@@ -47,8 +42,8 @@ class ShardDataset(Dataset):
 
     def __init__(self, input_dataset: Dataset, num_shards: int, index: int) -> None:
         super().__init__((input_dataset,))
-        num_shards = _check_int("num_shards", num_shards)
-        index = _check_int("index", index)
+        num_shards = check_int("num_shards", num_shards, "shard")
+        index = check_int("index", index, "shard")
         if (num_shards == SHARD_HINT) != (index == SHARD_HINT):
             raise InvalidArgumentError(
                 f"shard: num_shards={num_shards} and index={index}: either both are SHARD_HINT "

@@ -24,7 +24,7 @@ from feedline.data.dataset import (
     RandomAccess,
     mix_seed,
 )
-from feedline.data.ops.batch import check_positive
+from feedline.data.ops._checks import check_positive, check_seed
 
 
 class ShuffleDataset(Dataset):
@@ -44,9 +44,7 @@ class ShuffleDataset(Dataset):
     ) -> None:
         super().__init__((input_dataset,))
         self._buffer_size = check_positive("buffer_size", buffer_size, "shuffle")
-        if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
-            raise TypeError(f"shuffle: seed must be an int or None, got {seed!r}")
-        self._seed = None if seed is None else int(seed)
+        self._seed = check_seed(seed, "shuffle")
         self._reshuffle = (
             True if reshuffle_each_iteration is None else bool(reshuffle_each_iteration)
         )

@@ -11,19 +11,7 @@ from feedline.data.dataset import (
     DatasetIterator,
     IteratorContext,
 )
-from feedline.errors import InvalidArgumentError
-
-
-def check_count(count: Any, operation: str) -> int:
-    """``count`` as an int >= -1 (-1 meaning all), else an error naming it."""
-    if isinstance(count, bool) or not hasattr(count, "__index__"):
-        raise InvalidArgumentError(f"{operation}: count must be an int, got {count!r}")
-    count = int(count)
-    if count < -1:
-        raise InvalidArgumentError(
-            f"{operation}: count must be >= 0, or -1 for all elements; got {count}"
-        )
-    return count
+from feedline.data.ops._checks import check_count
 
 
 class TakeDataset(Dataset):

@@ -14,7 +14,7 @@ from feedline.data.dataset import (
     DatasetIterator,
     IteratorContext,
 )
-from feedline.data.ops.batch import check_positive
+from feedline.data.ops._checks import check_positive
 from feedline.data.readers._arrow import ArrowColumn, columns_block, open_parquet
 from feedline.data.readers._files import FileNames, FileReaderMixin, first_file_name
 from feedline.data.readers._iterator import FilesIterator

@@ -1,5 +1,5 @@
-"""``Server``: the process of one ``ps`` or ``worker`` task (``tf.distribute.Server``), and the
-``feedline server`` command line.
+"""``Server``: the process of one ``ps`` or ``worker`` task (``tf.distribute.Server``), what the
+``feedline server`` command line runs.
 
 A server listens at its task's address in the cluster spec (binding that address's host, so a
 cluster on ``127.0.0.1`` stays on loopback) on the shared gRPC layer of ``feedline._net``:
@@ -16,12 +16,7 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import secrets
-import signal
-import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -32,9 +27,9 @@ from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute.parameter_server.executor import ClosureExecutor
 from feedline.distribute.parameter_server.protocol import MAX_REQUEST_BYTES, SERVICE_NAME, UPLOADS
 from feedline.distribute.parameter_server.storage import VariableStore
-from feedline.errors import FailedPreconditionError, FeedlineError, InvalidArgumentError
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["SERVICE_NAME", "Server", "main"]
+__all__ = ["SERVICE_NAME", "Server"]
 
 
 class Server:
@@ -155,42 +150,3 @@ class Server:
     def __repr__(self) -> str:
         return f"<Server /job:{self.job_name}/task:{self.task_index} at {self.address}>"
 
-
-def main(argv: list[str]) -> int:
-    """``feedline server``: one ``ps`` or ``worker`` task until SIGTERM or SIGINT.
-
-    Prints ``feedline server /job:JOB/task:I serving at HOST:PORT`` once it serves. The task
-    comes from ``--cluster-spec`` with ``--job`` and ``--task``, else from ``TF_CONFIG``.
-    Exit codes: 0 after a signal, 2 for a configuration error (``error: ...``).
-    """
-    parser = argparse.ArgumentParser(prog="feedline server", description=main.__doc__)
-    parser.add_argument("--cluster-spec", default=None, help='JSON: {"ps": [...], "worker": [...]}')
-    parser.add_argument("--job", default=None, help="this task's job: ps or worker")
-    parser.add_argument("--task", type=int, default=None, help="this task's index in its job")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    try:
-        if args.cluster_spec is not None:
-            spec: Any = json.loads(args.cluster_spec)
-            job, task = args.job, 0 if args.task is None else args.task
-        else:
-            resolver = resolvers.TFConfigClusterResolver()
-            spec, job, task = resolver.cluster_spec(), resolver.task_type, resolver.task_id
-            if not spec:
-                raise InvalidArgumentError(
-                    "no cluster: set TF_CONFIG (its cluster and this task) or pass "
-                    "--cluster-spec JSON --job ps|worker --task I"
-                )
-        server = Server(spec, job, task, start=False)
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        server.start()
-    except (FeedlineError, ValueError, KeyError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"feedline server /job:{job}/task:{task} serving at {server.address}", flush=True)
-    while not stop.wait(0.5):
-        pass
-    server.stop()
-    return 0

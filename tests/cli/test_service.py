@@ -1,4 +1,5 @@
-"""``feedline dispatcher`` and ``feedline worker`` as real processes on loopback.
+"""Tests of feedline/cli/_service.py: ``feedline dispatcher`` and ``feedline worker`` as real
+processes on loopback.
 
 Each test starts its servers with ``python -m feedline.cli``, learns their ports from the banner
 line they print, reads from them in this process, and stops them with a signal. Every read of a

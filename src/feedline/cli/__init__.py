@@ -1,0 +1,41 @@
+"""The ``feedline`` command line (also ``python -m feedline.cli``).
+
+    feedline demo [--epochs N] [--replicas R] [--workers W] [--data-dir D]
+            [--checkpoint-dir C] [--resume] [--seed S]
+        the custom training tutorial with MirroredStrategy (the main job); with --workers,
+        under MultiWorkerMirroredStrategy on W processes of this machine (torchrun)
+    feedline demo --parameter-server [--steps N] [--print-every N] [--batch-size B] ...
+        a local cluster (this process the chief, 2 workers and 2 ps as `feedline server`
+        processes) training a large sharded embedding through ClusterCoordinator.schedule;
+        prints steps/s and the loss
+    feedline pipeline-demo [--examples N] [--batch-size B]
+        a tour of feedline.data: rates and a mid-epoch checkpoint
+    feedline dispatcher [--port 5050] [--bind ADDR] [--work-dir DIR [--fault-tolerant]]
+            [--worker-addresses A,B] [--status-port P]
+        a data service dispatcher, until SIGTERM or SIGINT; --fault-tolerant keeps its state
+        in an SQLite journal in --work-dir and a restart on the same directory and port
+        resumes it
+    feedline worker --dispatcher HOST:PORT [--port 0] [--bind ADDR] [--worker-address A]
+            [--drain-seconds 10] [--dispatcher-timeout 60] [--wait-forever] [--status-port P]
+        a data service worker, until SIGTERM or SIGINT (it drains first) or until its
+        dispatcher stays unreachable past --dispatcher-timeout (exit code 1)
+    feedline server [--cluster-spec JSON --job ps|worker --task I]
+        a ps or worker task of a ParameterServerStrategy cluster (from TF_CONFIG unless
+        --cluster-spec is given), until SIGTERM or SIGINT
+    feedline --version
+
+``feedline COMMAND --help`` lists a command's options. Exit codes: 0 on success and after
+SIGTERM or SIGINT; 2 for a bad argument (one line, ``feedline COMMAND: error: ...``) or a bad
+configuration (``error: ...``); 1 for a worker whose dispatcher stayed unreachable.
+
+Example:
+  >>> from feedline.cli import main
+  >>> main(["pipeline-demo", "--examples", "0"])
+  Traceback (most recent call last):
+  ...
+  SystemExit: 2
+"""
+
+from feedline.cli._main import main
+
+__all__ = ["main"]

@@ -1,0 +1,47 @@
+"""``feedline server``: one ``ps`` or ``worker`` task of a ParameterServerStrategy cluster."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from feedline.cli._serve import Served, serve
+from feedline.distribute import Server
+from feedline.distribute.cluster_resolver import TFConfigClusterResolver
+from feedline.errors import FeedlineError, InvalidArgumentError
+
+
+def server(*, cluster_spec: dict[str, Any] | None, job: str | None, task: int | None) -> int:
+    """``feedline server``: one task until SIGTERM or SIGINT; the exit code.
+
+    Prints ``feedline server /job:JOB/task:I serving at HOST:PORT`` once it serves. The task
+    comes from ``cluster_spec`` with ``job`` and ``task`` (default 0), else from ``TF_CONFIG``.
+    Exit codes: 0 after a signal, 2 for a configuration error (``error: ...`` on stderr).
+
+    Args:
+      cluster_spec: the cluster (job -> addresses), or None for ``TF_CONFIG``'s.
+      job: this task's job, ``ps`` or ``worker`` (with ``cluster_spec``).
+      task: this task's index in its job (with ``cluster_spec``).
+    """
+
+    def make() -> Served:
+        job_name: str | None
+        index: int | None
+        if cluster_spec is not None:
+            spec: Any = cluster_spec
+            job_name, index = job, 0 if task is None else task
+        else:
+            resolver = TFConfigClusterResolver()
+            spec, job_name, index = resolver.cluster_spec(), resolver.task_type, resolver.task_id
+            if not spec:
+                raise InvalidArgumentError(
+                    "no cluster: set TF_CONFIG (its cluster and this task) or pass "
+                    "--cluster-spec JSON --job ps|worker --task I"
+                )
+        running = Server(spec, job_name, index)
+        return Served(
+            banner=f"feedline server /job:{job_name}/task:{index} serving at {running.address}",
+            stop=lambda signalled: running.stop(),
+        )
+
+    return serve(make, expected=(FeedlineError, ValueError, KeyError), errors=sys.stderr)

@@ -1,0 +1,43 @@
+"""``main``: parses ``feedline``'s arguments and runs the sub-command they name."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from feedline.cli._parser import RUN, build_parser, parameter_server_demo_parser
+
+_PARAMETER_SERVER = "--parameter-server"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``feedline ARGV``; its exit code.
+
+    Args:
+      argv: the arguments after ``feedline``; default ``sys.argv[1:]``.
+
+    Raises:
+      SystemExit: for ``--help`` and ``--version`` (code 0) and for a bad argument (code 2,
+        after one line on stderr).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `feedline demo --parameter-server` has options of its own (its --workers are cluster
+    # tasks): its own parser, whose --help lists them.
+    if argv[:1] == ["demo"] and _PARAMETER_SERVER in argv[1:]:
+        options = vars(parameter_server_demo_parser().parse_args(argv[1:]))
+    else:
+        options = vars(build_parser().parse_command(argv))
+        if options.pop("parameter_server", False):  # an abbreviation of the flag
+            options = vars(parameter_server_demo_parser().parse_args(argv[1:]))
+    options.pop("command", None)
+    options.pop("parameter_server", None)
+    return _runner(options.pop(RUN))(**options)
+
+
+def _runner(target: str) -> Callable[..., int]:
+    """The function ``"module:function"`` names. Each command imports only what it runs:
+    ``feedline worker`` and ``feedline dispatcher`` never load torch, nor ``--help`` anything."""
+    module, _, name = target.partition(":")
+    runner: Callable[..., int] = getattr(importlib.import_module(module), name)
+    return runner

@@ -1,0 +1,321 @@
+"""Every option of the ``feedline`` command line, defined once.
+
+``build_parser()`` is the ``feedline`` parser with one sub-command per thing it runs, each with
+its own options and ``--help``; ``parameter_server_demo_parser()`` is the parser of
+``feedline demo --parameter-server``, whose options differ from the tutorial's (its ``--workers``
+are cluster tasks, not torchrun processes). Each sub-command names the function that runs it
+(``RUN``, ``"module:function"``), called with the parsed options as keyword arguments.
+
+A bad argument is one line on stderr, ``feedline CMD: error: ...``, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any, NoReturn
+
+#: The namespace key that holds the ``"module:function"`` that runs a sub-command.
+RUN = "run"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``PROG: error: MESSAGE``, exit code 2
+    (argparse's default prints the whole usage first), and that names the sub-command an
+    unknown argument was given to (argparse's names the top-level program).
+
+    Attributes:
+      commands: the sub-commands' parsers by name.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, Parser] = {}
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def parse_command(self, argv: Sequence[str]) -> argparse.Namespace:
+        """``parse_args``, with an unknown argument reported by its sub-command's parser."""
+        args, extras = self.parse_known_args(argv)
+        if extras:
+            owner = self.commands.get(getattr(args, "command", None) or "", self)
+            owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
+
+
+def version() -> str:
+    """feedline's version: the installed distribution's, else ``feedline.__version__``."""
+    try:
+        return metadata.version("feedline")
+    except metadata.PackageNotFoundError:
+        import feedline
+
+        return str(getattr(feedline, "__version__", "unknown"))
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse ``type``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def build_parser() -> Parser:
+    """The ``feedline`` parser: ``demo``, ``pipeline-demo``, ``dispatcher``, ``worker``,
+    ``server``, each a sub-command with its own options."""
+    parser = Parser(
+        prog="feedline",
+        description="feedline: TensorFlow's distributed input system for PyTorch.",
+        epilog="`feedline COMMAND --help` lists a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"feedline {version()}")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    commands.required = True
+    _add_demo(commands)
+    _add_pipeline_demo(commands)
+    _add_dispatcher(commands)
+    _add_worker(commands)
+    _add_server(commands)
+    parser.commands.update(commands.choices)
+    return parser
+
+
+def parameter_server_demo_parser() -> Parser:
+    """The parser of ``feedline demo --parameter-server``."""
+    parser = Parser(
+        prog="feedline demo --parameter-server",
+        description="Trains a model with a large sharded embedding on a local cluster "
+        "(1 chief, 2 workers, 2 ps) through ClusterCoordinator.schedule.",
+    )
+    parser.set_defaults(**{RUN: "feedline.cli._demos:parameter_server_demo"})
+    parser.add_argument("--parameter-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--steps", default=1000, help="steps to train (%(default)s)", type=positive_int
+    )
+    parser.add_argument(
+        "--print-every", default=100, help="print every N steps (%(default)s)", type=positive_int
+    )
+    parser.add_argument(
+        "--batch-size", default=256, help="examples per step (%(default)s)", type=positive_int
+    )
+    parser.add_argument(
+        "--rows", default=200_000, help="embedding rows (%(default)s)", type=positive_int
+    )
+    parser.add_argument(
+        "--dim", default=32, help="embedding width (%(default)s)", type=positive_int
+    )
+    parser.add_argument(
+        "--workers", default=2, help="worker tasks (%(default)s)", type=positive_int
+    )
+    parser.add_argument("--ps", default=2, help="ps tasks (%(default)s)", type=positive_int)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds the training may take in all (%(default)s)",
+    )
+    return parser
+
+
+Commands = Any  # argparse's _SubParsersAction, private in typeshed
+
+
+def _command(commands: Commands, name: str, run: str, summary: str, description: str) -> Parser:
+    parser: Parser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(**{RUN: run})
+    return parser
+
+
+def _add_demo(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "demo",
+        "feedline.cli._demos:demo",
+        "the custom training tutorial with MirroredStrategy (the main job)",
+        "TensorFlow's custom training tutorial on Fashion-MNIST (or scikit-learn's bundled\n"
+        "digits offline) under MirroredStrategy: distributed datasets, checkpoints every 2\n"
+        "epochs, the last one restored without a strategy. With --workers N, or started by\n"
+        "torchrun or with TF_CONFIG, it trains under MultiWorkerMirroredStrategy.\n\n"
+        "A progress bar shows on a terminal; in a log, one line per epoch.",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=None,
+        help="default: 10 on Fashion-MNIST, 40 on digits",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=None,
+        help="logical CPU replicas where there is no GPU: default 2, or 1 per worker",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="worker processes on this machine, through torchrun's launcher (%(default)s)",
+    )
+    parser.add_argument("--data-dir", default=None, help="folder with Fashion-MNIST's .gz files")
+    parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
+    parser.add_argument("--resume", action="store_true", help="go on from the latest checkpoint")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle and model seed (%(default)s)")
+    parser.add_argument(
+        "--parameter-server",
+        action="store_true",
+        help="instead: parameter-server training on a local cluster, with options of its own "
+        "(`feedline demo --parameter-server --help`)",
+    )
+
+
+def _add_pipeline_demo(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "pipeline-demo",
+        "feedline.examples.pipeline_demo:run",
+        "a tour of feedline.data: rates and a mid-epoch checkpoint",
+        "A Fashion-MNIST-shaped input pipeline: its rate, a mid-epoch checkpoint restored to\n"
+        "the same batches, and the seeds' batching table.",
+    )
+    parser.add_argument(
+        "--examples", type=positive_int, default=60_000, help="images (%(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=64, help="images per batch (%(default)s)"
+    )
+
+
+_SERVICE_NOTES = (
+    "It prints `feedline {role} serving at ADDRESS` once it serves (so that a script that\n"
+    "passes --port 0 learns the port) and runs until SIGTERM or SIGINT (exit code 0). The\n"
+    "shared secret, if any, is read from $FEEDLINE_SERVICE_TOKEN. A configuration error is\n"
+    "`error: ...` and exit code 2."
+)
+
+
+def _add_dispatcher(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "dispatcher",
+        "feedline.cli._service:dispatcher",
+        "a data service dispatcher",
+        "A data service dispatcher (tf.data service's).\n\n"
+        + _SERVICE_NOTES.format(role="dispatcher"),
+    )
+    _add_address(parser, default_port=5050)
+    parser.add_argument("--work-dir", default=None, help="folder for the dispatcher's files")
+    parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="journal the dispatcher's state in --work-dir; restarted on the same --work-dir and "
+        "port, it resumes its jobs",
+    )
+    parser.add_argument(
+        "--worker-addresses",
+        default=None,
+        help="comma-separated fixed worker list, for static sharding (FILE, DATA, HINT)",
+    )
+    _add_status_port(parser)
+
+
+def _add_worker(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "worker",
+        "feedline.cli._service:worker",
+        "a data service worker",
+        "A data service worker (tf.data service's).\n\n"
+        + _SERVICE_NOTES.format(role="worker")
+        + "\n\nOn SIGTERM it first drains for up to --drain-seconds: it takes no new work,\n"
+        "finishes the DYNAMIC splits it began, hands out what it holds and tells the\n"
+        "dispatcher it leaves; a second signal ends the drain at once. A dispatcher that stays\n"
+        "unreachable past --dispatcher-timeout is `error: ...` and exit code 1.",
+    )
+    parser.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    _add_address(parser, default_port=0)
+    parser.add_argument(
+        "--worker-address", default=None, help="address consumers reach this worker at"
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, hand out what this worker holds for at most this long (%(default)s)",
+    )
+    parser.add_argument(
+        "--dispatcher-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying an unreachable dispatcher before exiting (%(default)s)",
+    )
+    parser.add_argument(
+        "--wait-forever",
+        action="store_true",
+        help="keep trying an unreachable dispatcher for as long as it takes",
+    )
+    _add_status_port(parser)
+
+
+def _add_server(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "server",
+        "feedline.cli._cluster:server",
+        "a ps or worker task of a ParameterServerStrategy cluster",
+        "One ps or worker task of a ParameterServerStrategy cluster (tf.distribute.Server),\n"
+        "from TF_CONFIG unless --cluster-spec is given. It prints\n"
+        "`feedline server /job:JOB/task:I serving at HOST:PORT` once it serves and runs until\n"
+        "SIGTERM or SIGINT (exit code 0); a configuration error is `error: ...` on stderr and\n"
+        "exit code 2. Calls are checked for $FEEDLINE_SERVICE_TOKEN when it is set.",
+    )
+    parser.add_argument(
+        "--cluster-spec",
+        type=json_object,
+        default=None,
+        help='the cluster, JSON: {"ps": [...], "worker": [...]}',
+    )
+    parser.add_argument("--job", default=None, help="this task's job: ps or worker")
+    parser.add_argument("--task", type=int, default=None, help="this task's index in its job")
+
+
+def _add_address(parser: Parser, default_port: int) -> None:
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=default_port,
+        help="port to listen on, 0: any free (%(default)s)",
+    )
+    parser.add_argument("--bind", default="127.0.0.1", help="interface to listen on (%(default)s)")
+
+
+def _add_status_port(parser: Parser) -> None:
+    parser.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="serve a status page at http://BIND:PORT/ and Prometheus metrics at /metrics "
+        "(0: any free port; default: none)",
+    )

@@ -1,0 +1,120 @@
+"""``serve``: a server as a long-running process that stops cleanly on SIGTERM or SIGINT.
+
+What ``feedline dispatcher``, ``feedline worker`` and ``feedline server`` share. The server is
+made on a helper thread (a worker may wait long for its dispatcher inside gRPC, where the main
+thread would not see a signal); once it serves, one banner line says where. Exit codes: 0 after
+SIGTERM or SIGINT; 2 when making it raises an expected error (``error: ...``); 1 when it fails
+on its own later (``error: ...``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+#: Seconds between two looks at a running server.
+_POLL_SECONDS = 0.2
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _no_failure() -> str | None:
+    return None
+
+
+def _nothing() -> None:
+    """A second signal to a server that has nothing to cut short."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """A started server, as ``serve`` runs it.
+
+    Attributes:
+      banner: the line printed once it serves (``feedline ROLE serving at ADDRESS``).
+      stop: stops it; called with whether a signal asked for that (a worker then drains).
+      failure: why it stopped on its own, checked every ``_POLL_SECONDS``; None while it serves.
+      interrupt: called on a second signal (a worker stops draining).
+    """
+
+    banner: str
+    stop: Callable[[bool], None]
+    failure: Callable[[], str | None] = _no_failure
+    interrupt: Callable[[], None] = _nothing
+
+
+def serve(
+    make: Callable[[], Served],
+    expected: tuple[type[BaseException], ...],
+    errors: TextIO | None = None,
+) -> int:
+    """Makes a server with ``make`` and runs it until SIGTERM or SIGINT; the exit code.
+
+    Args:
+      make: makes and starts the server (on a helper thread).
+      expected: the errors of ``make`` that are a bad configuration: ``error: ...``, exit
+        code 2. Any other error propagates.
+      errors: where ``error: ...`` lines go (default ``sys.stdout``, with the banner).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    stop = threading.Event()
+    started: list[Served | BaseException] = []
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set() and started and isinstance(started[0], Served):
+            started[0].interrupt()  # a second signal
+        stop.set()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in _SIGNALS}
+    try:
+        return _run(make, started, stop, expected, errors)
+    finally:  # called in-process (tests), the caller gets its handlers back
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(
+    make: Callable[[], Served],
+    started: list[Served | BaseException],
+    stop: threading.Event,
+    expected: tuple[type[BaseException], ...],
+    errors: TextIO | None,
+) -> int:
+    starter = threading.Thread(
+        target=_start, args=(make, started), name="feedline-cli-start", daemon=True
+    )
+    starter.start()
+    while starter.is_alive():
+        if stop.wait(0.1):
+            return 0
+    (server,) = started
+    if isinstance(server, expected):
+        _say(f"error: {server}", errors)
+        return 2
+    if isinstance(server, BaseException):
+        raise server
+    _say(server.banner)
+    try:
+        while not stop.wait(_POLL_SECONDS):
+            failure = server.failure()
+            if failure is not None:
+                _say(f"error: {failure}", errors)
+                return 1
+    finally:
+        server.stop(stop.is_set())
+    return 0
+
+
+def _start(make: Callable[[], Served], started: list[Served | BaseException]) -> None:
+    try:
+        started.append(make())
+    except BaseException as error:
+        started.append(error)
+
+
+def _say(line: str, file: TextIO | None = None) -> None:
+    print(line, file=sys.stdout if file is None else file, flush=True)

@@ -1,0 +1,108 @@
+"""``feedline dispatcher`` and ``feedline worker``: the data service's servers as processes.
+
+Each prints one line when it serves, ``feedline dispatcher serving at grpc://HOST:PORT`` or
+``feedline worker serving at HOST:PORT``, so that scripts started with ``--port 0`` can learn
+the port; ``error: ...`` lines go to stdout with it. The shared secret is read from
+``$FEEDLINE_SERVICE_TOKEN``. Exit codes are ``serve``'s: a worker whose dispatcher stayed
+unreachable past ``--dispatcher-timeout`` exits with 1 (``--wait-forever`` keeps it trying).
+"""
+
+from __future__ import annotations
+
+from feedline.cli._serve import Served, serve
+from feedline.errors import FeedlineError
+from feedline.service import DispatcherConfig, DispatchServer, WorkerConfig, WorkerServer
+
+
+def dispatcher(
+    *,
+    port: int,
+    bind: str,
+    work_dir: str | None,
+    fault_tolerant: bool,
+    worker_addresses: str | None,
+    status_port: int | None,
+) -> int:
+    """``feedline dispatcher``: a ``DispatchServer`` until SIGTERM or SIGINT; the exit code.
+
+    Args:
+      port: port to listen on (0: any free).
+      bind: interface to listen on.
+      work_dir: folder for the dispatcher's files.
+      fault_tolerant: journal the state in ``work_dir``.
+      worker_addresses: comma-separated fixed worker list, or None.
+      status_port: port of the status page, or None.
+    """
+    workers = None if worker_addresses is None else tuple(worker_addresses.split(","))
+
+    def make() -> Served:
+        server = DispatchServer(
+            DispatcherConfig(
+                port=port,
+                bind=bind,
+                work_dir=work_dir,
+                fault_tolerant_mode=fault_tolerant,
+                worker_addresses=workers,
+                status_port=status_port,
+            )
+        )
+        return Served(
+            banner=f"feedline dispatcher serving at {server.target}",
+            stop=lambda signalled: server.stop(),
+        )
+
+    return serve(make, expected=(FeedlineError,))
+
+
+def worker(
+    *,
+    dispatcher: str,
+    port: int,
+    bind: str,
+    worker_address: str | None,
+    drain_seconds: float,
+    dispatcher_timeout: float,
+    wait_forever: bool,
+    status_port: int | None,
+) -> int:
+    """``feedline worker``: a ``WorkerServer`` until SIGTERM or SIGINT (it drains first, for
+    at most ``drain_seconds``; a second signal ends the drain) or until it stops on its own
+    (exit code 1); the exit code.
+
+    Args:
+      dispatcher: the dispatcher's ``HOST:PORT``.
+      port: port to listen on (0: any free).
+      bind: interface to listen on.
+      worker_address: address consumers reach this worker at, or None.
+      drain_seconds: on SIGTERM, how long it may hand out what it holds.
+      dispatcher_timeout: seconds to keep trying an unreachable dispatcher.
+      wait_forever: keep trying an unreachable dispatcher for as long as it takes.
+      status_port: port of the status page, or None.
+    """
+
+    def make() -> Served:
+        server = WorkerServer(
+            WorkerConfig(
+                dispatcher_address=dispatcher,
+                port=port,
+                bind=bind,
+                worker_address=worker_address,
+                dispatcher_timeout_ms=max(1, round(dispatcher_timeout * 1000)),
+                wait_forever=wait_forever,
+                status_port=status_port,
+            )
+        )
+
+        def failure() -> str | None:
+            if not server.stopped:
+                return None
+            return str(server.error or "the worker stopped")
+
+        return Served(
+            banner=f"feedline worker serving at {server.worker_address}",
+            stop=lambda signalled: server.stop(drain_seconds=drain_seconds if signalled else 0.0),
+            failure=failure,
+            interrupt=server.cancel_drain,
+        )
+
+    return serve(make, expected=(FeedlineError,))
