@@ -75,3 +75,18 @@ def unregister_local_worker(address: str) -> None:
     """Forgets ``address`` (a stopped worker); unknown addresses are ignored."""
     with _local_lock:
         _local_addresses.discard(address)
+
+
+# -- messages to the dispatcher -----------------------------------------------------------------
+# The requests of RegisterDataset, GetDatasetDef, GetElementSpec, GetOrCreateJob, ClientHeartbeat,
+# ReleaseClient, WorkerHeartbeat and GetSplit, as the dispatcher reads them.
+
+
+# -- messages to a worker -----------------------------------------------------------------------
+# What a worker reads: the GetElements request of a consumer, and the dispatcher's replies to
+# its WorkerHeartbeat and GetSplit (its task definitions among them).
+
+
+# -- messages to a consumer ---------------------------------------------------------------------
+# What a consumer reads: the dispatcher's replies to GetOrCreateJob and ClientHeartbeat (a job's
+# view) and a worker's reply to GetElements.
