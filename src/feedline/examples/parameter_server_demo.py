@@ -46,6 +46,7 @@ import feedline.distribute as fdist
 from feedline._net.ports import free_ports
 from feedline.distribute.cluster_resolver import ClusterSpec, SimpleClusterResolver
 from feedline.distribute.experimental.partitioners import MinSizePartitioner
+from feedline.distribute.parameter_server.variables import PSParameter
 from feedline.errors import InvalidArgumentError
 
 __all__ = [
@@ -304,6 +305,8 @@ def train(cluster: LocalCluster, settings: DemoSettings, say: Callable[[str], No
     )
     model, optimizer = build_model(strategy, settings.rows, settings.dim)
     for name, param in model.named_parameters():
+        if not isinstance(param, PSParameter):  # made under the strategy's scope: never
+            raise TypeError(f"{name} is not a parameter-server variable")
         shards = [f"ps:{ps} rows {first}-{first + n - 1}" for ps, first, n in param.spec.shard_list]
         shape = " x ".join(map(str, param.shape))
         say(f"{name}: {shape} {str(param.dtype).removeprefix('torch.')}, shards {shards}")

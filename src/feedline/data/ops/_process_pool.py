@@ -279,6 +279,7 @@ class _WorkerSet:
             chunk = self._queue.popleft()
             worker.in_flight.append(chunk)
             frame, chunk.frame = chunk.frame, None
+            assert frame is not None, "a chunk is queued, and sent, once"
             try:
                 worker.tasks.send_bytes(frame)  # small: never waits on the worker
             except OSError:
@@ -340,9 +341,9 @@ class _WorkerSet:
                     outcomes = [(ok, value if ok else _load_error(value)) for ok, value in payload]
                 chunk.future.set_result((outcomes, seconds))
             else:
-                error = message[2]
+                failure = message[2]
                 chunk.future.set_exception(
-                    error if isinstance(error, BaseException) else _load_error(error)
+                    failure if isinstance(failure, BaseException) else _load_error(failure)
                 )
         except InvalidStateError:
             return  # cancelled by its owner's shutdown: the result is dropped

@@ -60,7 +60,7 @@ def _encode(message: Any, segment_name: str) -> bytes:
         end = _align(end + raw.nbytes)
     segment = shared_memory.SharedMemory(name=segment_name, create=True, size=max(end, 1))
     try:
-        view = segment.buf
+        view = _segment_view(segment)
         view[: len(data)] = data
         for (start, size), raw in zip(spans, raws, strict=True):
             view[start : start + size] = raw
@@ -70,6 +70,14 @@ def _encode(message: Any, segment_name: str) -> bytes:
     return _SHARED + pickle.dumps((segment_name, len(data), spans))
 
 
+def _segment_view(segment: shared_memory.SharedMemory) -> memoryview:
+    """The memory of an open segment (``buf`` is None only once it is closed)."""
+    view = segment.buf
+    if view is None:
+        raise ValueError(f"shared memory segment {segment.name} is closed")
+    return view
+
+
 def _decode(frame: bytes) -> Any:
     """The message of a frame made by ``_encode``; its shared-memory segment is removed."""
     if frame[:1] == _INLINE:
@@ -77,7 +85,7 @@ def _decode(frame: bytes) -> Any:
     name, size, spans = pickle.loads(frame[1:])
     segment = shared_memory.SharedMemory(name=name)
     try:
-        view = segment.buf
+        view = _segment_view(segment)
         data = bytes(view[:size])
         buffers = [bytearray(view[start : start + n]) for start, n in spans]
         del view
@@ -266,6 +274,7 @@ def _run_chunk(fn: UserFunction, frame: bytes, prefix: str) -> bytes:
     try:
         _, chunk_id, packed = _decode(frame)
         outcomes, seconds = apply_chunk(fn, _unpack(packed))
+        payload: tuple[str, Any]
         if all(ok for ok, _ in outcomes):
             payload = ("values", _pack([value for _, value in outcomes]))
         else:
