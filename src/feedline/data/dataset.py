@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.options import Options
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 

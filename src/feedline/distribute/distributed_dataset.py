@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
 from feedline.data.torch_loader import FeedlineIterableDataset
 from feedline.distribute import _iterator_state

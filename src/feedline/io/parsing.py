@@ -31,8 +31,6 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from feedline.data.structure import BYTES as OBJECT
-from feedline.data.structure import bytes_array, bytes_scalar, zeros
 from feedline.errors import InvalidArgumentError
 from feedline.io._example_fast import BYTES, Irregular, Template, read_varint
 from feedline.io.features import (
@@ -44,6 +42,8 @@ from feedline.io.features import (
     check_features,
     kind_of,
 )
+from feedline.structure import BYTES as OBJECT
+from feedline.structure import bytes_array, bytes_scalar, zeros
 from feedline.train.example_pb import Example
 
 __all__ = ["parse_example", "parse_single_example"]

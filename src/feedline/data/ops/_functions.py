@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from feedline.data import structure
-from feedline.data.structure import TensorSpec
+from feedline import structure
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 if TYPE_CHECKING:
     from feedline.data.dataset import Dataset

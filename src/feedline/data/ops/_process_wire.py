@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.ops._functions import UserFunction
 from feedline.data.ops.map import apply_chunk
 

@@ -10,8 +10,8 @@ from feedline.data.readers._files import (
     check_parallel_reads,
 )
 from feedline.data.readers._iterator import FilesIterator
-from feedline.data.structure import BYTES, TensorSpec
 from feedline.io.tfrecord import check_compression
+from feedline.structure import BYTES, TensorSpec
 
 
 class ByteStreamReaderMixin(FileReaderMixin):
