@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 
 from feedline.errors import InvalidArgumentError
 from feedline.io._example_fast import BYTES, Irregular, Template, read_varint
+from feedline.io.example_pb import Example
 from feedline.io.features import (
     DTYPES,
     NAMES,
@@ -44,7 +45,6 @@ from feedline.io.features import (
 )
 from feedline.structure import BYTES as OBJECT
 from feedline.structure import bytes_array, bytes_scalar, zeros
-from feedline.train.example_pb import Example
 
 __all__ = ["parse_example", "parse_single_example"]
 

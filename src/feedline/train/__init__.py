@@ -1,6 +1,7 @@
 """``feedline.train``: TensorFlow's ``tf.train`` names that feedline offers.
 
-``Example`` and its parts are the protocol buffers that TFRecord files of examples hold; build
+``Example`` and its parts (``feedline.io.example_pb``, beside the parser that reads them) are the
+protocol buffers that TFRecord files of examples hold; build
 them as with ``tf.train.Example`` and parse them with ``feedline.io.parse_example``.
 
 ``Checkpoint``, ``CheckpointManager`` and ``latest_checkpoint`` save and restore models,
@@ -14,7 +15,7 @@ imported on first use of one of them, so that ``import feedline.train`` works wi
 import importlib
 from typing import Any
 
-from feedline.train.example_pb import (
+from feedline.io.example_pb import (
     BytesList,
     Example,
     Feature,

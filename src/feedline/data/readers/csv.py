@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from feedline import structure
+from feedline._tfrecord import check_compression
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.readers._csv_columns import parse_record_defaults, select_columns
 from feedline.data.readers._files import (
@@ -20,7 +21,6 @@ from feedline.data.readers._files import (
 from feedline.data.readers._iterator import FilesIterator
 from feedline.data.readers.text_line import LineReader
 from feedline.errors import InvalidArgumentError
-from feedline.io.tfrecord import check_compression
 from feedline.structure import TensorSpec
 
 
