@@ -21,7 +21,7 @@ from feedline.distribute import MirroredStrategy, PerReplica
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.metrics import Mean
 from feedline.nn import compute_average_loss
-from feedline.train import Checkpoint, CheckpointManager, latest_checkpoint
+from feedline.train import Checkpoint, CheckpointManager, checkpoint_management, latest_checkpoint
 from feedline.train import checkpoint as checkpoint_module
 
 
@@ -65,8 +65,9 @@ def assert_states_equal(a: Any, b: Any) -> None:
 
 
 def test_doctests() -> None:
-    results = doctest.testmod(checkpoint_module)
-    assert results.failed == 0 and results.attempted > 0
+    for module in (checkpoint_module, checkpoint_management):
+        results = doctest.testmod(module)
+        assert results.failed == 0 and results.attempted > 0, module.__name__
 
 
 # -- models and optimizers -------------------------------------------------------------------------
@@ -453,7 +454,8 @@ def test_a_failed_save_leaves_no_file_and_names_the_object(tmp_path: pathlib.Pat
 def test_feedline_train_imports_checkpoint_names_lazily() -> None:
     assert feedline.train.__all__ == sorted(feedline.train.__all__)
     for name in ("Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint"):
-        assert getattr(feedline.train, name) is getattr(checkpoint_module, name)
+        home = checkpoint_management if name == "CheckpointManager" else checkpoint_module
+        assert getattr(feedline.train, name) is getattr(home, name)
         assert name in dir(feedline.train)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = feedline.train.Nope

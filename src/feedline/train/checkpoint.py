@@ -59,16 +59,15 @@ import torch
 
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.train import _cluster
-from feedline.train.checkpoint_management import (
-    CheckpointManager,
+from feedline.train._checkpoint_files import (
     PathLike,
-    _atomic_write,
-    _highest_number,
-    _write_index,
+    atomic_write,
+    highest_number,
     latest_checkpoint,
+    write_index,
 )
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "latest_checkpoint"]
 
 FORMAT = "feedline.train.Checkpoint"
 VERSION = 1
@@ -162,12 +161,12 @@ class Checkpoint:
         prefix = os.fspath(file_prefix)
         cluster = _cluster.current()
         number = cluster.decide(
-            lambda: max(self._save_counter, _highest_number(prefix)) + 1,
+            lambda: max(self._save_counter, highest_number(prefix)) + 1,
             f"numbering checkpoint {prefix} (every worker calls save)",
         )
         path = f"{prefix}-{number}"
         directory = os.path.dirname(path)
-        self._write(cluster, path, number, lambda: _write_index(directory, path, [path]))
+        self._write(cluster, path, number, lambda: write_index(directory, path, [path]))
         return path
 
     def write(self, file_path: PathLike) -> str:
@@ -198,7 +197,7 @@ class Checkpoint:
 
     def _dump(self, state: dict[str, Any], path: str) -> None:
         try:
-            _atomic_write(path, lambda file: torch.save(state, file))
+            atomic_write(path, lambda file: torch.save(state, file))
         except Exception as error:
             for name in _unpicklable(state["objects"], self._objects):
                 error.add_note(
