@@ -1,10 +1,12 @@
-"""Calling user functions on elements: unpacking, output conversion, spec inference, error notes."""
+"""Calling user functions on elements: unpacking, output conversion, spec inference, error notes,
+and chunks of calls as the parallel map's threads and worker processes make them."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,9 @@ from feedline.structure import TensorSpec
 
 if TYPE_CHECKING:
     from feedline.data.dataset import Dataset
+
+
+Outcome = tuple[bool, Any]  # (True, element) or (False, exception)
 
 
 def function_name(fn: Callable[..., Any]) -> str:
@@ -144,3 +149,15 @@ def infer_output_spec(fn: Callable[[Any], Any], input_dataset: Dataset) -> Any:
         f"cannot learn the output spec of {name}: it fails on sample inputs of spec "
         f"{input_dataset.element_spec} and the input has no elements"
     )
+
+
+def apply_chunk(fn: UserFunction, elements: list[Any]) -> tuple[list[Outcome], float]:
+    """Applies ``fn`` to each element; returns the outcomes and the seconds it took."""
+    start = time.perf_counter()
+    outcomes: list[Outcome] = []
+    for element in elements:
+        try:
+            outcomes.append((True, fn(element)))
+        except Exception as error:
+            outcomes.append((False, error))
+    return outcomes, time.perf_counter() - start

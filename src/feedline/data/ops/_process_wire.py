@@ -21,8 +21,7 @@ import cloudpickle
 import numpy as np
 
 from feedline import structure
-from feedline.data.ops._functions import UserFunction
-from feedline.data.ops.map import apply_chunk
+from feedline.data.ops._functions import UserFunction, apply_chunk
 
 # Array buffers at least this large travel through shared memory.
 _SHM_MIN_BYTES = 64 << 10

@@ -10,7 +10,7 @@ from typing import Any
 
 from feedline.data.autotune import ParallelismTuner, cpu_budget
 from feedline.data.dataset import AUTOTUNE, Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops._functions import UserFunction, infer_output_spec
+from feedline.data.ops._functions import Outcome, UserFunction, apply_chunk, infer_output_spec
 from feedline.errors import InvalidArgumentError
 
 # Parallel work is handed out in chunks that take about this long, so that queueing costs stay
@@ -19,8 +19,6 @@ _CHUNK_SECONDS = 0.0005
 # Chunks for worker processes are longer: each costs the consumer ~0.1 ms to send and receive.
 _PROCESS_CHUNK_SECONDS = 0.005
 _MAX_CHUNK = 256
-
-Outcome = tuple[bool, Any]  # (True, element) or (False, exception)
 
 
 def check_parallel_calls(value: int | None, operation: str) -> int | None:
@@ -88,18 +86,6 @@ class _MapIterator(DatasetIterator):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._input.set_state(state["input"])
-
-
-def apply_chunk(fn: UserFunction, elements: list[Any]) -> tuple[list[Outcome], float]:
-    """Applies ``fn`` to each element; returns the outcomes and the seconds it took."""
-    start = time.perf_counter()
-    outcomes: list[Outcome] = []
-    for element in elements:
-        try:
-            outcomes.append((True, fn(element)))
-        except Exception as error:
-            outcomes.append((False, error))
-    return outcomes, time.perf_counter() - start
 
 
 class _ParallelMapIterator(DatasetIterator):
