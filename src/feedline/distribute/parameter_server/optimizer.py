@@ -19,47 +19,31 @@ ps-held parameters is an ``InvalidArgumentError``.
 from __future__ import annotations
 
 import functools
-import threading
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from feedline.distribute import _torch_hooks
 from feedline.distribute.parameter_server.runtime import Runtime
 from feedline.distribute.parameter_server.updates import SUPPORTED, hyperparameters
-from feedline.distribute.parameter_server.variables import PSParameter
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["install"]
+if TYPE_CHECKING:  # for annotations only: variables imports this module
+    from feedline.distribute.parameter_server.variables import PSParameter
 
-_install_lock = threading.Lock()
-_installed = False
+__all__ = ["convert"]
+
 # Optimizers rebuilt in this process from a coordinator's pickles, by identity.
 _rebuilt: dict[str, torch.optim.Optimizer] = {}
 
 
-def install() -> None:
-    """Wraps ``torch.optim.Optimizer.__init__`` (once) to turn optimizers over ps-held
-    parameters into their ps form."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        original = torch.optim.Optimizer.__init__
-
-        def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            _convert(self)
-
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
-        _installed = True
-
-
-def _convert(optimizer: torch.optim.Optimizer) -> None:
+def convert(optimizer: torch.optim.Optimizer, ps: Sequence[PSParameter]) -> None:
+    """Turns ``optimizer`` into its ps form if it is over ps-held parameters (``ps``, those of
+    its parameters that are ``PSParameter`` objects); ``variables`` calls it from the
+    ``Optimizer.__init__`` hook it installs."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    ps = [p for p in params if isinstance(p, PSParameter)]
     if not ps or isinstance(optimizer, _PSOptimizer):
         return
     if len(ps) != len(params):
@@ -195,7 +179,7 @@ def _rebuild(
     if optimizer is None:
         base = SUPPORTED[kind]
         optimizer = object.__new__(_ps_class(base))
-        torch.optim.Optimizer.__init__.__wrapped__(optimizer, groups, defaults)  # type: ignore[attr-defined]
+        _torch_hooks.torch_optimizer_init(optimizer, groups, defaults)
         optimizer._feedline_id = ident  # type: ignore[attr-defined]
         _rebuilt[ident] = optimizer
     else:
