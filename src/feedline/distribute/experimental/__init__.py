@@ -21,8 +21,12 @@ from feedline.distribute.multi_worker import CommunicationImplementation, Commun
 __getattr__, __dir__ = _porting.lazy_attributes(
     __name__,
     {
-        "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
-        "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
+        "MultiWorkerMirroredStrategy": (
+            "feedline.distribute.multi_worker:MultiWorkerMirroredStrategy"
+        ),
+        "ParameterServerStrategy": (
+            "feedline.distribute.parameter_server.strategy:ParameterServerStrategy"
+        ),
         "coordinator": "feedline.distribute.coordinator",
         "PreemptionCheckpointHandler": (
             "feedline.train.preemption:PreemptionCheckpointHandler"
