@@ -21,12 +21,8 @@ from feedline.distribute.multi_worker import CommunicationImplementation, Commun
 __getattr__, __dir__ = _porting.lazy_attributes(
     __name__,
     {
-        "MultiWorkerMirroredStrategy": (
-            "feedline.distribute.multi_worker:MultiWorkerMirroredStrategy"
-        ),
-        "ParameterServerStrategy": (
-            "feedline.distribute.parameter_server.strategy:ParameterServerStrategy"
-        ),
+        "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
+        "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
         "coordinator": "feedline.distribute.coordinator",
         "PreemptionCheckpointHandler": (
             "feedline.train.preemption:PreemptionCheckpointHandler"
