@@ -40,7 +40,7 @@ def TensorShape(dims: "list[int | None] | tuple[int | None, ...] | None") -> tup
 __getattr__, __dir__ = _porting.lazy_attributes(
     __name__,
     {
-        "TensorSpec": "feedline.data.structure:TensorSpec",
+        "TensorSpec": "feedline.structure:TensorSpec",
         "compat": "feedline.compat",
         "config": "feedline.config",
         "data": "feedline.data",

@@ -15,8 +15,8 @@ from hypothesis.extra import numpy as hnp
 from feedline._net import elements as _elements
 from feedline._net.elements import pack_elements, unpack_elements
 from feedline._net.wire import Compressor
-from feedline.data.structure import bytes_array, bytes_scalar
 from feedline.errors import InvalidArgumentError
+from feedline.structure import bytes_array, bytes_scalar
 from tests._net.element_helpers import assert_same as _assert_same
 from tests._net.element_helpers import round_trip as _round_trip
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from feedline._net import wire as _wire
 from feedline._net.elements import pack_elements
 from feedline._net.wire import Compressor, decode_frame, encode_frame
-from feedline.data.structure import bytes_scalar
 from feedline.errors import InvalidArgumentError
+from feedline.structure import bytes_scalar
 from tests._net.element_helpers import assert_same as _assert_same
 from tests._net.element_helpers import round_trip as _round_trip
 

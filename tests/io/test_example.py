@@ -1,4 +1,4 @@
-"""Tests of feedline/train/example_pb.py: the Example protos and their wire format."""
+"""Tests of feedline/io/example_pb.py: the Example protos and their wire format."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from feedline.distribute import MirroredStrategy, PerReplica
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.metrics import Mean
 from feedline.nn import compute_average_loss
-from feedline.train import Checkpoint, CheckpointManager, latest_checkpoint
+from feedline.train import Checkpoint, CheckpointManager, checkpoint_management, latest_checkpoint
 from feedline.train import checkpoint as checkpoint_module
 
 
@@ -65,8 +65,9 @@ def assert_states_equal(a: Any, b: Any) -> None:
 
 
 def test_doctests() -> None:
-    results = doctest.testmod(checkpoint_module)
-    assert results.failed == 0 and results.attempted > 0
+    for module in (checkpoint_module, checkpoint_management):
+        results = doctest.testmod(module)
+        assert results.failed == 0 and results.attempted > 0, module.__name__
 
 
 # -- models and optimizers -------------------------------------------------------------------------
@@ -315,6 +316,51 @@ def test_distributed_iterator_restores(tmp_path: pathlib.Path) -> None:
     assert got == expected and len(got) == 11
 
 
+class _Tally:
+    """A Checkpointable: its checkpoint is its count and a marker, which it checks on restore."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.calls: list[str] = []
+
+    def get_state(self) -> int:
+        return self.count
+
+    def set_state(self, state: int) -> None:
+        self.calls.append("set_state")
+        self.count = state
+
+    def checkpoint_state(self) -> dict[str, int]:
+        return {"tally": self.count}
+
+    def restore_checkpoint_state(self, state: dict[str, int]) -> None:
+        self.calls.append("restore_checkpoint_state")
+        self.count = state["tally"]
+
+    def check_restorable(self, state: Any) -> str | None:
+        return None if isinstance(state, dict) and "tally" in state else "not a tally"
+
+
+def test_a_checkpointable_saves_and_restores_through_its_protocol(tmp_path: pathlib.Path) -> None:
+    path = Checkpoint(tally=_Tally(7)).save(tmp_path / "ckpt")
+    assert torch.load(path, weights_only=False)["objects"]["tally"] == {"tally": 7}
+    restored = _Tally(0)
+    Checkpoint(tally=restored).restore(path)
+    assert restored.count == 7 and restored.calls == ["restore_checkpoint_state"]
+
+    # A state it refuses raises before anything is restored, the model included.
+    bad = Checkpoint(model=make_model(seed=1), tally=_Tally(7)).save(tmp_path / "bad")
+    raw = torch.load(bad, weights_only=False)
+    raw["objects"]["tally"] = 7
+    torch.save(raw, bad)
+    target, tally = make_model(seed=2), _Tally(0)
+    before = [p.detach().clone() for p in target.parameters()]
+    with pytest.raises(InvalidArgumentError, match=r"cannot restore 'tally'.*: not a tally"):
+        Checkpoint(model=target, tally=tally).restore(bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, target.parameters(), strict=True))
+    assert tally.count == 0 and tally.calls == []
+
+
 # -- nesting, attributes, matching -----------------------------------------------------------------
 def test_nested_checkpoints_and_attribute_access(tmp_path: pathlib.Path) -> None:
     model, metric = make_model(seed=0), Mean()
@@ -453,7 +499,8 @@ def test_a_failed_save_leaves_no_file_and_names_the_object(tmp_path: pathlib.Pat
 def test_feedline_train_imports_checkpoint_names_lazily() -> None:
     assert feedline.train.__all__ == sorted(feedline.train.__all__)
     for name in ("Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint"):
-        assert getattr(feedline.train, name) is getattr(checkpoint_module, name)
+        home = checkpoint_management if name == "CheckpointManager" else checkpoint_module
+        assert getattr(feedline.train, name) is getattr(home, name)
         assert name in dir(feedline.train)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = feedline.train.Nope

@@ -414,7 +414,7 @@ from feedline.errors import UnknownError
 if rank == 0:
     def disk_full(path, write):
         raise OSError(28, "No space left on device")
-    checkpoint_module._atomic_write = disk_full
+    checkpoint_module.atomic_write = disk_full
 checkpoint = Checkpoint(step=torch.zeros(()))
 try:
     checkpoint.save(os.path.join(folder, "ckpt"))

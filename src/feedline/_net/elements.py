@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data.structure import BYTES, bytes_array, bytes_scalar
 from feedline.errors import InvalidArgumentError
+from feedline.structure import BYTES, bytes_array, bytes_scalar
 
 __all__ = ["pack_elements", "unpack_elements"]
 

@@ -24,7 +24,7 @@ from feedline.data.options import (
 )
 from feedline.data.readers.text_line import TextLineDataset
 from feedline.data.readers.tfrecord import TFRecordDataset
-from feedline.data.structure import TensorSpec
+from feedline.structure import TensorSpec
 
 del _fluent
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.options import Options
 
 __all__ = [

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data._fluent_api import FluentAPI
 from feedline.data.options import Options
 from feedline.errors import InvalidArgumentError, OutOfRangeError

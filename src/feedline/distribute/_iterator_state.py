@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.ops._background import ELEMENT
 
 FORMAT = "feedline.distribute.DistributedIterator"

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
 from feedline.data.torch_loader import FeedlineIterableDataset
 from feedline.distribute import _iterator_state
@@ -288,12 +288,17 @@ class DistributedIterator:
             "finished": self._finished,
         }
 
-    def _checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         """What a ``Checkpoint`` saves: every worker's position and, where it applies, the
-        global pipeline's. Under several workers this is a collective: every worker calls it."""
+        global pipeline's. Under several workers this is a collective: every worker calls it.
+        (This and the next two methods are ``feedline._checkpointable.Checkpointable``.)"""
         return _iterator_state.gather(self.get_state(), self._layout, self._dataset._gather)
 
-    def _check_restorable(self, state: Any) -> str | None:
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restores what ``checkpoint_state`` saved: ``set_state`` takes both forms."""
+        self.set_state(state)
+
+    def check_restorable(self, state: Any) -> str | None:
         """Why ``state`` (from a checkpoint) cannot position this iterator, or None."""
         return _iterator_state.restorable(state, self._layout)
 

@@ -24,34 +24,22 @@ own copy of the parameters, under the same rules (``copy_mirroring``).
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from feedline.distribute import context
+from feedline.distribute import _torch_hooks, context
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from feedline.distribute.strategy import Strategy
 
-_install_lock = threading.Lock()
-_installed = False
-
-
 def install_hooks() -> None:
-    """Registers the global hooks that find modules made in a scope and check modules used in
-    ``run``; once per process, and only once a strategy with several replicas is in use."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        torch.nn.modules.module.register_module_parameter_registration_hook(_on_parameter)
-        torch.nn.modules.module.register_module_buffer_registration_hook(_on_parameter)
-        torch.nn.modules.module.register_module_forward_pre_hook(_check_forward)
-        _wrap_optimizer_init()
-        _installed = True
+    """Installs the hooks that find modules and optimizers made in a scope and check modules
+    used in ``run`` (the ``"mirroring"`` set of ``_torch_hooks``); once per process, and only
+    once a strategy with several replicas is in use."""
+    _torch_hooks.install(_HOOKS)
 
 
 def _multi_replica_strategy() -> Strategy | None:
@@ -83,17 +71,19 @@ def _check_forward(module: torch.nn.Module, args: Any) -> None:
         )
 
 
-def _wrap_optimizer_init() -> None:
-    original = torch.optim.Optimizer.__init__
+def _on_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    strategy = _multi_replica_strategy()
+    if strategy is not None:
+        strategy._mirroring.add_optimizer(optimizer)
 
-    def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        strategy = _multi_replica_strategy()
-        if strategy is not None:
-            strategy._mirroring.add_optimizer(self)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
+_HOOKS = _torch_hooks.HookSet(
+    "mirroring",
+    on_parameter=_on_parameter,
+    on_buffer=_on_parameter,
+    before_forward=_check_forward,
+    on_optimizer=_on_optimizer,
+)
 
 
 class Mirroring:

@@ -9,7 +9,7 @@ from typing import Any
 import optree
 
 from feedline._enums import parse_member
-from feedline.data.structure import TensorSpec
+from feedline.structure import TensorSpec
 
 
 class ReduceOp(enum.Enum):

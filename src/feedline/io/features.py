@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data.structure import as_bytes_leaf
 from feedline.errors import InvalidArgumentError
 from feedline.io._example_fast import BYTES, FLOAT, INT64
+from feedline.structure import as_bytes_leaf
 
 __all__ = ["FixedLenFeature", "Spec", "VarLenFeature", "check_features", "kind_of"]
 

@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from feedline.data.structure import BYTES as OBJECT
-from feedline.data.structure import bytes_array, bytes_scalar, zeros
 from feedline.errors import InvalidArgumentError
 from feedline.io._example_fast import BYTES, Irregular, Template, read_varint
+from feedline.io.example_pb import Example
 from feedline.io.features import (
     DTYPES,
     NAMES,
@@ -44,7 +43,8 @@ from feedline.io.features import (
     check_features,
     kind_of,
 )
-from feedline.train.example_pb import Example
+from feedline.structure import BYTES as OBJECT
+from feedline.structure import bytes_array, bytes_scalar, zeros
 
 __all__ = ["parse_example", "parse_single_example"]
 

@@ -1,15 +1,9 @@
 """The TFRecord file format and ``TFRecordWriter`` (``tf.io.TFRecordWriter``).
 
-A TFRecord file is a sequence of records, each framed as::
-
-    uint64  length              (little-endian)
-    uint32  masked_crc32c(length)
-    byte    data[length]
-    uint32  masked_crc32c(data)
-
-with ``masked_crc32c(x) = ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2**32)`` of the CRC-32C
-of ``x``. A file may be compressed as a whole with GZIP or ZLIB; ``TFRecordDataset`` reads it
-with the same ``compression_type``. Files written here are read by TensorFlow and vice versa.
+A TFRecord file is a sequence of records, each framed with its length and masked CRC-32C
+checksums (``feedline._tfrecord`` spells the frame out; ``TFRecordDataset`` reads what this
+writer writes). A file may be compressed as a whole with GZIP or ZLIB; ``TFRecordDataset`` reads
+it with the same ``compression_type``. Files written here are read by TensorFlow and vice versa.
 
 Example:
   >>> import os, tempfile
@@ -25,43 +19,21 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
-import struct
 import zlib
 from typing import Any, BinaryIO
 
-import google_crc32c
 import numpy as np
 
+from feedline._tfrecord import (
+    COMPRESSION_TYPES,
+    FOOTER,
+    LENGTH,
+    check_compression,
+    masked_crc32c,
+)
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 __all__ = ["COMPRESSION_TYPES", "TFRecordOptions", "TFRecordWriter", "masked_crc32c"]
-
-#: the ``compression_type`` values readers and writers accept ("" and None mean none).
-COMPRESSION_TYPES = (None, "", "GZIP", "ZLIB")
-
-HEADER = struct.Struct("<QI")
-FOOTER = struct.Struct("<I")
-_LENGTH = struct.Struct("<Q")
-MASK_DELTA = 0xA282EAD8
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC-32C that TFRecord frames store after the length and after the data."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
-
-
-def check_compression(value: Any, operation: str) -> str:
-    """``value`` as "", "GZIP" or "ZLIB", or an error naming it and the accepted values."""
-    if value is None or value == "":
-        return ""
-    if isinstance(value, bytes):
-        value = value.decode()
-    if isinstance(value, str) and value.upper() in ("GZIP", "ZLIB"):
-        return value.upper()
-    raise InvalidArgumentError(
-        f"{operation}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {value!r}"
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +102,7 @@ class TFRecordWriter:
     def write(self, record: bytes | bytearray | memoryview | np.ndarray | str) -> None:
         """Appends one record."""
         data = _as_bytes(record)
-        header = _LENGTH.pack(len(data))
+        header = LENGTH.pack(len(data))
         frame = b"".join(
             (header, FOOTER.pack(masked_crc32c(header)), data, FOOTER.pack(masked_crc32c(data)))
         )

@@ -91,22 +91,27 @@ class Metric:
             self._state = tensor.clone()
             self._placed = True
 
-    def _checkpoint_state(self) -> torch.Tensor:
+    def checkpoint_state(self) -> torch.Tensor:
         """What a ``Checkpoint`` saves: the state over every worker for a metric made under a
-        multi-worker strategy (a collective, as saving is), else ``get_state()``."""
+        multi-worker strategy (a collective, as saving is), else ``get_state()``. (This and the
+        next two methods are ``feedline._checkpointable.Checkpointable``.)"""
         state = self.get_state()
         strategy = self._strategy
         if strategy is not None and strategy.extended.num_workers > 1:
             state = strategy._sum_across_workers(state)
         return state
 
-    def _restore_checkpoint_state(self, state: Any) -> None:
+    def restore_checkpoint_state(self, state: Any) -> None:
         """Restores a saved state so that ``result()`` reads it again: under several workers
         the chief holds it and the others start from zero, as the result sums them."""
         strategy = self._strategy
         if strategy is not None and strategy.extended.worker_index != 0:
             state = torch.zeros(2, dtype=torch.float64)
         self.set_state(state)
+
+    def check_restorable(self, state: Any) -> str | None:
+        """None: ``set_state`` checks a metric's state as it restores it."""
+        return None
 
     def merge_state(self, metrics: Iterable[Metric]) -> None:
         """Adds the states of other metrics of the same type to this one (as Keras does)."""

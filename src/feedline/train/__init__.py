@@ -1,20 +1,21 @@
 """``feedline.train``: TensorFlow's ``tf.train`` names that feedline offers.
 
-``Example`` and its parts are the protocol buffers that TFRecord files of examples hold; build
-them as with ``tf.train.Example`` and parse them with ``feedline.io.parse_example``.
+``Example`` and its parts (``feedline.io.example_pb``, beside the parser that reads them) are the
+protocol buffers that TFRecord files of examples hold; build them as with ``tf.train.Example``
+and parse them with ``feedline.io.parse_example``.
 
-``Checkpoint``, ``CheckpointManager`` and ``latest_checkpoint`` save and restore models,
-optimizers, iterators and metrics (``feedline.train.checkpoint``); ``BackupAndRestore`` saves
-them every N steps of a training loop and restores them after a failure
-(``feedline.train.backup_and_restore``); ``SidecarEvaluator`` evaluates each new checkpoint of
-a training job as it appears (``feedline.train.sidecar_evaluator``). They need torch, which is
+``Checkpoint`` and ``latest_checkpoint`` (``feedline.train.checkpoint``) and
+``CheckpointManager`` (``feedline.train.checkpoint_management``) save and restore models,
+optimizers, iterators and metrics; ``BackupAndRestore`` saves them every N steps of a training
+loop and restores them after a failure (``feedline.train.backup_and_restore``);
+``SidecarEvaluator`` evaluates each new checkpoint of a training job as it appears
+(``feedline.train.sidecar_evaluator``). ``feedline.train.preemption`` holds the implementation of
+``feedline.distribute.experimental.PreemptionCheckpointHandler``. They need torch, which is
 imported on first use of one of them, so that ``import feedline.train`` works without it.
 """
 
-import importlib
-from typing import Any
-
-from feedline.train.example_pb import (
+from feedline import _porting
+from feedline.io.example_pb import (
     BytesList,
     Example,
     Feature,
@@ -22,8 +23,6 @@ from feedline.train.example_pb import (
     FloatList,
     Int64List,
 )
-
-_CHECKPOINT_NAMES = ("Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint")
 
 __all__ = [
     "BackupAndRestore",
@@ -40,16 +39,15 @@ __all__ = [
     "latest_checkpoint",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _CHECKPOINT_NAMES:
-        return getattr(importlib.import_module("feedline.train.checkpoint"), name)
-    if name == "BackupAndRestore":
-        return importlib.import_module("feedline.train.backup_and_restore").BackupAndRestore
-    if name == "SidecarEvaluator":
-        return importlib.import_module("feedline.train.sidecar_evaluator").SidecarEvaluator
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_CHECKPOINT_NAMES, "BackupAndRestore", "SidecarEvaluator"})
+# The names that need torch: resolved on first access.
+__getattr__, __dir__ = _porting.lazy_attributes(
+    __name__,
+    {
+        "BackupAndRestore": "feedline.train.backup_and_restore:BackupAndRestore",
+        "Checkpoint": "feedline.train.checkpoint:Checkpoint",
+        "CheckpointLoadStatus": "feedline.train.checkpoint:CheckpointLoadStatus",
+        "CheckpointManager": "feedline.train.checkpoint_management:CheckpointManager",
+        "SidecarEvaluator": "feedline.train.sidecar_evaluator:SidecarEvaluator",
+        "latest_checkpoint": "feedline.train.checkpoint:latest_checkpoint",
+    },
+)

@@ -20,10 +20,10 @@ import contextlib
 import os
 import secrets
 import shutil
-import sys
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from feedline.distribute import collective as collectives
 from feedline.errors import FailedPreconditionError, UnknownError
 
 T = TypeVar("T")
@@ -60,7 +60,11 @@ class _Pipelined:
     step after it was set, and no step waits for the all-reduce."""
 
     def __init__(
-        self, collective: Any, local: Callable[[], tuple[bool, ...]], size: int, what: str
+        self,
+        collective: collectives.Collective,
+        local: Callable[[], tuple[bool, ...]],
+        size: int,
+        what: str,
     ) -> None:
         self._collective = collective
         self._local = local
@@ -130,7 +134,7 @@ class Alone:
 class Workers:
     """A worker of a synchronous cluster (``feedline.distribute.collective.Collective``)."""
 
-    def __init__(self, collective: Any) -> None:
+    def __init__(self, collective: collectives.Collective) -> None:
         self._collective = collective
         self.rank: int = collective.rank
         self.world_size: int = collective.world_size
@@ -237,8 +241,7 @@ def _read_probe(path: str) -> str | None:
 def current() -> Cluster:
     """This process's cluster: the workers of its ``MultiWorkerMirroredStrategy`` when it has
     several, else ``Alone``."""
-    module = sys.modules.get("feedline.distribute.collective")
-    collective = module.active() if module is not None else None  # type: ignore[attr-defined]
+    collective = collectives.active()
     if collective is None or collective.world_size < 2:
         return Alone()
     return Workers(collective)

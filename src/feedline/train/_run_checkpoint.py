@@ -20,7 +20,7 @@ import torch
 from feedline.errors import InvalidArgumentError
 from feedline.train import _cluster
 from feedline.train.checkpoint import Checkpoint
-from feedline.train.checkpoint_management import CheckpointManager, PathLike
+from feedline.train.checkpoint_management import INDEX_FILENAME, CheckpointManager, PathLike
 
 RUNS_NAME = "checkpointed_runs"
 
@@ -133,8 +133,6 @@ def _latest_and_tidy(manager: CheckpointManager) -> str | None:
 
 
 def _remove_checkpoints(manager: CheckpointManager) -> None:
-    from feedline.train.checkpoint_management import INDEX_FILENAME
-
     for path in [*manager.checkpoints, os.path.join(manager.directory, INDEX_FILENAME)]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

@@ -8,12 +8,12 @@ TensorFlow's ``tf.train.Checkpoint``, ``tf.train.CheckpointManager`` and
 - ``state_dict()``, restored with ``load_state_dict`` (``nn.Module``, ``torch.optim.Optimizer``,
   LR schedulers);
 - ``get_state()``, restored with ``set_state`` (``feedline.data`` and ``feedline.distribute``
-  iterators, ``feedline.metrics`` metrics, ``torch.Generator``); an object may also offer
-  ``_checkpoint_state()`` (what to save instead, which may involve every worker),
-  ``_restore_checkpoint_state(state)`` (how to restore it) and ``_check_restorable(state)``
-  (why a saved state cannot be restored, checked before anything changes), as distributed
-  iterators and metrics made under a multi-worker strategy do (a metric saves its value over
-  every worker);
+  iterators, ``feedline.metrics`` metrics, ``torch.Generator``); an object that is a
+  ``feedline._checkpointable.Checkpointable`` saves ``checkpoint_state()`` instead (which may
+  involve every worker), restores it with ``restore_checkpoint_state(state)`` and says with
+  ``check_restorable(state)`` why a saved state cannot be restored, checked before anything
+  changes, as distributed iterators and metrics do (a metric made under a multi-worker strategy
+  saves its value over every worker);
 - a ``torch.Tensor`` (TensorFlow's ``tf.Variable``): its value, copied back in place;
 - a nested ``Checkpoint``: a dict of the same form.
 
@@ -58,18 +58,18 @@ from typing import Any
 
 import torch
 
+from feedline._checkpointable import Checkpointable
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.train import _cluster
-from feedline.train.checkpoint_management import (
-    CheckpointManager,
+from feedline.train._checkpoint_files import (
     PathLike,
-    _atomic_write,
-    _highest_number,
-    _write_index,
+    atomic_write,
+    highest_number,
     latest_checkpoint,
+    write_index,
 )
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "latest_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "latest_checkpoint"]
 
 FORMAT = "feedline.train.Checkpoint"
 VERSION = 1
@@ -163,12 +163,12 @@ class Checkpoint:
         prefix = os.fspath(file_prefix)
         cluster = _cluster.current()
         number = cluster.decide(
-            lambda: max(self._save_counter, _highest_number(prefix)) + 1,
+            lambda: max(self._save_counter, highest_number(prefix)) + 1,
             f"numbering checkpoint {prefix} (every worker calls save)",
         )
         path = f"{prefix}-{number}"
         directory = os.path.dirname(path)
-        self._write(cluster, path, number, lambda: _write_index(directory, path, [path]))
+        self._write(cluster, path, number, lambda: write_index(directory, path, [path]))
         return path
 
     def write(self, file_path: PathLike) -> str:
@@ -199,7 +199,7 @@ class Checkpoint:
 
     def _dump(self, state: dict[str, Any], path: str) -> None:
         try:
-            _atomic_write(path, lambda file: torch.save(state, file))
+            atomic_write(path, lambda file: torch.save(state, file))
         except Exception as error:
             for name in _unpicklable(state["objects"], self._objects):
                 error.add_note(
@@ -394,8 +394,8 @@ def _get_state(obj: Any) -> Any:
         return obj._state()
     if isinstance(obj, torch.Tensor):
         return obj.detach()
-    if callable(getattr(obj, "_checkpoint_state", None)):
-        return obj._checkpoint_state()
+    if isinstance(obj, Checkpointable):
+        return obj.checkpoint_state()
     getter, _ = _accessors(obj)  # type: ignore[misc]  # checked when tracked
     return getattr(obj, getter)()
 
@@ -406,13 +406,14 @@ def _set_state(obj: Any, state: Any) -> None:
             obj.copy_(state)
         return
     getter, setter = _accessors(obj)  # type: ignore[misc]
-    if callable(getattr(obj, "_restore_checkpoint_state", None)):
-        setter = "_restore_checkpoint_state"
     if getter == "get_state" and isinstance(state, torch.Tensor):
         current = obj.get_state()  # metrics: keep the state on the device it is on
         if isinstance(current, torch.Tensor):
             state = state.to(current.device)
-    getattr(obj, setter)(state)
+    if isinstance(obj, Checkpointable):
+        obj.restore_checkpoint_state(state)
+    else:
+        getattr(obj, setter)(state)
 
 
 def _check_compatible(
@@ -420,9 +421,8 @@ def _check_compatible(
 ) -> None:
     """Raises before anything is restored if ``state`` cannot fit a module or a tensor."""
     where = f"cannot restore {name!r} ({type(obj).__name__}) from {path}"
-    check = getattr(obj, "_check_restorable", None)
-    if callable(check):
-        problem = check(state)
+    if isinstance(obj, Checkpointable):
+        problem = obj.check_restorable(state)
         if problem is not None:
             raise InvalidArgumentError(f"{where}: {problem}")
         return

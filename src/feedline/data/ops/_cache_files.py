@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import Dataset, RandomAccess
 from feedline.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
 

@@ -1,4 +1,5 @@
-"""Calling user functions on elements: unpacking, output conversion, spec inference, error notes."""
+"""Calling user functions on elements: unpacking, output conversion, spec inference, error notes,
+and chunks of calls as the parallel map's threads and worker processes make them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from feedline.data import structure
-from feedline.data.structure import TensorSpec
+from feedline import structure
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 if TYPE_CHECKING:
     from feedline.data.dataset import Dataset

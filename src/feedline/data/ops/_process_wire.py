@@ -20,7 +20,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.ops._functions import UserFunction, apply_chunk
 
 # Array buffers at least this large travel through shared memory.

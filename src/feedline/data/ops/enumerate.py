@@ -8,7 +8,7 @@ import numpy as np
 
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._checks import check_int
-from feedline.data.structure import TensorSpec
+from feedline.structure import TensorSpec
 
 
 class EnumerateDataset(Dataset):

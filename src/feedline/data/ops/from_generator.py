@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import optree
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
-from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 
 def _is_shape(value: Any) -> bool:

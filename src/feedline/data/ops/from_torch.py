@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import (
     UNKNOWN_CARDINALITY,
     Dataset,
@@ -49,8 +49,8 @@ from feedline.data.dataset import (
     RowCursor,
 )
 from feedline.data.ops.from_tensor_slices import TensorSliceDataset
-from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 __all__ = ["TorchIterableStyleDataset", "TorchMapStyleDataset", "from_torch"]
 

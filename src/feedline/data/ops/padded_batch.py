@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._checks import check_positive
 from feedline.data.ops.batch import batched_cardinality, pull_up_to
-from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 Shape = tuple[int | None, ...]
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
-from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 
 class RangeDataset(Dataset):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,

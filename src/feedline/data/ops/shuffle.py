@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import (
     Dataset,
     DatasetIterator,

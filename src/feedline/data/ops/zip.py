@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import optree
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,

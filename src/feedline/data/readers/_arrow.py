@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feedline.data import structure
+from feedline import structure
 from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
 
 

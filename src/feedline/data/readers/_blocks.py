@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from feedline.data.structure import bytes_array, bytes_scalar
+from feedline.structure import bytes_array, bytes_scalar
 
 
 class Block(Protocol):

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data.structure import BYTES, bytes_array
 from feedline.errors import InvalidArgumentError
+from feedline.structure import BYTES, bytes_array
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64))
 _ALLOWED = "float32, float64, int32, int64 or a string dtype"

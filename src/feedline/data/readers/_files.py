@@ -10,8 +10,8 @@ from typing import Any, BinaryIO, Self
 import numpy as np
 
 from feedline.data.dataset import AUTOTUNE, Dataset, IteratorContext
-from feedline.data.structure import TensorSpec
 from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
+from feedline.structure import TensorSpec
 
 DEFAULT_BUFFER_SIZE = 1 << 20
 _MIN_BUFFER_SIZE = 1 << 12

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._background import END, ERROR, Producer
 from feedline.data.readers._blocks import Block

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from feedline._tfrecord import check_compression
 from feedline.data.dataset import DatasetIterator, IteratorContext
 from feedline.data.readers._files import (
     FileNames,
@@ -10,8 +11,7 @@ from feedline.data.readers._files import (
     check_parallel_reads,
 )
 from feedline.data.readers._iterator import FilesIterator
-from feedline.data.structure import BYTES, TensorSpec
-from feedline.io.tfrecord import check_compression
+from feedline.structure import BYTES, TensorSpec
 
 
 class ByteStreamReaderMixin(FileReaderMixin):

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from feedline.data import structure
+from feedline import structure
+from feedline._tfrecord import check_compression
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.readers._csv_columns import parse_record_defaults, select_columns
 from feedline.data.readers._files import (
@@ -19,9 +20,8 @@ from feedline.data.readers._files import (
 )
 from feedline.data.readers._iterator import FilesIterator
 from feedline.data.readers.text_line import LineReader
-from feedline.data.structure import TensorSpec
 from feedline.errors import InvalidArgumentError
-from feedline.io.tfrecord import check_compression
+from feedline.structure import TensorSpec
 
 
 class CsvDataset(FileReaderMixin, Dataset):

@@ -12,8 +12,8 @@ import numpy as np
 
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext, mix_seed
 from feedline.data.readers._files import decode_name, string_array_items
-from feedline.data.structure import BYTES, TensorSpec, bytes_array, bytes_scalar
 from feedline.errors import InvalidArgumentError, NotFoundError
+from feedline.structure import BYTES, TensorSpec, bytes_array, bytes_scalar
 
 
 class ListFilesDataset(Dataset):

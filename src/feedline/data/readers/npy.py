@@ -14,8 +14,8 @@ from feedline.data.dataset import (
 )
 from feedline.data.readers._files import FileNames, FileReaderMixin, first_file_name
 from feedline.data.readers._iterator import FilesIterator
-from feedline.data.structure import TensorSpec
 from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
+from feedline.structure import TensorSpec
 
 _BLOCK_ROWS = 4096
 MmapMode = Literal["r", "c"]

@@ -18,8 +18,8 @@ from feedline.data.ops._checks import check_positive
 from feedline.data.readers._arrow import ArrowColumn, columns_block, open_parquet
 from feedline.data.readers._files import FileNames, FileReaderMixin, first_file_name
 from feedline.data.readers._iterator import FilesIterator
-from feedline.data.structure import TensorSpec
 from feedline.errors import DataLossError, InvalidArgumentError
+from feedline.structure import TensorSpec
 
 _BLOCK_ROWS = 8192
 

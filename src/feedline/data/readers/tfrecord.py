@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import google_crc32c
 
+from feedline._tfrecord import FOOTER, HEADER, MASK_DELTA, masked_crc32c
 from feedline.data.dataset import Dataset
 from feedline.data.readers._blocks import RecordBlock
 from feedline.data.readers._files import (
@@ -11,7 +12,6 @@ from feedline.data.readers._files import (
 )
 from feedline.data.readers._stream import ByteStreamReaderMixin
 from feedline.errors import DataLossError
-from feedline.io.tfrecord import FOOTER, HEADER, MASK_DELTA, masked_crc32c
 
 _FRAME = HEADER.size + FOOTER.size
 _TRUNCATED = "truncated record: the file ends inside it"

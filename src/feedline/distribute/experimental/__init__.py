@@ -1,11 +1,15 @@
 """``feedline.distribute.experimental``: the names TensorFlow keeps under ``experimental``.
 
 ``ValueContext`` and ``MultiWorkerMirroredStrategy`` are the objects of ``feedline.distribute``
-(the latter resolved on first access). ``PreemptionCheckpointHandler`` and ``TerminationConfig``
-(``preemption``) are imported on first access too. ``partitioners`` holds the
-``variable_partitioner`` classes of ``ParameterServerStrategy``; ``ParameterServerStrategy`` (the
-object of ``feedline.distribute``) and ``coordinator`` (``feedline.distribute.coordinator``) are
-resolved on first access.
+(the latter resolved on first access). ``partitioners`` holds the ``variable_partitioner``
+classes of ``ParameterServerStrategy``; ``ParameterServerStrategy`` (the object of
+``feedline.distribute``) and ``coordinator`` (``feedline.distribute.coordinator``) are resolved
+on first access.
+
+``PreemptionCheckpointHandler`` and ``TerminationConfig`` are TensorFlow's names for the objects
+of ``feedline.train.preemption``: the handler saves checkpoints, so it lives in
+``feedline.train``, a floor above this package, and is resolved on first access only (importing
+``feedline.distribute`` never imports ``feedline.train``).
 """
 
 from feedline import _porting
@@ -21,9 +25,9 @@ __getattr__, __dir__ = _porting.lazy_attributes(
         "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
         "coordinator": "feedline.distribute.coordinator",
         "PreemptionCheckpointHandler": (
-            "feedline.distribute.experimental.preemption:PreemptionCheckpointHandler"
+            "feedline.train.preemption:PreemptionCheckpointHandler"
         ),
-        "TerminationConfig": "feedline.distribute.experimental.preemption:TerminationConfig",
+        "TerminationConfig": "feedline.train.preemption:TerminationConfig",
     },
 )
 

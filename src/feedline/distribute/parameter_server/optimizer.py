@@ -19,47 +19,31 @@ ps-held parameters is an ``InvalidArgumentError``.
 from __future__ import annotations
 
 import functools
-import threading
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from feedline.distribute import _torch_hooks
 from feedline.distribute.parameter_server.runtime import Runtime
 from feedline.distribute.parameter_server.updates import SUPPORTED, hyperparameters
-from feedline.distribute.parameter_server.variables import PSParameter
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
-__all__ = ["install"]
+if TYPE_CHECKING:  # for annotations only: variables imports this module
+    from feedline.distribute.parameter_server.variables import PSParameter
 
-_install_lock = threading.Lock()
-_installed = False
+__all__ = ["convert"]
+
 # Optimizers rebuilt in this process from a coordinator's pickles, by identity.
 _rebuilt: dict[str, torch.optim.Optimizer] = {}
 
 
-def install() -> None:
-    """Wraps ``torch.optim.Optimizer.__init__`` (once) to turn optimizers over ps-held
-    parameters into their ps form."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        original = torch.optim.Optimizer.__init__
-
-        def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            _convert(self)
-
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign]
-        _installed = True
-
-
-def _convert(optimizer: torch.optim.Optimizer) -> None:
+def convert(optimizer: torch.optim.Optimizer, ps: Sequence[PSParameter]) -> None:
+    """Turns ``optimizer`` into its ps form if it is over ps-held parameters (``ps``, those of
+    its parameters that are ``PSParameter`` objects); ``variables`` calls it from the
+    ``Optimizer.__init__`` hook it installs."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    ps = [p for p in params if isinstance(p, PSParameter)]
     if not ps or isinstance(optimizer, _PSOptimizer):
         return
     if len(ps) != len(params):
@@ -74,8 +58,7 @@ def _convert(optimizer: torch.optim.Optimizer) -> None:
             f"{base.__name__} cannot keep its state on parameter servers; use one of "
             f"{sorted(SUPPORTED)} (torch.optim) with ParameterServerStrategy"
         )
-    # mypy takes a class object for unhashable (python/mypy#11470); classes hash by identity.
-    optimizer.__class__ = _ps_class(base)  # type: ignore[arg-type]
+    optimizer.__class__ = _ps_class(base)
     optimizer._feedline_id = uuid.uuid4().hex  # type: ignore[attr-defined]
     optimizer.state.clear()  # the ps holds it
 
@@ -94,7 +77,7 @@ class _PSOptimizer(torch.optim.Optimizer):
     def _runtime(self) -> Runtime:
         return self._params()[0].runtime
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -195,8 +178,8 @@ def _rebuild(
     optimizer = _rebuilt.get(ident)
     if optimizer is None:
         base = SUPPORTED[kind]
-        optimizer = object.__new__(_ps_class(base))  # type: ignore[arg-type]  # mypy#11470
-        torch.optim.Optimizer.__init__.__wrapped__(optimizer, groups, defaults)  # type: ignore[attr-defined]
+        optimizer = object.__new__(_ps_class(base))
+        _torch_hooks.torch_optimizer_init(optimizer, groups, defaults)
         optimizer._feedline_id = ident  # type: ignore[attr-defined]
         _rebuilt[ident] = optimizer
     else:

@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from feedline.distribute import context
+from feedline.distribute import _torch_hooks, context
 from feedline.distribute.experimental.partitioners import shard_rows
+from feedline.distribute.parameter_server import optimizer as ps_optimizer
 from feedline.distribute.parameter_server._tensors import dtype_name, parse_dtype
 from feedline.distribute.parameter_server.runtime import Cluster, Runtime
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
@@ -175,28 +176,14 @@ class Placer:
 
 
 # -- hooks ---------------------------------------------------------------------------------------
-_install_lock = threading.Lock()
-_installed = False
 _local = threading.local()
 
 
 def install_hooks() -> None:
-    """Registers the global hooks (once per process): parameter registration under a
-    ``ParameterServerStrategy`` scope, pulls before forward, optimizers over ps variables."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        from feedline.distribute.parameter_server import optimizer
-
-        # torch annotates the hook as returning None; its docstring and code take a returned
-        # parameter in place of the registered one, which _on_parameter relies on.
-        torch.nn.modules.module.register_module_parameter_registration_hook(
-            _on_parameter  # type: ignore[arg-type]
-        )
-        torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
-        optimizer.install()
-        _installed = True
+    """Installs the hooks (the ``"parameter servers"`` set of ``_torch_hooks``, once per
+    process): parameter registration under a ``ParameterServerStrategy`` scope, pulls before
+    forward, optimizers over ps variables."""
+    _torch_hooks.install(_HOOKS)
 
 
 def _placer() -> Placer | None:
@@ -289,3 +276,16 @@ def _after_load_state_dict(module: torch.nn.Module, incompatible_keys: Any) -> N
     params = _own_ps(module)
     if params:
         params[0].runtime.assign(params)
+
+
+def _on_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    ps_optimizer.convert(optimizer, [p for p in params if isinstance(p, PSParameter)])
+
+
+_HOOKS = _torch_hooks.HookSet(
+    "parameter servers",
+    on_parameter=_on_parameter,
+    before_forward=_before_forward,
+    on_optimizer=_on_optimizer,
+)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from feedline import structure
 from feedline._net import rpc as _rpc
 from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
-from feedline.data import structure
 from feedline.errors import FailedPreconditionError, UnavailableError
 from feedline.service.client.channels import _client
 from feedline.service.protocol import WORKER_SERVICE

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from feedline import structure
 from feedline._net import exit as _exit
 from feedline._net.remote_errors import error_from_report
-from feedline.data import structure
 from feedline.errors import (
     FailedPreconditionError,
     FeedlineError,

@@ -16,9 +16,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from feedline import structure
 from feedline._net.remote_errors import error_report
 from feedline._net.wire import Compressor
-from feedline.data import structure
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import Dataset
 from feedline.data.options import AutoShardPolicy

@@ -1,6 +1,9 @@
 """``PreemptionCheckpointHandler``: save at one agreed step when a worker is told to stop.
 
-``tf.distribute.experimental.PreemptionCheckpointHandler`` for PyTorch training loops. Made on
+``tf.distribute.experimental.PreemptionCheckpointHandler`` for PyTorch training loops, at that
+path as ``feedline.distribute.experimental.PreemptionCheckpointHandler`` (resolved on first
+access, so that ``feedline.distribute`` does not import ``feedline.train``). It lives with the
+checkpoints it saves, a floor above ``feedline.distribute``. Made on
 every worker, it restores the latest checkpoint of its directory (``total_run_calls`` with it)
 and watches for SIGTERM, the notice that platforms give before they stop a process. Each
 ``run(fn, ...)`` runs one training step and then learns whether any worker got the notice;
@@ -38,7 +41,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from feedline.data.dataset import DatasetIterator
 from feedline.distribute import cluster_resolver as resolvers
+from feedline.distribute.distributed_dataset import DistributedIterator
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.train import _cluster
 from feedline.train._run_checkpoint import RunCheckpoint
@@ -219,9 +224,6 @@ class PreemptionCheckpointHandler:
 
 def _iterators(checkpoint: Checkpoint) -> list[Any]:
     """The feedline iterators that ``checkpoint`` (and its nested checkpoints) hold."""
-    from feedline.data.dataset import DatasetIterator
-    from feedline.distribute.distributed_dataset import DistributedIterator
-
     found: list[Any] = []
     for obj in checkpoint._objects.values():
         if isinstance(obj, Checkpoint):

@@ -1,15 +1,18 @@
-"""Tests of feedline/data/structure.py."""
+"""Tests of feedline/structure.py, the element model (also named feedline.data.structure)."""
 
 from __future__ import annotations
 
 import collections
+import inspect
 
 import numpy as np
 import pytest
 
-from feedline.data import structure
-from feedline.data.structure import TensorSpec
+import feedline
+from feedline import structure
+from feedline.data import structure as data_structure
 from feedline.errors import InvalidArgumentError
+from feedline.structure import TensorSpec
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -111,3 +114,19 @@ def test_batch_elements_names_the_component() -> None:
 def test_empty_like_spec() -> None:
     empty = structure.empty_like_spec((TensorSpec((None, 4), np.float32),))
     assert empty[0].shape == (0, 4) and empty[0].dtype == np.float32
+
+
+def test_feedline_data_structure_is_the_element_model_under_its_older_name() -> None:
+    defined_here = {
+        name
+        for name, value in vars(structure).items()
+        if not name.startswith("_")
+        and (inspect.isfunction(value) or inspect.isclass(value))
+        and value.__module__ == structure.__name__
+    }
+    assert {"TensorSpec", "normalize", "batch_elements"} <= defined_here
+    assert defined_here <= set(data_structure.__all__)
+    for name in data_structure.__all__:
+        assert getattr(data_structure, name) is getattr(structure, name), name
+    assert feedline.TensorSpec is structure.TensorSpec
+    assert feedline.data.TensorSpec is structure.TensorSpec

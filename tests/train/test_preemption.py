@@ -1,4 +1,4 @@
-"""Tests of feedline/distribute/experimental/preemption.py: a real SIGTERM to one of two worker
+"""Tests of feedline/train/preemption.py: a real SIGTERM to one of two worker
 processes makes both save at one step and exit with code 42; restarted, they end with the
 parameters of an uninterrupted run, bit for bit."""
 
@@ -190,9 +190,9 @@ def test_sigterm_is_watched_only_from_the_main_thread(tmp_path: pathlib.Path) ->
 
 
 def test_the_documented_kubernetes_policy_restarts_on_the_handlers_exit_code() -> None:
-    from feedline.distribute.experimental import preemption
+    from feedline.train import preemption
 
-    doc = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "fault_tolerance.md").read_text()
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "fault_tolerance.md").read_text()
     assert f"values: [{preemption.RESTART_EXIT_CODE}]" in doc
     assert preemption.RESTART_EXIT_CODE == 42  # TensorFlow's
 

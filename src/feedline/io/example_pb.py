@@ -57,7 +57,7 @@ def _camel(name: str) -> str:
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
     proto = descriptor_pb2.FileDescriptorProto(
-        name="feedline/train/example.proto", package="tensorflow", syntax="proto3"
+        name="feedline/io/example.proto", package="tensorflow", syntax="proto3"
     )
     repeated = _Field.LABEL_REPEATED
     for name, kind, packed in (

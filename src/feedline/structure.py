@@ -1,0 +1,443 @@
+"""Nested element structures and their specs: the element model, on feedline's ground floor.
+
+Every layer stands on this module: ``feedline.data`` builds its elements with it, ``feedline.io``
+parses into it, ``feedline._net`` puts it on the wire, ``feedline.service`` and
+``feedline.distribute`` carry it. It imports nothing of feedline but ``feedline.errors``.
+``feedline.data.structure`` re-exports it under its older name (the same objects), and
+``feedline.TensorSpec`` is its ``TensorSpec``.
+
+An element is a nested structure (tuple, list, dict, namedtuple) whose leaves are NumPy arrays.
+Python scalars, strings and bytes become 0-d arrays: ``int`` → int64, ``float`` → float32 (as
+TensorFlow and PyTorch default to), ``bool`` → bool, ``str`` → unicode (``U``). The nested part
+is handled by optree; this module is the only place that knows about it.
+
+Byte strings (``bytes``, TFRecord records, text lines, file names) are object arrays whose items
+are Python ``bytes``, as TensorFlow's ``.numpy()`` gives them: a 0-d object array for one string,
+an n-d one for a batch. NumPy ``S`` arrays are not used, since they drop trailing NUL bytes
+(``b"a\\x00"`` would read back as ``b"a"``): ``S`` arrays, ``np.bytes_`` and lists of bytes given
+to feedline become object arrays of ``bytes``, and an object array is a leaf only if it holds
+``bytes``. Read one string with ``.item()`` (not ``bytes(array)``, which copies the array's
+memory, not the string).
+
+    >>> spec_of(normalize((1, {"a": 2.0})))
+    (TensorSpec(shape=(), dtype=int64), {'a': TensorSpec(shape=(), dtype=float32)})
+    >>> leaf = normalize(b"a\\x00")
+    >>> leaf.dtype, leaf.item(), spec_of(leaf)
+    (dtype('O'), b'a\\x00', TensorSpec(shape=(), dtype=bytes))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import optree
+
+from feedline.errors import InvalidArgumentError
+
+__all__ = [
+    "BYTES",
+    "TensorSpec",
+    "batch_elements",
+    "bytes_array",
+    "bytes_scalar",
+    "flatten",
+    "is_compatible",
+    "map_structure",
+    "normalize",
+    "spec_of",
+    "unflatten",
+]
+
+Element = Any
+_NONE_IS_LEAF = True
+
+#: The dtype of byte-string leaves: object arrays whose items are Python ``bytes``.
+BYTES = np.dtype(object)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """The shape and dtype of one leaf of an element; ``None`` marks an unknown dimension.
+
+    Byte strings have dtype ``object`` (``BYTES``; ``np.bytes_`` and ``S`` dtypes given here
+    become it), shown as ``dtype=bytes``. Unicode dtypes are kept by kind only
+    (``np.dtype("U")``), since strings in different elements have different lengths.
+    """
+
+    shape: tuple[int | None, ...]
+    dtype: np.dtype
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", _spec_dtype(np.dtype(self.dtype)))
+
+    def __repr__(self) -> str:
+        dtype = {"O": "bytes", "U": "str"}.get(self.dtype.kind, self.dtype.name)
+        return f"TensorSpec(shape={self.shape}, dtype={dtype})"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def is_compatible_with(self, other: TensorSpec | np.ndarray) -> bool:
+        """Whether ``other`` (a spec or an array) fits this spec."""
+        if not isinstance(other, TensorSpec):
+            other = TensorSpec(np.shape(other), np.asarray(other).dtype)
+        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+            return False
+        return all(
+            a is None or b is None or a == b for a, b in zip(self.shape, other.shape, strict=True)
+        )
+
+    def most_specific_common(self, other: TensorSpec) -> TensorSpec:
+        """The narrowest spec both fit: dimensions that differ become ``None``."""
+        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+            raise InvalidArgumentError(f"specs {self} and {other} have no common spec")
+        shape = tuple(a if a == b else None for a, b in zip(self.shape, other.shape, strict=True))
+        return TensorSpec(shape, self.dtype)
+
+    def batched(self, batch_size: int | None) -> TensorSpec:
+        return TensorSpec((batch_size, *self.shape), self.dtype)
+
+    def unbatched(self) -> TensorSpec:
+        if not self.shape:
+            raise InvalidArgumentError(f"cannot unbatch a scalar component {self}")
+        return TensorSpec(self.shape[1:], self.dtype)
+
+
+def _spec_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.kind in "SO":
+        return BYTES
+    if dtype.kind == "U":
+        return np.dtype("U")
+    return dtype
+
+
+def bytes_scalar(value: bytes) -> np.ndarray:
+    """``value`` as a 0-d object array holding it (exactly, trailing NUL bytes included)."""
+    out = np.empty((), dtype=object)
+    out[()] = value
+    return out
+
+
+def bytes_array(values: Sequence[bytes]) -> np.ndarray:
+    """``values`` as a 1-d object array of ``bytes``."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def as_bytes_leaf(array: np.ndarray, encode_str: bool = False) -> np.ndarray:
+    """``array`` if it is an object array of ``bytes``; an ``S`` array as one (its strings as
+    ``S`` gives them, without trailing NUL bytes); an object array whose items are ``bytes``-like
+    (``np.bytes_``, 0-d byte-string arrays) with them as ``bytes``. With ``encode_str``, ``str``
+    items become their UTF-8 bytes.
+
+    Raises:
+      InvalidArgumentError: an object array holds something else (the type is named).
+    """
+    if array.dtype.kind == "S":
+        return array.astype(object)
+    items = array.ravel().tolist() if array.ndim else [array.item()]
+    if all(type(x) is bytes for x in items):
+        return array
+    fixed = [
+        x.encode("utf-8") if encode_str and isinstance(x, str) else _as_bytes_item(x) for x in items
+    ]
+    out = np.empty(array.shape, dtype=object)
+    if array.ndim:
+        out.ravel()[:] = fixed
+    else:
+        out[()] = fixed[0]
+    return out
+
+
+def _as_bytes_item(item: Any) -> bytes:
+    if isinstance(item, bytes):
+        return bytes(item)
+    if isinstance(item, np.ndarray) and item.ndim == 0 and item.dtype.kind in "SO":
+        return _as_bytes_item(item.item())
+    raise InvalidArgumentError(
+        f"an object array is a leaf only if it holds bytes (byte strings), but it holds an item "
+        f"of type {type(item).__name__} ({item!r}); use a numeric or str dtype, or encode the "
+        "values as bytes"
+    )
+
+
+def zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array of ``shape`` filled with zeros, ``False``, ``""`` or, for ``BYTES``, ``b""``."""
+    if dtype == BYTES:
+        return full_bytes(shape, b"")
+    return np.zeros(shape, dtype=dtype)
+
+
+def full_bytes(shape: tuple[int, ...], value: bytes) -> np.ndarray:
+    """An object array of ``shape`` whose every item is ``value``. (``np.full(shape, value,
+    dtype=object)`` goes through an ``S`` array and drops ``value``'s trailing NUL bytes.)"""
+    out = np.empty(shape, dtype=object)
+    out.fill(value)
+    return out
+
+
+def row(leaf: np.ndarray, index: Any) -> np.ndarray:
+    """``leaf[index]``, but a 0-d array (not a bare ``bytes``) for a row of a 1-d object array."""
+    return leaf[index, ...] if leaf.dtype == BYTES else leaf[index]
+
+
+_PY_DTYPES: dict[type, np.dtype] = {
+    bool: np.dtype(np.bool_),
+    int: np.dtype(np.int64),
+    float: np.dtype(np.float32),
+}
+
+
+def to_array(value: Any) -> np.ndarray:
+    """One leaf as a NumPy array (or NumPy scalar, which behaves as a 0-d array); ``bytes`` (and
+    ``S`` or object arrays of them) as object arrays of ``bytes``."""
+    if isinstance(value, np.ndarray | np.generic):
+        return as_bytes_leaf(np.asarray(value)) if value.dtype.kind in "SO" else value
+    dtype = _PY_DTYPES.get(type(value))
+    if dtype is not None:
+        return np.asarray(value, dtype=dtype)
+    if isinstance(value, bytes):
+        return bytes_scalar(bytes(value))
+    if hasattr(value, "__array__") or hasattr(value, "numpy"):
+        # torch tensors and other array-likes.
+        value = (
+            value.numpy() if hasattr(value, "numpy") and not hasattr(value, "__array__") else value
+        )
+        array = np.asarray(value)
+        return as_bytes_leaf(array) if array.dtype.kind in "SO" else array
+    if isinstance(value, list | tuple) or value is None:
+        raise InvalidArgumentError(f"cannot convert {value!r} to an array leaf")
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise InvalidArgumentError(
+            f"cannot convert {type(value).__name__} value {value!r} to a NumPy array of a "
+            "numeric, bool or string dtype"
+        )
+    if array.dtype.kind == "f" and array.dtype != np.float32 and not isinstance(value, np.ndarray):
+        array = array.astype(np.float32)
+    return array
+
+
+def _convert_list_leaf(value: list) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        array = np.empty(0, dtype=object)
+    if array.dtype.kind in "SO" and array.size:
+        # Built again from the items: an ``S`` array would drop trailing NUL bytes.
+        array = np.array(value, dtype=object)
+        try:
+            return as_bytes_leaf(array)
+        except InvalidArgumentError as error:
+            raise InvalidArgumentError(
+                f"mixed list {value!r} cannot become an array: {error}"
+            ) from None
+    if array.dtype == object:
+        raise InvalidArgumentError(f"ragged or mixed list {value!r} cannot become an array")
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    return array
+
+
+def _is_leaf(value: Any) -> bool:
+    return isinstance(value, list | np.ndarray | np.generic)
+
+
+_ARRAY_TYPES = (np.ndarray, np.generic)
+
+
+def normalize(value: Element) -> Element:
+    """Converts every leaf of ``value`` to a NumPy array.
+
+    Lists are leaves (as in tf.data, ``[1, 2]`` is one tensor, not two); tuples, dicts and
+    namedtuples are structure.
+    """
+    if isinstance(value, _ARRAY_TYPES):
+        return to_array(value)
+    if type(value) is tuple:
+        # The common case, a flat tuple of numeric arrays, returns as it is (a hot path).
+        for v in value:
+            if not isinstance(v, _ARRAY_TYPES) or v.dtype.kind in "SO":
+                return tuple(normalize(v) for v in value)
+        return value
+    return optree.tree_map(_convert_leaf, value, is_leaf=_is_leaf, none_is_leaf=_NONE_IS_LEAF)
+
+
+def _convert_leaf(value: Any) -> np.ndarray:
+    if type(value) is list:
+        return _convert_list_leaf(value)
+    return to_array(value)
+
+
+def flatten(value: Element) -> tuple[list[Any], optree.PyTreeSpec]:
+    """The leaves of ``value`` in a fixed order and the structure to rebuild it."""
+    return optree.tree_flatten(value, is_leaf=_is_leaf, none_is_leaf=_NONE_IS_LEAF)
+
+
+def unflatten(treespec: optree.PyTreeSpec, leaves: Sequence[Any]) -> Element:
+    return optree.tree_unflatten(treespec, list(leaves))
+
+
+def map_structure(fn: Callable[..., Any], *values: Element) -> Element:
+    """Applies ``fn`` leaf-wise over one or more structures of the same shape."""
+    if len(values) == 1 and isinstance(values[0], np.ndarray | np.generic):
+        return fn(values[0])
+    return optree.tree_map(
+        fn,
+        *values,
+        is_leaf=lambda v: isinstance(v, np.ndarray | np.generic | TensorSpec | list),
+        none_is_leaf=_NONE_IS_LEAF,
+    )
+
+
+def _spec_leaf(v: Any) -> bool:
+    return isinstance(v, np.ndarray | np.generic | TensorSpec)
+
+
+def spec_of(element: Element) -> Any:
+    """The ``TensorSpec`` structure of one normalised element."""
+    return optree.tree_map(
+        lambda a: (
+            TensorSpec(np.shape(a), np.asarray(a).dtype) if not isinstance(a, TensorSpec) else a
+        ),
+        element,
+        is_leaf=_spec_leaf,
+        none_is_leaf=_NONE_IS_LEAF,
+    )
+
+
+def spec_leaves(spec: Any) -> list[TensorSpec]:
+    return optree.tree_leaves(spec, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)
+
+
+def map_spec(fn: Callable[..., Any], *specs: Any) -> Any:
+    return optree.tree_map(fn, *specs, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)
+
+
+def same_structure(a: Any, b: Any) -> bool:
+    sa = optree.tree_structure(a, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)
+    sb = optree.tree_structure(b, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)
+    return sa == sb
+
+
+def is_compatible(spec: Any, element: Element) -> bool:
+    """Whether ``element`` has the structure of ``spec`` and every leaf fits its spec."""
+    try:
+        pairs = optree.tree_map(
+            lambda s, a: s.is_compatible_with(a),
+            spec,
+            element,
+            is_leaf=_spec_leaf,
+            none_is_leaf=_NONE_IS_LEAF,
+        )
+    except ValueError:
+        return False
+    return all(optree.tree_leaves(pairs))
+
+
+def common_spec(a: Any, b: Any, what: str = "elements") -> Any:
+    """The most specific spec that both spec structures fit; a clear error where none exists."""
+    if not same_structure(a, b):
+        raise InvalidArgumentError(f"{what} have different structures: {a} vs {b}")
+    return map_spec(lambda x, y: x.most_specific_common(y), a, b)
+
+
+def batch_elements(elements: Sequence[Element], operation: str = "batch") -> Element:
+    """Stacks equal-shaped elements along a new leading dimension.
+
+    Raises:
+      InvalidArgumentError: the elements differ in shape; the message names the component.
+    """
+    first = elements[0]
+    if isinstance(first, np.ndarray | np.generic):
+        return _stack(elements, "component 0", operation)
+    if type(first) is tuple:
+        return tuple(
+            _stack(column, f"component {i}", operation)
+            if isinstance(column[0], np.ndarray | np.generic)
+            else batch_elements(column, operation)
+            for i, column in enumerate(zip(*elements, strict=True))
+        )
+    leaves0, treespec = flatten(first)
+    columns: list[list[Any]] = [[] for _ in leaves0]
+    for element in elements:
+        leaves, spec = flatten(element)
+        if spec != treespec:
+            raise InvalidArgumentError(
+                f"{operation}: elements have different structures: {treespec} vs {spec}"
+            )
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    paths = optree.tree_paths(first, is_leaf=_is_leaf, none_is_leaf=_NONE_IS_LEAF)
+    return unflatten(
+        treespec,
+        [
+            _stack(c, "component " + "/".join(map(str, p)), operation)
+            for c, p in zip(columns, paths, strict=True)
+        ],
+    )
+
+
+def _stack(column: Sequence[np.ndarray], name: str, operation: str) -> np.ndarray:
+    try:
+        out = np.asarray(column) if isinstance(column[0], np.generic) else np.stack(column)
+    except ValueError:
+        shapes = sorted({np.shape(a) for a in column})
+        raise InvalidArgumentError(
+            f"{operation}: cannot batch {name}: elements have different shapes {shapes}; "
+            "use padded_batch to pad them to a common shape"
+        ) from None
+    if out.dtype == BYTES and not all(
+        isinstance(a, np.ndarray) and a.dtype == BYTES for a in column
+    ):
+        # Byte strings stack into an object array; anything else mixed into them does not.
+        raise InvalidArgumentError(f"{operation}: cannot batch {name}: mixed types in {column!r}")
+    return out
+
+
+def slice_element(element: Element, index: int | slice | np.ndarray) -> Element:
+    """Row ``index`` of every leaf (used by unbatch, rebatch and sliced sources)."""
+    if isinstance(element, np.ndarray):
+        return row(element, index)
+    if type(element) is tuple:
+        return tuple(slice_element(e, index) for e in element)
+    return optree.tree_map(
+        lambda a: row(a, index), element, is_leaf=_is_leaf, none_is_leaf=_NONE_IS_LEAF
+    )
+
+
+def leading_dim(element: Element) -> int:
+    """The size of the leading dimension shared by every leaf of a batched element."""
+    leaves, _ = flatten(element)
+    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
+    if None in sizes:
+        raise InvalidArgumentError("cannot unbatch an element with a scalar component")
+    if len(sizes) != 1:
+        raise InvalidArgumentError(f"components have different leading dimensions {sorted(sizes)}")
+    return sizes.pop()
+
+
+def read_only(leaf: Any) -> Any:
+    """A read-only view of an array leaf (other leaves as they are): elements that a dataset hands
+    out more than once, or that view a user's arrays, are immutable as tensors are."""
+    if isinstance(leaf, np.ndarray):
+        leaf = leaf.view()
+        leaf.flags.writeable = False
+    return leaf
+
+
+def empty_like_spec(spec: Any) -> Element:
+    """A batch of zero rows for ``spec``; unknown dimensions past the first become 0."""
+    return map_spec(lambda s: zeros((0, *(d or 0 for d in s.shape[1:])), s.dtype), spec)
+
+
+def spec_structure(spec: Any) -> optree.PyTreeSpec:
+    """The structure of a ``TensorSpec`` structure: ``unflatten`` with it rebuilds an element
+    from the leaves ``flatten`` gave of an element of that spec."""
+    return optree.tree_structure(spec, is_leaf=_spec_leaf, none_is_leaf=_NONE_IS_LEAF)
