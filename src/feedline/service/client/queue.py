@@ -30,8 +30,12 @@ Example:
   >>> queue.put(7, [Item("a", 1, 7), Item("b", 1, 7)], credits)
   >>> queue.get(0).element, queue.get(0).element
   ('a', 'b')
-  >>> queue.end_tasks([7], completed=True)
+  >>> queue.end_tasks([7], completed=True)  # no task left to read
   False
+  >>> queue.get(0) is None  # until a view asked for since then lists no other task
+  True
+  >>> queue.update([], asked_after=queue.ends())
+  []
   >>> queue.get(0)
   Traceback (most recent call last):
   ...
