@@ -101,7 +101,7 @@ def covers(ranges: Sequence[Sequence[int]], count: int) -> bool:
 
 def _last_start(ranges: Sequence[Sequence[int]], offset: int) -> int:
     """The index of the last range starting at or before ``offset`` (-1 if none)."""
-    return bisect.bisect_right(ranges, [offset, float("inf")]) - 1
+    return bisect.bisect_right(ranges, offset, key=lambda pair: pair[0]) - 1
 
 
 def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:

@@ -1,5 +1,5 @@
-"""Tests of feedline/service/client/dataset.py and _job_reader.py: distribute() and its options, end
-to end in process.
+"""Tests of feedline/service/client/dataset.py, job_reader.py and fetch.py: distribute() and its
+options, end to end in process.
 
 The seed's examples are tests with their printed outputs.
 """
@@ -18,7 +18,9 @@ from feedline import errors, service
 from feedline.data import Dataset, TensorSpec, TextLineDataset
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
+from feedline.service.client import fetch as _fetch
 from feedline.service.client import job_reader as _job_reader
+from feedline.service.protocol import JobView
 from tests.service.conftest import static_cluster
 
 
@@ -367,9 +369,7 @@ def test_max_outstanding_requests_bounds_what_the_consumer_holds(make_cluster: A
     seen = [float(next(iterator)[0])]
     time.sleep(0.5)  # time for the fetchers to fill whatever room there is
     reader = iterator._reader  # type: ignore[attr-defined]
-    with reader._cond:
-        held = len(reader._results)
-        credits = reader._credits
+    held, credits = len(reader.queue), reader.queue.credits
     assert held <= 3 and credits >= 0
     seen += [float(e[0]) for e in iterator]
     assert sorted(seen) == sorted([float(x) for x in range(200)] * 2)
@@ -460,8 +460,7 @@ def test_a_consumer_that_stops_reading_does_not_stall_the_others(make_cluster: A
     taken = [int(next(idle))]  # then it never reads again, and never closes
     rest = [int(x) for x in iter(shared())]
     reader = idle._reader  # type: ignore[attr-defined]
-    with reader._cond:
-        held = [int(e) for e, *_ in reader._results]
+    held = [int(e) for e in reader.queue.held()]
     assert len(held) <= 4
     assert sorted(taken + held + rest) == list(range(300))
 
@@ -470,14 +469,14 @@ def test_elements_on_their_way_are_read_before_the_end(
     make_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = make_cluster(1)
-    deliver = _job_reader._JobReader._deliver
+    deliver = _fetch.Fetchers._deliver
 
-    def slow_deliver(reader: Any, elements: list[Any], *rest: Any) -> None:
+    def slow_deliver(fetchers: Any, elements: list[Any], *rest: Any) -> None:
         if elements:  # meanwhile the worker says its task is done, and the job ends
             time.sleep(2.5)
-        deliver(reader, elements, *rest)
+        deliver(fetchers, elements, *rest)
 
-    monkeypatch.setattr(_job_reader._JobReader, "_deliver", slow_deliver)
+    monkeypatch.setattr(_fetch.Fetchers, "_deliver", slow_deliver)
     dataset = Dataset.range(5).apply(service.distribute("parallel_epochs", cluster.target))
     assert ints(dataset) == [0, 1, 2, 3, 4]
 
@@ -693,8 +692,9 @@ def test_a_task_made_after_the_consumer_joined_is_read_before_the_end(
     apply_view = _job_reader._JobReader._apply_view
     slowed = threading.Event()
 
-    def slow_news(reader: Any, view: dict[str, Any], *args: Any) -> bool:
-        if reader._tasks and any(int(t) not in reader._tasks for t, _, _ in view["tasks"]):
+    def slow_news(reader: Any, view: JobView, *args: Any) -> bool:
+        known = {task_id for task_id, _ in reader.queue.tasks()}
+        if known and any(task.task_id not in known for task in view.tasks):
             slowed.set()
             time.sleep(1.5)  # meanwhile worker 0's task ends
         return apply_view(reader, view, *args)

@@ -321,7 +321,7 @@ class _ServiceIterator(DatasetIterator):
         return self._reader.position().to_state()
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        params = self._reader._params
+        params = self._reader.params
         check_checkpointable(int(params.mode), params.num_consumers, self._reader.exactly_once)
         position = position_from_state(state, int(params.mode))
         if self._closed:

@@ -1,230 +1,279 @@
-"""The consumer's fetch threads: ``Fetchers``, the reading half of ``_job_reader._JobReader``.
+"""The consumer's fetch threads: ``Fetchers`` read a job's tasks into the reader's
+``ElementQueue``.
 
-First come, first served: one thread per task asks for as many elements as the consumer has room
-for (``_acquire``: ``max_outstanding_requests`` elements in flight and buffered, and
-``_BUFFER_BYTES``), several per reply when they are small. Round robin: one thread reads round
-``r`` from task ``r % num_tasks``, never skipping one. Replies of same-host workers come through
-shared memory (``shm``); in an exactly-once job a reply's elements carry their ``[split,
-offset]``, and those already received, or from a task this consumer closed, are dropped
-(``_first_receipts``).
+First come, first served: one thread per task asks for as many elements as the queue has room
+for (``ElementQueue.acquire``), several per reply when they are small. Round robin: one thread
+reads round ``r`` from task ``r % num_tasks``, never skipping one. Replies of same-host workers
+come through shared memory (``shm``); in an exactly-once job a reply's elements carry their
+``[split, offset]``, and the reader says which of them to keep (``ReaderLink.admit``).
+
+The fetchers know the queue, the shared-memory channels and a ``ReaderLink``: nothing else of the
+reader.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
 
 from feedline import structure
 from feedline._net import rpc as _rpc
 from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
-from feedline.errors import FailedPreconditionError, UnavailableError
+from feedline.errors import UnavailableError
 from feedline.service.client.channels import _client
-from feedline.service.protocol import WORKER_SERVICE
+from feedline.service.client.queue import ElementQueue, Item
+from feedline.service.protocol import WORKER_SERVICE, ElementsReply
+from feedline.service.shm import ConsumerChannels
 
-__all__ = ["Fetchers"]
+__all__ = ["REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
 
-# Elements' bytes a consumer keeps in flight and buffered.
-_BUFFER_BYTES = 64 << 20
-# The most bytes one reply carries (one larger element still travels alone).
-_REPLY_BYTES = 8 << 20
+#: The most bytes one reply carries (one larger element still travels alone).
+REPLY_BYTES = 8 << 20
+#: The longest one RPC to a reachable server may take.
+RPC_TIMEOUT_S = 30.0
 _POLL_MS = 500
-# The longest one RPC to a reachable server may take.
-_RPC_TIMEOUT_S = 30.0
+
+
+class ReaderLink(Protocol):
+    """What the fetch threads need of their reader besides its queue."""
+
+    def consumers(self) -> int:
+        """The job's consumers, as the dispatcher last said (a hint for the workers)."""
+        ...
+
+    def admit(self, task_id: int, tags: Sequence[Sequence[int]] | None, count: int) -> list[bool]:
+        """Which of the ``count`` elements of a reply of ``task_id`` (tagged ``tags`` in an
+        exactly-once job) to keep."""
+        ...
+
+    def tasks_ended(self) -> None:
+        """No task known to the queue can be read any more (the reader asks the dispatcher
+        whether the job has others)."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """The job failed for this consumer."""
+        ...
+
+
+class _Reply:
+    """A GetElements reply, its elements unpacked."""
+
+    def __init__(self, header: ElementsReply, elements: list[list[np.ndarray]]) -> None:
+        self.header = header
+        self.elements = elements
 
 
 class Fetchers:
-    """The fetch threads of ``_JobReader``.
+    """The fetch threads of one consumer of job ``job_id``.
 
-    A base of ``_JobReader`` only: its methods use the reader's buffer, lock and task sets.
+    Args:
+      queue: where elements, ends and errors go (the reader's).
+      link: the rest of what the threads need of the reader.
+      shm: the reader's shared-memory channels.
+      treespec: the structure of an element (its leaves arrive flat).
+      client_id: the consumer's id (in requests, first come first served).
+      job_id: the job's id (in errors).
+      consumer_index: the consumer's index in round robin, else None.
+      timeout_s: how long a round-robin worker may stay unreachable.
+      connect: the channel to a worker at an address.
     """
 
-    def _acquire(self) -> int:
-        """Credits for one request (0 when stopping): at most the consumer's share of room."""
-        with self._cond:
-            while not self._stopping.is_set() and (
-                self._credits <= 0 or self._buffered_bytes >= _BUFFER_BYTES
-            ):
-                self._cond.wait(0.5)
-            if self._stopping.is_set():
-                return 0
-            active = max(1, len(self._tasks) - len(self._completed) - len(self._lost))
-            share = max(1, self._credits // active)
-            self._credits -= share
-            return share
+    def __init__(
+        self,
+        queue: ElementQueue,
+        link: ReaderLink,
+        shm: ConsumerChannels,
+        treespec: Any,
+        *,
+        client_id: int,
+        job_id: int,
+        consumer_index: int | None,
+        timeout_s: float,
+        connect: Callable[[str], _rpc.RpcClient] = lambda address: _client(address, WORKER_SERVICE),
+    ) -> None:
+        self._queue = queue
+        self._link = link
+        self._shm = shm
+        self._treespec = treespec
+        self._client_id = client_id
+        self._job_id = job_id
+        self._consumer_index = consumer_index
+        self._timeout_s = timeout_s
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._threads: dict[int, threading.Thread] = {}
+
+    def start_task(self, task_id: int) -> None:
+        """Reads ``task_id`` first come, first served, in a thread of its own."""
+        self._start(task_id, self._fetch_first_come)
+
+    def start_rounds(self) -> None:
+        """Reads the job's tasks in round robin, in one thread (once)."""
+        self._start(-1, self._fetch_rounds)
+
+    def _start(self, key: int, target: Callable[[int], None]) -> None:
+        with self._lock:
+            if self._queue.closed or key in self._threads:
+                return
+            thread = self._threads[key] = threading.Thread(
+                target=target,
+                args=(key,),
+                name=f"feedline-consumer-{self._client_id}-fetch-{key}",
+                daemon=True,
+            )
+        thread.start()
 
     def _deliver(
         self,
-        elements: list[list[Any]],
+        elements: list[list[np.ndarray]],
         credits: int,
         task_id: int,
         tags: list[list[int]] | None = None,
     ) -> None:
-        treespec = self._treespec
+        """Puts the ``elements`` a request of ``credits`` brought from ``task_id`` on the
+        queue (those the reader admits)."""
         items = []
         for index, leaves in enumerate(elements):
             size = sum(leaf.nbytes for leaf in leaves)
             # 0-d numbers come back as NumPy scalars, as feedline.data's sources give them.
-            leaves = [
+            values = [
                 leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
                 for leaf in leaves
             ]
             tag = tags[index] if tags is not None and index < len(tags) else None
-            items.append((structure.unflatten(treespec, leaves), size, task_id, tag))
-        with self._cond:
-            if self._receipts is not None and items:
-                items = self._first_receipts(items, task_id, tags)
-            self._results.extend(items)
-            self._credits += credits - len(items)
-            self._buffered_bytes += sum(item[1] for item in items)
-            self._cond.notify_all()
+            items.append(Item(structure.unflatten(self._treespec, values), size, task_id, tag))
+        if items:
+            keep = self._link.admit(task_id, tags, len(items))
+            items = [item for item, kept in zip(items, keep, strict=True) if kept]
+        self._queue.put(task_id, items, credits)
 
-    def _first_receipts(
-        self, items: list[Any], task_id: int, tags: list[list[int]] | None
-    ) -> list[Any]:
-        """(Under the lock.) The elements of an exactly-once job's reply that this consumer
-        takes: none from a task it closed, none it received before (a replayed split)."""
-        if task_id in self._closed:
-            return []
-        if tags is None or len(tags) != len(items):
-            raise FailedPreconditionError(
-                f"the worker {self._tasks.get(task_id)} sent elements of exactly-once job "
-                f"{self._job_id} without their [split, offset] tags"
-            )
-        receipts = self._receipts
-        assert receipts is not None
-        return [item for item in items if receipts.take(*item[3])]
+    def _end_tasks(self, task_ids: Sequence[int], completed: bool) -> None:
+        """``task_ids`` ended here (a worker said so); if no task known can be read any more,
+        the reader asks the dispatcher whether the job has others."""
+        if not self._queue.end_tasks(task_ids, completed):
+            self._link.tasks_ended()
 
-    def _end_tasks(self, task_ids: Any, completed: bool) -> None:
-        """``task_ids`` ended here (a worker said so); if no task this consumer knows can be
-        read any more, asks the dispatcher whether the job has others (``_refresh_view``)."""
-        with self._cond:
-            (self._completed if completed else self._lost).update(task_ids)
-            self._task_ends += 1
-            self._note_liveness()
-            self._cond.notify_all()
-            readable = any(t not in self._completed and t not in self._lost for t in self._tasks)
-        if not readable:
-            self._refresh_view()
-
-    def _read(self, worker: _rpc.RpcClient, request: dict[str, Any]) -> dict[str, Any] | None:
-        """One GetElements call: its header, with ``elements`` added; None if the worker
-        cannot be reached (only a failed RPC means that)."""
+    def _read(self, worker: _rpc.RpcClient, request: dict[str, Any]) -> _Reply | None:
+        """One GetElements call; None if the worker cannot be reached (only a failed RPC means
+        that)."""
         try:
             frame = worker.call_frame(
                 "GetElements",
                 encode_frame(self._shm.ask(worker.address, request)),
-                timeout=_POLL_MS / 1000 + _RPC_TIMEOUT_S,
+                timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S,
             )
         except UnavailableError:
             self._shm.lost(worker.address)
             return None
         header, buffers = decode_frame(frame)
         buffers = self._shm.received(worker.address, header, buffers)
-        meta = header.get("meta")
-        header["elements"] = [] if meta is None else unpack_elements(meta, buffers)
-        return header
+        reply = ElementsReply.from_header(header)
+        return _Reply(reply, [] if reply.meta is None else unpack_elements(reply.meta, buffers))
 
     def _fetch_first_come(self, task_id: int) -> None:
-        worker = _client(self._tasks[task_id], WORKER_SERVICE)
+        queue = self._queue
         try:
-            while not self._stopping.is_set():
-                with self._cond:
-                    if task_id in self._completed or task_id in self._lost:
-                        return
-                credits = self._acquire()
+            worker = self._connect(queue.address(task_id) or "")
+            while not queue.closed:
+                if not queue.readable(task_id):
+                    return
+                credits = queue.acquire()
                 if not credits:
                     return
-                with self._cond:
-                    self._in_flight.add(task_id)
-                try:
+                with queue.reading(task_id):
                     reply = self._read(
                         worker,
                         {
                             "task_id": task_id,
                             "consumer": self._client_id,
-                            "consumers": self._consumers,
-                            "held": len(self._results),
+                            "consumers": self._link.consumers(),
+                            "held": len(queue),
                             "max_elements": credits,
-                            "max_bytes": _REPLY_BYTES,
+                            "max_bytes": REPLY_BYTES,
                             "wait_ms": _POLL_MS,
                         },
                     )
-                    self._deliver(
-                        [] if reply is None else reply["elements"],
-                        credits,
-                        task_id,
-                        None if reply is None else reply.get("tags"),
-                    )
-                finally:
-                    with self._cond:
-                        self._in_flight.discard(task_id)
-                        self._cond.notify_all()
+                    if reply is None:
+                        self._deliver([], credits, task_id)
+                    else:
+                        self._deliver(reply.elements, credits, task_id, reply.header.tags)
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
-                    self._stopping.wait(0.1)
-                elif reply.get("error") is not None:
-                    self._fail(error_from_report(reply["error"]))
+                    queue.wait_closed(0.1)
+                elif reply.header.error is not None:
+                    self._link.fail(error_from_report(reply.header.error))
                     return
-                elif reply.get("eos") or reply.get("gone"):
-                    self._end_tasks([task_id], completed=bool(reply.get("eos")))
+                elif reply.header.eos or reply.header.gone:
+                    self._end_tasks([task_id], completed=reply.header.eos)
                     return
         except BaseException as error:
-            self._fail(error)
+            self._link.fail(error)
 
     def _fetch_rounds(self, _: int) -> None:
         """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is
         gone fails the read: skipping its rounds would put the consumers out of step."""
-        params = self._params
+        queue = self._queue
         round_index = 0
         try:
-            while not self._stopping.is_set():
-                if not self._acquire():
+            while not queue.closed:
+                if not queue.acquire():
                     return
-                with self._cond:
-                    tasks = sorted(self._tasks.items())
+                tasks = queue.tasks()
                 task_id, address = tasks[round_index % len(tasks)]
-                worker = _client(address, WORKER_SERVICE)
-                request = {
-                    "task_id": task_id,
-                    "consumer_index": params.consumer_index,
-                    "round": round_index // len(tasks),
-                    "wait_ms": _POLL_MS,
-                }
-                unreachable_since: float | None = None
-                while True:
-                    if self._stopping.is_set():
-                        return
-                    with self._cond:
-                        lost = task_id in self._lost
-                    reply = None if lost else self._read(worker, request)
-                    if reply is not None and reply.get("error") is not None:
-                        raise error_from_report(reply["error"])
-                    now = time.monotonic()
-                    if reply is None:
-                        unreachable_since = unreachable_since or now
-                    if (
-                        lost
-                        or (reply or {}).get("gone")
-                        or now - (unreachable_since or now) > self._timeout_s
-                    ):
-                        raise UnavailableError(
-                            f"worker {address}, which serves every {len(tasks)}th round of "
-                            f"round-robin job {self._job_id}, is gone (at round {round_index}); "
-                            "round-robin consumers cannot skip its rounds without falling out "
-                            "of step with each other. Iterate the dataset again for a new job"
-                        )
-                    if reply is not None and (reply["elements"] or reply.get("eos")):
-                        break
-                    if reply is None:
-                        self._stopping.wait(0.1)
-                if reply.get("eos"):
-                    self._deliver([], 1, task_id)
-                    with self._cond:
-                        known = list(self._tasks)
-                    self._end_tasks(known, completed=True)
+                reply = self._read_round(task_id, address, round_index, len(tasks))
+                if reply is None:
                     return
-                self._deliver(reply["elements"], 1, task_id)
+                if reply.header.eos:
+                    self._deliver([], 1, task_id)
+                    self._end_tasks([t for t, _ in queue.tasks()], completed=True)
+                    return
+                self._deliver(reply.elements, 1, task_id)
                 round_index += 1
         except BaseException as error:
-            self._fail(error)
+            self._link.fail(error)
+
+    def _read_round(
+        self, task_id: int, address: str, round_index: int, num_tasks: int
+    ) -> _Reply | None:
+        """The reply of ``task_id`` with this consumer's element of round ``round_index``, or
+        the end of its input; None once the queue closed.
+
+        Raises:
+          UnavailableError: the worker is gone, or unreachable for ``timeout_s``.
+          BaseException: the error its pipeline raised.
+        """
+        worker = self._connect(address)
+        request = {
+            "task_id": task_id,
+            "consumer_index": self._consumer_index,
+            "round": round_index // num_tasks,
+            "wait_ms": _POLL_MS,
+        }
+        unreachable_since: float | None = None
+        while not self._queue.closed:
+            lost = self._queue.is_lost(task_id)
+            reply = None if lost else self._read(worker, request)
+            if reply is not None and reply.header.error is not None:
+                raise error_from_report(reply.header.error)
+            now = time.monotonic()
+            if reply is None:
+                unreachable_since = unreachable_since or now
+            gone = reply is not None and reply.header.gone
+            if lost or gone or now - (unreachable_since or now) > self._timeout_s:
+                raise UnavailableError(
+                    f"worker {address}, which serves every {num_tasks}th round of "
+                    f"round-robin job {self._job_id}, is gone (at round {round_index}); "
+                    "round-robin consumers cannot skip its rounds without falling out "
+                    "of step with each other. Iterate the dataset again for a new job"
+                )
+            if reply is not None and (reply.elements or reply.header.eos):
+                return reply
+            if reply is None:
+                self._queue.wait_closed(0.1)
+        return None

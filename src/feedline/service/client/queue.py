@@ -1,0 +1,313 @@
+"""``ElementQueue``: what a consumer's fetch threads hand its job reader.
+
+The reader (``job_reader._JobReader``) owns the queue and gives it to its fetch threads
+(``fetch.Fetchers``); neither reaches into the other. The queue is bounded twice: by
+*credits* (elements in flight and buffered: a fetch thread ``acquire``\\ s them before a request
+and ``put`` returns those the reply did not use) and by bytes buffered. It also keeps what is
+known of the job's tasks (their addresses, which ended and how, which have a request in flight),
+so that ``get`` can tell the end of the job from a pause:
+
+====================================================  ==========================================
+``get`` finds                                         it
+====================================================  ==========================================
+an error (``fail``)                                   raises it, at every call
+an element                                            returns it (in the order they were put;
+                                                      per task, in the order the task gave them)
+every task ended, none with a request in flight,      raises ``StopIteration``
+one at least because its input did (``done``), and
+a view asked for after the last end lists no other
+task (or the dispatcher ended the job)
+the queue closed                                      returns None at once
+nothing yet                                           waits up to ``timeout``, then returns None
+====================================================  ==========================================
+
+Example:
+  >>> queue = ElementQueue(max_elements=2, max_bytes=1 << 20)
+  >>> queue.update([TaskView(7, "host:1", "running")], asked_after=0)
+  [7]
+  >>> credits = queue.acquire(); credits
+  2
+  >>> queue.put(7, [Item("a", 1, 7), Item("b", 1, 7)], credits)
+  >>> queue.get(0).element, queue.get(0).element
+  ('a', 'b')
+  >>> queue.end_tasks([7], completed=True)  # no task left to read
+  False
+  >>> queue.get(0) is None  # until a view asked for since then lists no other task
+  True
+  >>> queue.update([], asked_after=queue.ends())
+  []
+  >>> queue.get(0)
+  Traceback (most recent call last):
+  ...
+  StopIteration
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from feedline.service.protocol import TaskView
+
+__all__ = ["ElementQueue", "Item"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """An element in the queue: its ``size`` in bytes, the task it came from, and in
+    exactly-once jobs its ``[split, offset]`` (``tag``)."""
+
+    element: Any
+    size: int
+    task_id: int
+    tag: Sequence[int] | None = None
+
+
+class ElementQueue:
+    """A bounded, thread-safe queue of a job's elements, and what is known of the job's tasks.
+
+    Fetch threads call ``acquire``, ``reading``, ``put``, ``end_tasks``, ``fail`` and
+    ``wait_closed``; the reader calls ``update`` (with each view of the job), ``get``, and
+    ``close``. See the module's docstring for what ``get`` does.
+
+    Args:
+      max_elements: the most elements in flight and buffered.
+      max_bytes: no request is made while this many bytes are buffered.
+    """
+
+    def __init__(self, max_elements: int, max_bytes: int) -> None:
+        self._cond = threading.Condition()
+        self._closed = threading.Event()
+        self._items: collections.deque[Item] = collections.deque()
+        self._credits = max_elements
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._error: BaseException | None = None
+        self._tasks: dict[int, str] = {}
+        self._completed: set[int] = set()  # the task's input ended and it handed out all
+        self._lost: set[int] = set()  # its worker left or was dropped
+        # Tasks with a request in flight: elements a worker handed out before it said it was
+        # done may still be on their way here.
+        self._in_flight: set[int] = set()
+        self._returned: collections.Counter[int] = collections.Counter()
+        # How many times a task ended here, and that count when the newest view applied was
+        # asked for: the end of the tasks known here is the end of the job only once a view
+        # asked for after it lists no other task (a worker that registers mid-job gets a task
+        # of it, which the consumer may not have heard of yet).
+        self._ends = 0
+        self._viewed_ends = 0
+        self._job_finished = False
+        self._idle_since: float | None = None  # since when no task of the job can be read
+
+    # -- the job's tasks ----------------------------------------------------------------------
+    def update(
+        self, tasks: Iterable[TaskView], asked_after: int, finished: bool = False
+    ) -> list[int]:
+        """Takes in a view of the job: its ``tasks`` and whether it ``finished``, asked for once
+        ``asked_after`` tasks had ended here (``ends``). The ids of the tasks new here, sorted.
+        """
+        with self._cond:
+            listed = list(tasks)
+            for task in listed:
+                if task.state == "done":
+                    self._completed.add(task.task_id)
+                elif task.state == "lost":
+                    self._lost.add(task.task_id)
+            new = sorted({t.task_id for t in listed if t.task_id not in self._tasks})
+            self._tasks.update((t.task_id, t.address) for t in listed if t.task_id in new)
+            self._viewed_ends = max(self._viewed_ends, asked_after)
+            # A job never starts again: an older view answered late does not undo the end.
+            self._job_finished = self._job_finished or finished
+            self._note_liveness()
+            self._cond.notify_all()
+            return new
+
+    def end_tasks(self, task_ids: Iterable[int], completed: bool) -> bool:
+        """``task_ids`` ended (their input, if ``completed``; else they are gone). Whether a
+        task known here can still be read."""
+        with self._cond:
+            (self._completed if completed else self._lost).update(task_ids)
+            self._ends += 1
+            self._note_liveness()
+            self._cond.notify_all()
+            return any(self._readable(t) for t in self._tasks)
+
+    def readable(self, task_id: int) -> bool:
+        """Whether ``task_id`` has neither ended nor been lost."""
+        with self._cond:
+            return self._readable(task_id)
+
+    def is_lost(self, task_id: int) -> bool:
+        """Whether ``task_id``'s worker left or was dropped."""
+        with self._cond:
+            return task_id in self._lost
+
+    def tasks(self) -> list[tuple[int, str]]:
+        """The tasks known here, ``(task_id, address)`` sorted by id."""
+        with self._cond:
+            return sorted(self._tasks.items())
+
+    def address(self, task_id: int) -> str | None:
+        """The address of ``task_id``'s worker, None if the task is not known here."""
+        with self._cond:
+            return self._tasks.get(task_id)
+
+    def lost_addresses(self) -> list[str]:
+        """The addresses of the lost tasks' workers, sorted."""
+        with self._cond:
+            return sorted(self._tasks[t] for t in self._lost if t in self._tasks)
+
+    @property
+    def job_finished(self) -> bool:
+        """Whether a view said that the dispatcher ended the job."""
+        with self._cond:
+            return self._job_finished
+
+    def ends(self) -> int:
+        """How many times tasks ended here (``asked_after`` of ``update``)."""
+        with self._cond:
+            return self._ends
+
+    def returned(self, task_id: int) -> int:
+        """The elements of ``task_id`` that ``get`` returned."""
+        with self._cond:
+            return self._returned[task_id]
+
+    def idle_overdue(self, limit_s: float) -> float | None:
+        """How long no task of the job could be read, if longer than ``limit_s``; the clock
+        starts again (each overdue wait is reported once)."""
+        now = time.monotonic()
+        with self._cond:
+            if self._idle_since is None or now - self._idle_since <= limit_s:
+                return None
+            waited, self._idle_since = now - self._idle_since, now
+            return waited
+
+    # -- the fetch threads ---------------------------------------------------------------------
+    def acquire(self) -> int:
+        """Credits for one request, waiting for room: at most an even share among the tasks
+        that can be read; 0 once the queue is closed."""
+        with self._cond:
+            while not self._closed.is_set() and (
+                self._credits <= 0 or self._bytes >= self._max_bytes
+            ):
+                self._cond.wait(0.5)
+            if self._closed.is_set():
+                return 0
+            active = max(1, sum(1 for t in self._tasks if self._readable(t)))
+            share = max(1, self._credits // active)
+            self._credits -= share
+            return share
+
+    @contextlib.contextmanager
+    def reading(self, task_id: int) -> Iterator[None]:
+        """Marks a request to ``task_id`` as in flight (the job cannot end meanwhile)."""
+        with self._cond:
+            self._in_flight.add(task_id)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_flight.discard(task_id)
+                self._cond.notify_all()
+
+    def put(self, task_id: int, items: Sequence[Item], credits: int) -> None:
+        """Adds ``items`` of ``task_id``, which a request of ``credits`` brought (those it did
+        not use are returned)."""
+        with self._cond:
+            self._items.extend(items)
+            self._credits += credits - len(items)
+            self._bytes += sum(item.size for item in items)
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """The job failed: ``get`` raises ``error`` from now on (the first error counts, and
+        none once the queue is closed)."""
+        with self._cond:
+            if self._error is None and not self._closed.is_set():
+                self._error = error
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Nothing more comes: waiting fetch threads and ``get`` return. Idempotent."""
+        with self._cond:
+            self._closed.set()
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._closed.is_set()
+
+    @property
+    def credits(self) -> int:
+        """The elements that may still be asked for (neither in flight nor buffered)."""
+        with self._cond:
+            return self._credits
+
+    def wait_closed(self, seconds: float) -> bool:
+        """Sleeps ``seconds`` or until the queue closes; whether it is closed."""
+        return self._closed.wait(seconds)
+
+    def held(self) -> list[Any]:
+        """The elements buffered, in order."""
+        with self._cond:
+            return [item.element for item in self._items]
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    # -- the reader ----------------------------------------------------------------------------
+    def get(self, timeout: float) -> Item | None:
+        """The next element, or None if the queue is closed or none came within ``timeout``.
+
+        Raises:
+          StopIteration: the job's input ended.
+          BaseException: the error the job failed with (``fail``).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if self._items:
+                    item = self._items.popleft()
+                    self._returned[item.task_id] += 1
+                    self._credits += 1
+                    self._bytes -= item.size
+                    self._cond.notify_all()
+                    return item
+                if self._finished():
+                    raise StopIteration
+                remaining = deadline - time.monotonic()
+                if self._closed.is_set() or remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    # -- under the lock ------------------------------------------------------------------------
+    def _readable(self, task_id: int) -> bool:
+        return task_id not in self._completed and task_id not in self._lost
+
+    def _finished(self) -> bool:
+        if self._error is not None or self._in_flight:
+            return False
+        if not self._tasks:
+            return self._job_finished
+        if not set(self._tasks) <= self._completed | self._lost:
+            return False
+        if self._job_finished:
+            return True
+        return bool(self._completed) and self._viewed_ends >= self._ends
+
+    def _note_liveness(self) -> None:
+        readable = any(self._readable(t) for t in self._tasks)
+        if readable or self._job_finished or self._finished():
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()

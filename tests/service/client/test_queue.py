@@ -1,0 +1,165 @@
+"""Tests of feedline/service/client/queue.py: the queue between a consumer's fetch threads and
+its reader, without sockets."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from feedline.errors import InvalidArgumentError
+from feedline.service.client.queue import ElementQueue, Item
+from feedline.service.protocol import TaskView
+
+
+def running(*task_ids: int) -> list[TaskView]:
+    return [TaskView(t, f"host:{t}", "running") for t in task_ids]
+
+
+def fetch(queue: ElementQueue, task_id: int, values: list[int]) -> None:
+    """A fetch thread: one element per request, then the end of the task's input; after the
+    last task's end, a view of the job that lists no other task."""
+    for value in values:
+        credits = queue.acquire()
+        with queue.reading(task_id):
+            queue.put(task_id, [Item(value, 8, task_id)], credits)
+    if not queue.end_tasks([task_id], completed=True):
+        queue.update([], asked_after=queue.ends())
+
+
+def drain(queue: ElementQueue) -> list[Item]:
+    got = []
+    while True:
+        try:
+            item = queue.get(5.0)
+        except StopIteration:
+            return got
+        assert item is not None, "no element and no end within 5 s"
+        got.append(item)
+
+
+def test_fetch_threads_put_and_the_reader_takes_in_order_per_task() -> None:
+    # task 1: [100, 101, ..., 149]; task 2: [200, 201, ..., 249], each read by its own thread.
+    queue = ElementQueue(max_elements=3, max_bytes=1 << 20)
+    assert queue.update(running(2, 1), asked_after=0) == [1, 2]
+    threads = [
+        threading.Thread(target=fetch, args=(queue, t, [100 * t + i for i in range(50)]))
+        for t in (1, 2)
+    ]
+    for thread in threads:
+        thread.start()
+    got = drain(queue)
+    for thread in threads:
+        thread.join(5)
+    assert [i.element for i in got if i.task_id == 1] == list(range(100, 150))
+    assert [i.element for i in got if i.task_id == 2] == list(range(200, 250))
+    assert (queue.returned(1), queue.returned(2), queue.credits) == (50, 50, 3)
+
+
+def test_credits_bound_what_is_in_flight_and_buffered() -> None:
+    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
+    queue.update(running(1, 2), asked_after=0)
+    assert queue.acquire() == 2  # an even share for each of the two tasks
+    assert queue.acquire() == 1
+    assert queue.acquire() == 1
+    waited = threading.Event()
+
+    def blocked() -> None:
+        queue.acquire()
+        waited.set()
+
+    thread = threading.Thread(target=blocked, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    assert not waited.is_set()  # no credit left
+    queue.put(1, [Item("a", 1, 1)], 2)  # a request of 2 brought 1: one credit comes back
+    assert waited.wait(5)
+    assert len(queue) == 1 and queue.credits == 0
+
+
+def test_bytes_buffered_bound_the_requests() -> None:
+    queue = ElementQueue(max_elements=10, max_bytes=100)
+    queue.update(running(1), asked_after=0)
+    queue.put(1, [Item("big", 100, 1)], queue.acquire())
+    got: list[int] = []
+    thread = threading.Thread(target=lambda: got.append(queue.acquire()), daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    assert got == []  # 100 bytes buffered: no request
+    item = queue.get(0)
+    assert item is not None and item.element == "big"
+    thread.join(5)
+    assert got == [10]
+
+
+def test_an_error_reaches_the_reader_at_every_call_even_with_elements_left() -> None:
+    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    queue.put(1, [Item("a", 1, 1)], queue.acquire())
+    error = InvalidArgumentError("bad element")
+    queue.fail(error)
+    queue.fail(ValueError("a later error"))  # the first counts
+    for _ in range(2):
+        with pytest.raises(InvalidArgumentError) as raised:
+            queue.get(0)
+        assert raised.value is error
+
+
+def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
+    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    with queue.reading(1):
+        assert queue.end_tasks([1], completed=True) is False  # no task left to read
+        assert queue.get(0) is None  # a reply may still be on its way
+    assert queue.get(0) is None  # the task ended after the newest view was asked for
+    queue.update(running(1), asked_after=queue.ends())  # a newer view lists no other task
+    with pytest.raises(StopIteration):
+        queue.get(0)
+
+
+def test_a_newer_view_with_another_task_is_no_end() -> None:
+    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    queue.end_tasks([1], completed=True)
+    assert queue.update(running(1, 2), asked_after=queue.ends()) == [2]
+    assert queue.get(0) is None
+    assert queue.end_tasks([2], completed=True) is False
+    queue.update([], asked_after=queue.ends())
+    with pytest.raises(StopIteration):
+        queue.get(0)
+
+
+def test_a_job_whose_tasks_were_all_lost_is_idle_not_ended() -> None:
+    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
+    queue.update([TaskView(1, "host:1", "lost")], asked_after=0)
+    assert queue.get(0) is None
+    assert queue.lost_addresses() == ["host:1"]
+    time.sleep(0.05)
+    assert queue.idle_overdue(0.01) is not None
+    assert queue.idle_overdue(0.01) is None  # reported once; the clock starts again
+    queue.update([], asked_after=0, finished=True)  # the dispatcher ended the job
+    with pytest.raises(StopIteration):
+        queue.get(0)
+
+
+def test_close_wakes_the_reader_and_the_fetch_threads() -> None:
+    queue = ElementQueue(max_elements=1, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    assert queue.acquire() == 1
+    results: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(queue.acquire()), daemon=True),
+        threading.Thread(target=lambda: results.append(queue.get(30)), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    queue.close()
+    for thread in threads:
+        thread.join(5)
+    assert time.monotonic() - started < 2
+    assert sorted(results, key=str) == [0, None]
+    queue.fail(ValueError("after close"))  # ignored: the reader was released
+    assert queue.get(0) is None and queue.closed
