@@ -264,7 +264,7 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
         offer = arena.offer(identity)
         assert offer is not None
         leaf = np.full(count, value, np.uint8)
-        frame = segments.reply({"shm": offer, "task_id": 7}, {"n": value}, [leaf], None)
+        frame = segments.reply(offer, 7, {"n": value}, [leaf], None)
         header, buffers = decode_frame(frame)
         assert header["n"] == value and buffers == []
         (view,) = arena.take(header["shm"])

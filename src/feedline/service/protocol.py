@@ -86,16 +86,296 @@ def unregister_local_worker(address: str) -> None:
 # What a worker reads: the GetElements request of a consumer, and the dispatcher's replies to
 # its WorkerHeartbeat and GetSplit (its task definitions among them).
 
+import dataclasses  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+from typing import Any  # noqa: E402
+
+from feedline._net.rpc import field  # noqa: E402
+from feedline.errors import InvalidArgumentError  # noqa: E402
+from feedline.service.config import ShardingPolicy  # noqa: E402
+
+
+def _int_list(header: dict[str, Any], name: str) -> tuple[int, ...]:
+    """``header[name]``, a list of ints (an empty one when missing)."""
+    values = field(header, name, list, [])
+    if not all(type(v) is int for v in values):
+        raise InvalidArgumentError(
+            f"malformed request: field {name!r} must be a list of ints, got {values!r:.200}"
+        )
+    return tuple(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class GetElementsRequest:
+    """A consumer's ``GetElements`` request to a worker, in one of two shapes.
+
+    First come, first served (``consumer_index is None``): ``consumer`` (the client id),
+    ``consumers`` (the job's consumers, as the client knows them), ``held`` (the elements it
+    received and has not returned yet), ``max_elements`` and ``max_bytes`` (what one reply may
+    carry). Round robin: ``consumer_index`` and ``round`` (the round the consumer reads). Both
+    carry ``wait_ms`` (how long the request may wait for elements) and, from a consumer on the
+    worker's host, ``shm`` (the offer of its shared-memory arena, checked by ``shm``).
+
+    Example:
+      >>> request = GetElementsRequest.from_header({"task_id": 7, "consumer_index": 1, "round": 3})
+      >>> request.consumer_index, request.round, request.wait_ms
+      (1, 3, 500)
+      >>> request.to_header()
+      {'task_id': 7, 'consumer_index': 1, 'round': 3, 'wait_ms': 500}
+    """
+
+    task_id: int
+    wait_ms: int = 500
+    consumer: int = 0
+    consumers: int = 1
+    held: int = 0
+    max_elements: int = 1
+    max_bytes: int = 8 << 20
+    consumer_index: int | None = None
+    round: int | None = None
+    shm: Any = None
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> GetElementsRequest:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing (``task_id``) or of the wrong type.
+        """
+        return cls(
+            task_id=field(header, "task_id", int),
+            wait_ms=field(header, "wait_ms", int, 500),
+            consumer=field(header, "consumer", int, 0),
+            consumers=field(header, "consumers", int, 1),
+            held=field(header, "held", int, 0),
+            max_elements=field(header, "max_elements", int, 1),
+            max_bytes=field(header, "max_bytes", int, 8 << 20),
+            consumer_index=field(header, "consumer_index", int, None),
+            round=field(header, "round", int, None),
+            shm=header.get("shm"),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header a consumer sends."""
+        header: dict[str, Any] = {"task_id": self.task_id}
+        if self.consumer_index is None and self.round is None:
+            header.update(
+                consumer=self.consumer,
+                consumers=self.consumers,
+                held=self.held,
+                max_elements=self.max_elements,
+                max_bytes=self.max_bytes,
+            )
+        else:
+            header.update(consumer_index=self.consumer_index, round=self.round)
+        header["wait_ms"] = self.wait_ms
+        if self.shm is not None:
+            header["shm"] = self.shm
+        return header
+
+    def round_position(self) -> tuple[int, int]:
+        """``(consumer_index, round)`` of a round-robin request.
+
+        Raises:
+          InvalidArgumentError: the request lacks one of them (a first come, first served one).
+        """
+        if self.consumer_index is None:
+            raise InvalidArgumentError("malformed request: field 'consumer_index' is missing")
+        if self.round is None:
+            raise InvalidArgumentError("malformed request: field 'round' is missing")
+        return self.consumer_index, self.round
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDef:
+    """A task the dispatcher assigns a worker: its part of a job.
+
+    Attributes:
+      task_id: the task (an id of the dispatcher's incarnation, ``incarnation_of``).
+      job_id: its job.
+      dataset_id: the job's registered dataset, fetched with ``GetDatasetDef``.
+      fingerprint: the dataset's content fingerprint ("" when unknown): what workers cache it by.
+      mode: the job's sharding policy.
+      worker_index: this task's worker among the job's ``num_workers`` (static sharding).
+      num_workers: the job's workers.
+      num_consumers: round robin among that many consumers; None: first come, first served.
+      skip: elements of the task's stream that a resumed consumer received already.
+      exactly_once: the job hands out its splits exactly once (``ledger``).
+      shared: a named job whose consumers share the task's elements.
+    """
+
+    task_id: int
+    job_id: int
+    dataset_id: str
+    mode: ShardingPolicy
+    worker_index: int
+    num_workers: int
+    num_consumers: int | None = None
+    fingerprint: str = ""
+    skip: int = 0
+    exactly_once: bool = False
+    shared: bool = False
+
+    @classmethod
+    def from_header(cls, header: Any) -> TaskDef:
+        """The task definition ``header`` (an item of a heartbeat reply's ``new_tasks``).
+
+        Raises:
+          InvalidArgumentError: a field is missing or of the wrong type, or an unknown mode.
+        """
+        if not isinstance(header, dict):
+            raise InvalidArgumentError(f"malformed reply: a task is {header!r:.200}")
+        mode = field(header, "mode", int)
+        if mode not in set(ShardingPolicy):
+            raise InvalidArgumentError(
+                f"malformed reply: task mode {mode} is none of {[int(m) for m in ShardingPolicy]}"
+            )
+        return cls(
+            task_id=field(header, "task_id", int),
+            job_id=field(header, "job_id", int),
+            dataset_id=field(header, "dataset_id", str),
+            mode=ShardingPolicy(mode),
+            worker_index=field(header, "worker_index", int),
+            num_workers=field(header, "num_workers", int),
+            num_consumers=field(header, "num_consumers", (int, type(None)), None),
+            fingerprint=field(header, "fingerprint", str, ""),
+            skip=field(header, "skip", int, 0),
+            exactly_once=field(header, "exactly_once", bool, False),
+            shared=field(header, "shared", bool, False),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The definition as the dispatcher sends it."""
+        return {
+            "task_id": self.task_id,
+            "job_id": self.job_id,
+            "dataset_id": self.dataset_id,
+            "fingerprint": self.fingerprint,
+            "mode": int(self.mode),
+            "worker_index": self.worker_index,
+            "num_workers": self.num_workers,
+            "num_consumers": self.num_consumers,
+            "skip": self.skip,
+            "exactly_once": self.exactly_once,
+            "shared": self.shared,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerHeartbeatReply:
+    """The dispatcher's reply to a ``WorkerHeartbeat``: what the worker must start and end.
+
+    Attributes:
+      incarnation: the dispatcher's life (None from one that does not say).
+      new_tasks: tasks to start.
+      delete_tasks: tasks whose job ended; ``task_errors`` has the error report of those whose
+        job failed, which their consumers get.
+      lost_tasks: tasks of an earlier life of the dispatcher.
+    """
+
+    incarnation: int | None
+    new_tasks: tuple[TaskDef, ...] = ()
+    delete_tasks: tuple[int, ...] = ()
+    task_errors: Mapping[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    lost_tasks: tuple[int, ...] = ()
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> WorkerHeartbeatReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or of the wrong type.
+        """
+        errors = field(header, "task_errors", dict, {})
+        task_errors: dict[int, dict[str, Any]] = {}
+        for key, report in errors.items():
+            if not (isinstance(key, str) and key.isdigit() and isinstance(report, dict)):
+                raise InvalidArgumentError(
+                    f"malformed reply: task_errors maps task ids to reports, got {errors!r:.200}"
+                )
+            task_errors[int(key)] = report
+        return cls(
+            incarnation=field(header, "incarnation", (int, type(None)), None),
+            new_tasks=tuple(TaskDef.from_header(t) for t in field(header, "new_tasks", list)),
+            delete_tasks=_int_list(header, "delete_tasks"),
+            task_errors=task_errors,
+            lost_tasks=_int_list(header, "lost_tasks"),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it: the lists after ``new_tasks`` only when not
+        empty."""
+        header: dict[str, Any] = {
+            "incarnation": self.incarnation,
+            "new_tasks": [task.to_header() for task in self.new_tasks],
+        }
+        if self.delete_tasks:
+            header["delete_tasks"] = list(self.delete_tasks)
+        if self.task_errors:
+            header["task_errors"] = {str(t): r for t, r in self.task_errors.items()}
+        if self.lost_tasks:
+            header["lost_tasks"] = list(self.lost_tasks)
+        return header
+
+
+@dataclasses.dataclass(frozen=True)
+class GetSplitReply:
+    """The dispatcher's reply to ``GetSplit``: the next split of a DYNAMIC task.
+
+    Attributes:
+      split: the split's unit indices; None: no more (or, with ``wait``, none yet).
+      key: in an exactly-once job, the split's key (its position in the job's splits).
+      skip: in an exactly-once job, the offsets of the split its consumers received already
+        (``[start, end)`` ranges), which the task does not hand out again.
+      wait: an exactly-once job's other splits are not done: one may come back; ask again.
+    """
+
+    split: tuple[int, ...] | None
+    key: int | None = None
+    skip: tuple[tuple[int, int], ...] = ()
+    wait: bool = False
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> GetSplitReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or of the wrong type.
+        """
+        split = field(header, "split", (list, type(None)))
+        if split is not None and not all(type(i) is int for i in split):
+            raise InvalidArgumentError(
+                f"malformed reply: a split is a list of unit indices, got {split!r:.200}"
+            )
+        skip = field(header, "skip", list, [])
+        if not all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r) for r in skip
+        ):
+            raise InvalidArgumentError(
+                f"malformed reply: skip is a list of [start, end] ranges, got {skip!r:.200}"
+            )
+        return cls(
+            split=None if split is None else tuple(split),
+            key=field(header, "key", (int, type(None)), None),
+            skip=tuple((start, end) for start, end in skip),
+            wait=field(header, "wait", bool, False),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it."""
+        header: dict[str, Any] = {"split": None if self.split is None else list(self.split)}
+        if self.key is not None:
+            header.update(key=self.key, skip=[list(r) for r in self.skip])
+        if self.wait:
+            header["wait"] = True
+        return header
+
 
 # -- messages to a consumer ---------------------------------------------------------------------
 # What a consumer reads: the dispatcher's replies to GetOrCreateJob and ClientHeartbeat (a job's
 # view) and a worker's reply to GetElements.
 import dataclasses  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from typing import Any  # noqa: E402
-
-from feedline._net.rpc import field  # noqa: E402
-from feedline.errors import InvalidArgumentError  # noqa: E402
 
 __all__ += ["ElementsReply", "HeartbeatReply", "JobView", "JoinReply", "StreamView", "TaskView"]
 

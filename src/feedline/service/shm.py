@@ -118,7 +118,7 @@ def sweep_dead_arenas() -> list[str]:
     """Removes the arenas of this pid namespace whose creator no longer runs (it was killed
     before it unlinked them); the names removed."""
     prefix = f"{PREFIX}{_pid_namespace()}-"
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(SHM_DIR))
     except OSError:
@@ -231,7 +231,7 @@ class _Arena:
             np.copyto(region, self._data[start : start + total])
             self.copied += 1
         region.flags.writeable = False  # as the views of a gRPC frame
-        view = memoryview(region)
+        view = region.data  # read-only, as region is
         buffers = []
         position = 0
         for size in sizes:
@@ -413,7 +413,7 @@ class _Mapped:
         self.matches = bytes(self._map[:_NONCE_BYTES]) == nonce
         self.busy = 0
         self.used_at = time.monotonic()
-        self.task: Any = None  # the task whose replies it carries
+        self.task: int | None = None  # the task whose replies it carries
 
     def write(self, offset: int, size: int, buffers: Sequence[Any]) -> list[int] | None:
         """Writes ``buffers`` back to back at ``offset``; their sizes, or None if they do not
@@ -455,14 +455,15 @@ class WorkerSegments:
 
     def reply(
         self,
-        request: dict[str, Any],
+        offer: Any,
+        task_id: int,
         header: dict[str, Any],
         buffers: Sequence[Any],
         compressor: Compressor | None,
     ) -> bytes:
-        """The frame of a reply with ``header`` (passed through) and ``buffers``: through the
-        arena that ``request`` offers when it can, else over gRPC (``compressor`` applies)."""
-        offer = request.get("shm")
+        """The frame of a reply of task ``task_id`` with ``header`` (passed through) and
+        ``buffers``: through the arena of the request's ``offer`` (its ``shm`` field, None
+        without one) when it can, else over gRPC (``compressor`` applies)."""
         if offer is None:
             return encode_frame(header, buffers, compressor=compressor)
         mapped, refusal = self._acquire(offer)
@@ -474,7 +475,7 @@ class WorkerSegments:
             with self._lock:
                 mapped.busy -= 1
                 mapped.used_at = time.monotonic()
-                mapped.task = request.get("task_id")
+                mapped.task = task_id
         if sizes is None:
             return encode_frame(header, buffers, compressor=compressor)
         return encode_frame({**header, "shm": {"name": offer["name"], "sizes": sizes}})

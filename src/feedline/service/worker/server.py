@@ -4,7 +4,8 @@ A worker registers with the dispatcher and keeps a heartbeat open (``WorkerHeart
 the dispatcher for news, so a new job's task starts at once). For each task it fetches the job's
 dataset (cloudpickled, so any Python in the pipeline runs here), shapes it by the job's sharding
 policy, and runs it on a producer thread into a buffer bounded in bytes and elements (a task:
-``task``; the replies it gives consumers: ``replies``):
+``task``, on its ``buffer``; the replies it gives consumers: ``replies``; what a task needs of
+its worker: ``host.TaskHost``, which ``WorkerServer`` is):
 
 ============  ==================================================================================
 OFF           the whole dataset
@@ -51,7 +52,6 @@ import cloudpickle
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
-from feedline._net.rpc import field
 from feedline._net.wire import encode_frame
 from feedline.data.dataset import Dataset
 from feedline.errors import (
@@ -64,6 +64,9 @@ from feedline.service.config import WorkerConfig
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
     WORKER_SERVICE,
+    GetElementsRequest,
+    TaskDef,
+    WorkerHeartbeatReply,
     incarnation_of,
     register_local_worker,
     unregister_local_worker,
@@ -72,8 +75,8 @@ from feedline.service.shm import WorkerSegments
 from feedline.service.status.metrics import WorkerTelemetry
 from feedline.service.status.page import WorkerSnapshot, render_worker
 from feedline.service.status.server import StatusServer
-from feedline.service.worker.replies import _MAX_WAIT_S
-from feedline.service.worker.task import _Task
+from feedline.service.worker.replies import wait_seconds
+from feedline.service.worker.task import Task
 
 __all__ = ["WorkerServer"]
 
@@ -87,8 +90,9 @@ _DATASETS_KEPT = 16
 # An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
 _DATASET_KEEP_S = 10.0
 
+
 class WorkerServer:
-    """A data service worker.
+    """A data service worker; to its tasks, their ``host.TaskHost``.
 
     Example:
       >>> from feedline import service
@@ -113,7 +117,7 @@ class WorkerServer:
         self._dispatcher = _rpc.RpcClient(
             _rpc.parse_service(config.dispatcher_address), DISPATCHER_SERVICE, self._token
         )
-        self._tasks: dict[int, _Task] = {}
+        self._tasks: dict[int, Task] = {}
         # Tasks that ended here, newest last, with what their consumers hear from now on:
         # None (the end of the task's input) or an error report.
         self._ended: collections.OrderedDict[int, dict[str, Any] | None] = collections.OrderedDict()
@@ -155,6 +159,16 @@ class WorkerServer:
         if self._address is None:
             raise FailedPreconditionError("the worker is not started; call start() first")
         return self._address
+
+    @property
+    def shm(self) -> WorkerSegments:
+        """The arenas of same-host consumers (replies through shared memory: ``shm``)."""
+        return self._shm
+
+    @property
+    def telemetry(self) -> WorkerTelemetry:
+        """The worker's counters and metrics."""
+        return self._telemetry
 
     @property
     def error(self) -> BaseException | None:
@@ -424,23 +438,22 @@ class WorkerServer:
             for fingerprint in [f for f in unused if f not in self._datasets]:
                 del unused[fingerprint]
 
-    def _apply_reply(self, reply: dict[str, Any]) -> None:
+    def _apply_reply(self, header: dict[str, Any]) -> None:
+        reply = WorkerHeartbeatReply.from_header(header)
         with self._reply_lock:
-            incarnation = reply.get("incarnation")
-            if incarnation != self._incarnation:
-                self._new_incarnation(incarnation)
-            errors = reply.get("task_errors", {})
-            for task_id in reply.get("delete_tasks", []):
-                self._end_task(task_id, errors.get(str(task_id)))
-            for task_id in reply.get("lost_tasks", []):
+            if reply.incarnation != self._incarnation:
+                self._new_incarnation(reply.incarnation)
+            for task_id in reply.delete_tasks:
+                self._end_task(task_id, reply.task_errors.get(task_id))
+            for task_id in reply.lost_tasks:
                 self._end_task(task_id, self._lost_report(task_id))
-            for task_def in reply["new_tasks"]:
-                self._start_task(task_def)
+            for task in reply.new_tasks:
+                self._start_task(task)
 
-    def _new_incarnation(self, incarnation: Any) -> None:
+    def _new_incarnation(self, incarnation: int | None) -> None:
         """The dispatcher is a new life: what belongs to an earlier one is dropped."""
         previous, self._incarnation = self._incarnation, incarnation
-        if previous is None:
+        if previous is None or incarnation is None:
             return
         with self._lock:
             self._past_incarnations.add(previous)
@@ -496,8 +509,8 @@ class WorkerServer:
         while len(self._ended) > _ENDED_KEPT:
             self._ended.popitem(last=False)
 
-    def _start_task(self, task_def: dict[str, Any]) -> None:
-        task_id = int(task_def["task_id"])
+    def _start_task(self, definition: TaskDef) -> None:
+        task_id = definition.task_id
         with self._lock:
             if (
                 self._stopped.is_set()
@@ -506,12 +519,12 @@ class WorkerServer:
                 or task_id in self._ended
             ):
                 return
-            task = _Task(task_def, self)
+            task = Task(definition, self)
             self._tasks[task_id] = task
             self._task_started.notify_all()
         task.start()
 
-    def _report_failure(self) -> None:
+    def report_failure(self) -> None:
         """Tells the dispatcher at once that a task failed (the heartbeat carries it), so that
         its job ends and every consumer hears the error."""
         if self._stopped.is_set():
@@ -521,9 +534,9 @@ class WorkerServer:
         except FeedlineError as error:  # the next heartbeat carries it again
             logger.info("worker %s: reporting a failed task: %s", self._address, error)
 
-    def dataset(self, task_def: dict[str, Any]) -> tuple[Dataset, str | None]:
-        """The dataset of ``task_def`` and its compression (called on a task's thread)."""
-        fingerprint = str(task_def.get("fingerprint", ""))
+    def dataset(self, task: TaskDef) -> tuple[Dataset, str | None]:
+        """The dataset of ``task`` and its compression (called on a task's thread)."""
+        fingerprint = task.fingerprint
         with self._lock:
             cached = self._datasets.get(fingerprint) if fingerprint else None
             self._dataset_unused_since.pop(fingerprint, None)  # a task of it runs now
@@ -531,8 +544,8 @@ class WorkerServer:
             return cached
         reply, buffers = self.call_dispatcher(
             "GetDatasetDef",
-            {"dataset_id": task_def["dataset_id"]},
-            f"fetching dataset {task_def['dataset_id']} for task {task_def['task_id']}",
+            {"dataset_id": task.dataset_id},
+            f"fetching dataset {task.dataset_id} for task {task.task_id}",
         )
         cached = (cloudpickle.loads(buffers[0]), reply["compression"])
         if fingerprint:
@@ -568,12 +581,14 @@ class WorkerServer:
 
     @property
     def draining(self) -> bool:
+        """Whether the worker drains (``stop(drain_seconds=...)``)."""
         return self._draining.is_set()
 
     # -- consumers --------------------------------------------------------------------------
     def _get_elements(self, header: dict[str, Any], buffers: list[memoryview]) -> bytes:
-        task_id = field(header, "task_id", int)
-        deadline = time.monotonic() + min(field(header, "wait_ms", int, 500) / 1000, _MAX_WAIT_S)
+        request = GetElementsRequest.from_header(header)
+        task_id = request.task_id
+        deadline = time.monotonic() + wait_seconds(request)
         with self._lock:
             while True:
                 task = self._tasks.get(task_id)
@@ -590,7 +605,7 @@ class WorkerServer:
                 self._task_started.wait(remaining)
             why = self._ended.get(task_id)
         if task is not None:
-            return task.get_elements(header)
+            return task.get_elements(request)
         if ended:
             return encode_frame({"error": why} if why is not None else {"eos": True})
         if other_life:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -225,7 +225,7 @@ class _SplitRowsIterator(_SplitIterator):
         self._access = access
         self._split = np.empty(0, np.int64)
         self._position = 0
-        self._next_batch = self._gather  # type: ignore[assignment]
+        self._next_batch = self._gather
 
     def _next(self) -> Any:
         while self._position >= len(self._split):
@@ -259,7 +259,8 @@ class _SplitFilesIterator(_SplitIterator):
 
     def __init__(self, dataset: SplitSourceDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
-        self._source: Any = dataset._source
+        # A file reader given names (FileReaderMixin), which split_plan accepted.
+        self._source: Any = cast(Any, dataset._source)
         self._names: tuple[str, ...] = self._source._filenames
         self._reader: DatasetIterator | None = None
 

@@ -1,0 +1,168 @@
+"""Tests of feedline/service/worker/task.py and replies.py: a task run by a fake host (no
+sockets, no dispatcher), its replies decoded as a consumer would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline._net.elements import unpack_elements
+from feedline._net.wire import decode_frame
+from feedline.data import Dataset
+from feedline.errors import InvalidArgumentError
+from feedline.service.config import ShardingPolicy
+from feedline.service.protocol import GetElementsRequest, TaskDef
+from feedline.service.shm import WorkerSegments
+from feedline.service.worker.host import TaskHost
+from feedline.service.worker.task import Task
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeCounters:
+    def __init__(self) -> None:
+        self.served_elements = 0
+        self.failed: list[tuple[int, str]] = []
+
+    def served(self, elements: int, nbytes: int) -> None:
+        self.served_elements += elements
+
+    def task_failed(self, task_id: int, report: Mapping[str, Any]) -> None:
+        self.failed.append((task_id, str(report.get("type"))))
+
+
+class FakeHost:
+    """A ``TaskHost`` serving ``dataset`` and, for DYNAMIC tasks, the ``splits`` given."""
+
+    def __init__(self, dataset: Dataset, splits: list[list[int]] | None = None) -> None:
+        self.worker_address = "fake-worker:1"
+        self.draining = False
+        self.shm = WorkerSegments(False)
+        self.telemetry = FakeCounters()
+        self.failures_reported = 0
+        self.split_requests: list[dict[str, Any]] = []
+        self._dataset = dataset
+        self._splits = list(splits or [])
+
+    def report_failure(self) -> None:
+        self.failures_reported += 1
+
+    def call_dispatcher(
+        self, method: str, header: dict[str, Any], what: str
+    ) -> tuple[dict[str, Any], list[memoryview]]:
+        assert method == "GetSplit"
+        self.split_requests.append(header)
+        return {"split": self._splits.pop(0) if self._splits else None}, []
+
+    def dataset(self, task: TaskDef) -> tuple[Dataset, str | None]:
+        return self._dataset, None
+
+
+def start_task(
+    host: TaskHost, mode: ShardingPolicy = ShardingPolicy.OFF, num_consumers: int | None = None
+) -> Task:
+    definition = TaskDef(
+        task_id=7, job_id=3, dataset_id="d", mode=mode, worker_index=0, num_workers=1,
+        num_consumers=num_consumers,
+    )  # fmt: skip
+    task = Task(definition, host)
+    task.start()
+    return task
+
+
+def ask(task: Task, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+    """One GetElements: the reply's header (without its elements) and its elements' values."""
+    header, buffers = decode_frame(
+        task.get_elements(GetElementsRequest.from_header({"task_id": 7, **fields}))
+    )
+    meta = header.pop("meta", None)
+    values = [] if meta is None else [int(e[0]) for e in unpack_elements(meta, buffers)]
+    return header, values
+
+
+def read_all(task: Task, **fields: Any) -> tuple[list[int], dict[str, Any]]:
+    """Asks until the reply says the task ends; the values and that last reply."""
+    values: list[int] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        header, got = ask(task, wait_ms=200, **fields)
+        values += got
+        if header != {"eos": False}:
+            return values, header
+    raise TimeoutError(f"the task did not end; received {values}")
+
+
+def test_a_task_runs_its_dataset_and_its_replies_carry_the_elements() -> None:
+    host = FakeHost(Dataset.range(10))
+    task = start_task(host)
+    values, end = read_all(task, max_elements=4)
+    assert values == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert end == {"eos": True}
+    assert task.completed() and task.failure() is None
+    assert (task.served_elements, task.served_bytes) == (10, 80)
+    assert host.telemetry.served_elements == 10
+    assert host.failures_reported == 0
+
+
+def bad_at_3(x: np.ndarray) -> np.ndarray:
+    if int(x) == 3:
+        raise ValueError("element 3 is bad")
+    return x
+
+
+def test_a_failing_element_fails_the_task_and_is_reported_once() -> None:
+    host = FakeHost(Dataset.range(10).map(bad_at_3))
+    task = start_task(host)
+    values, end = read_all(task, max_elements=1)
+    assert values == [0, 1, 2]
+    assert end["error"]["type"] == "ValueError"
+    assert end["error"]["message"] == "element 3 is bad"
+    assert (end["error"]["worker"], end["error"]["task_id"]) == ("fake-worker:1", 7)
+    assert host.failures_reported == 1
+    assert host.telemetry.failed == [(7, "ValueError")]
+    assert not task.completed()
+    assert ask(task)[0]["error"]["type"] == "ValueError"  # every consumer hears it
+
+
+def test_round_robin_consumer_i_gets_element_i_of_each_round() -> None:
+    task = start_task(FakeHost(Dataset.range(7)), num_consumers=2)
+    got: dict[int, list[Any]] = {0: [], 1: []}
+    for round_index in range(4):
+        for consumer in (0, 1):
+            header, values = ask(task, consumer_index=consumer, round=round_index, wait_ms=2000)
+            got[consumer].append(values or header)
+    assert got == {
+        0: [[0], [2], [4], {"eos": True}],
+        1: [[1], [3], [5], {"eos": True}],
+    }  # element 6 is less than a round: nobody gets it
+
+
+def test_a_round_robin_request_needs_its_consumer_index() -> None:
+    task = start_task(FakeHost(Dataset.range(2)), num_consumers=2)
+    with pytest.raises(InvalidArgumentError, match="'consumer_index' is missing"):
+        ask(task, round=0)
+    with pytest.raises(InvalidArgumentError, match=r"consumer_index 2 is out of range \[0, 2\)"):
+        ask(task, consumer_index=2, round=0)
+
+
+def test_a_dynamic_task_reads_the_splits_its_host_hands_out() -> None:
+    host = FakeHost(Dataset.range(10).map(lambda x: x * 10), splits=[[4, 5], [0], [9]])
+    task = start_task(host, mode=ShardingPolicy.DYNAMIC)
+    values, end = read_all(task, max_elements=8)
+    assert values == [40, 50, 0, 90]
+    assert end == {"eos": True}
+    assert host.split_requests == [
+        {"job_id": 3, "task_id": 7, "request": n, "repetition": 0} for n in range(4)
+    ]
+
+
+def test_a_stopped_task_is_gone() -> None:
+    task = start_task(FakeHost(Dataset.range(10**9)))
+    assert ask(task, wait_ms=2000)[1] == [0]
+    task.stop()
+    assert ask(task)[0] == {"gone": True}
+    assert not task.completed()
