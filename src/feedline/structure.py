@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optree
@@ -198,7 +198,10 @@ def to_array(value: Any) -> np.ndarray:
     """One leaf as a NumPy array (or NumPy scalar, which behaves as a 0-d array); ``bytes`` (and
     ``S`` or object arrays of them) as object arrays of ``bytes``."""
     if isinstance(value, np.ndarray | np.generic):
-        return as_bytes_leaf(np.asarray(value)) if value.dtype.kind in "SO" else value
+        if value.dtype.kind in "SO":
+            return as_bytes_leaf(np.asarray(value))
+        # A NumPy scalar stays one: it behaves as a 0-d array, without the copy.
+        return cast(np.ndarray, value)
     dtype = _PY_DTYPES.get(type(value))
     if dtype is not None:
         return np.asarray(value, dtype=dtype)
@@ -415,9 +418,9 @@ def slice_element(element: Element, index: int | slice | np.ndarray) -> Element:
 def leading_dim(element: Element) -> int:
     """The size of the leading dimension shared by every leaf of a batched element."""
     leaves, _ = flatten(element)
-    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
-    if None in sizes:
+    if any(np.ndim(a) == 0 for a in leaves):
         raise InvalidArgumentError("cannot unbatch an element with a scalar component")
+    sizes = {int(np.shape(a)[0]) for a in leaves}
     if len(sizes) != 1:
         raise InvalidArgumentError(f"components have different leading dimensions {sorted(sizes)}")
     return sizes.pop()

@@ -57,7 +57,7 @@ def latest_checkpoint(checkpoint_dir: PathLike) -> str | None:
     return None if best is None else best[2]
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str, write: Callable[[BinaryIO], object]) -> None:
     """Writes through a temporary file in ``path``'s directory, then renames it into place."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)

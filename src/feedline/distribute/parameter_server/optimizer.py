@@ -58,7 +58,7 @@ def convert(optimizer: torch.optim.Optimizer, ps: Sequence[PSParameter]) -> None
             f"{base.__name__} cannot keep its state on parameter servers; use one of "
             f"{sorted(SUPPORTED)} (torch.optim) with ParameterServerStrategy"
         )
-    optimizer.__class__ = _ps_class(base)
+    optimizer.__class__ = _ps_class(base)  # type: ignore[arg-type]  # mypy#11470
     optimizer._feedline_id = uuid.uuid4().hex  # type: ignore[attr-defined]
     optimizer.state.clear()  # the ps holds it
 
@@ -77,7 +77,7 @@ class _PSOptimizer(torch.optim.Optimizer):
     def _runtime(self) -> Runtime:
         return self._params()[0].runtime
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -178,7 +178,7 @@ def _rebuild(
     optimizer = _rebuilt.get(ident)
     if optimizer is None:
         base = SUPPORTED[kind]
-        optimizer = object.__new__(_ps_class(base))
+        optimizer = object.__new__(_ps_class(base))  # type: ignore[arg-type]  # mypy#11470
         _torch_hooks.torch_optimizer_init(optimizer, groups, defaults)
         optimizer._feedline_id = ident  # type: ignore[attr-defined]
         _rebuilt[ident] = optimizer
