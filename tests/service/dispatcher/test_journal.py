@@ -290,9 +290,9 @@ def test_a_journal_that_cannot_be_written_stops_the_dispatcher(
     with pytest.raises(errors.UnavailableError, match="cannot write its journal"):
         register_dataset(dispatcher.target, Dataset.range(4))
     deadline = time.monotonic() + 10
-    while not dispatcher._stopped.is_set() and time.monotonic() < deadline:
+    while not dispatcher._core.stopped.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert dispatcher._stopped.is_set()
+    assert dispatcher._core.stopped.is_set()
     dispatcher.stop()
     monkeypatch.undo()
     with service.DispatchServer(config) as again:

@@ -223,7 +223,7 @@ def test_finished_anonymous_jobs_leave_nothing_behind(make_cluster: Any) -> None
     # Each iteration's job was collected as its consumer finished: what the dispatcher keeps
     # does not grow with the number of jobs run.
     assert (state.jobs, state.tasks, state.clients, state.split_cursors) == ({}, {}, {}, {})
-    assert not dispatcher._client_seen and not dispatcher._job_versions
+    assert not dispatcher._core.client_seen and not dispatcher._core.job_versions
     assert all(state.worker_tasks(w.worker_address) == [] for w in cluster.workers)
     assert len(state.datasets) == 1  # the dataset stays for the next iteration
     # The workers hear of it at their next heartbeat and drop the tasks.

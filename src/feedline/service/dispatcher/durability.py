@@ -1,54 +1,62 @@
-"""The dispatcher's journal (``fault_tolerant_mode``): resuming from it, and making it durable.
+"""The dispatcher's journal (``fault_tolerant_mode``): opening and replaying it, making it
+durable, and what happens when it cannot be written.
 
-Part of ``DispatchServer`` (``dispatcher``): ``Durability`` holds its methods that resume the
-state a journal replayed (``_resume``), commit the journal before every reply and before a
-heartbeat waits (``_commit``, ``_durable``), stop the dispatcher when the journal cannot be
-written, and collect a named job that a consumer resumes from a checkpoint
-(``_collect_for_resume``). They work on the server's state, under its lock where their docstrings
-say so.
+``Durability`` opens the journal of ``work_dir`` (``journal``) and hands the state it replayed,
+with its incarnation, to the core (``core.DispatcherCore.resume``), whose updates it then logs:
+every update the core applies is appended (``append``) and committed (``commit``) before any
+reply is sent (``durable``) and before a heartbeat waits. A journal that cannot be written stops
+the dispatcher rather than let it tell anyone what it could forget.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import sqlite3
 import threading
-import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from feedline._net import rpc as _rpc
 from feedline.errors import FailedPreconditionError, UnavailableError
-from feedline.service.dispatcher.journal import Journal
-from feedline.service.dispatcher.state import FinishJob, JobRecord
+from feedline.service.dispatcher.core import DispatcherCore
+from feedline.service.dispatcher.journal import Journal, open_journal
+from feedline.service.dispatcher.state import Update
+
+__all__ = ["Durability"]
 
 # The dispatcher's logger, as before these methods moved here.
 logger = logging.getLogger("feedline.service.dispatcher.server")
 
 
 class Durability:
-    """The journal and resume methods of ``DispatchServer``.
+    """The journal of a dispatcher: its ``core.UpdateLog`` once ``open`` ran.
 
-    A base of ``DispatchServer`` only: its methods use the server's state and lock.
+    Args:
+      core: the dispatcher's core.
+      stop: stops the dispatcher (called on a thread of its own when the journal fails).
     """
 
-    def _resume(self, journal: Journal) -> None:
-        """Takes the state ``journal`` replayed, and its incarnation: the workers and consumers
-        of its jobs carry on. What is volatile starts as if every one of them had just been
-        heard from, so that those that are gone are dropped after their timeouts."""
-        self._journal = journal
-        self._state = journal.state
-        self._incarnation = journal.state.incarnation
-        now = time.monotonic()
-        state = self._state
-        self._worker_seen = dict.fromkeys(state.workers, now)
-        self._client_seen = {c.client_id: now for c in state.clients.values() if not c.released}
-        # A job's version restarts far from any its consumers saw, so each hears the job anew.
-        base = secrets.randbits(40) + (1 << 40)
-        for job in state.jobs.values():
-            self._job_versions[job.job_id] = base
-            if not state.active_clients(job.job_id):
-                self._job_idle_since[job.job_id] = now
+    def __init__(self, core: DispatcherCore, stop: Callable[[], None]) -> None:
+        self._core = core
+        self._stop = stop
+        #: The open journal, None before ``open`` (and without ``fault_tolerant_mode``).
+        self.journal: Journal | None = None
+
+    def open(self) -> None:
+        """Opens the journal of ``work_dir`` and resumes the core from the state it replayed:
+        the workers and consumers of its jobs carry on.
+
+        Raises:
+          DataLossError: the journal is damaged.
+          FailedPreconditionError: a journal of a newer format, or no ``work_dir``.
+        """
+        core = self._core
+        if core.config.work_dir is None:
+            raise FailedPreconditionError("a dispatcher journal needs DispatcherConfig.work_dir")
+        journal = open_journal(core.config.work_dir, core.incarnation)
+        self.journal = journal
+        core.resume(journal.state, self)
+        state = journal.state
         if state.jobs or state.datasets:
             logger.info(
                 "dispatcher resumed from %s in %.3f s: %d datasets, %d workers, %d jobs",
@@ -59,53 +67,49 @@ class Durability:
                 len(state.jobs),
             )
 
-    def _commit(self) -> None:
-        """Makes the journaled updates durable (under the lock): before any reply, and before a
-        heartbeat waits."""
-        if self._journal is not None:
+    def append(self, update: Update) -> None:
+        """Journals ``update`` (under the lock); durable once ``commit`` ran."""
+        if self.journal is not None:
             try:
-                self._journal.commit()
+                self.journal.append(update)
             except sqlite3.Error as error:
-                self._journal_failed(error)
+                self._failed(error)
 
-    def _journal_failed(self, error: sqlite3.Error) -> NoReturn:
+    def commit(self) -> None:
+        """Makes the journaled updates durable (under the lock)."""
+        if self.journal is not None:
+            try:
+                self.journal.commit()
+            except sqlite3.Error as error:
+                self._failed(error)
+
+    def _failed(self, error: sqlite3.Error) -> NoReturn:
         """The journal cannot be written: the dispatcher stops rather than tell anyone what it
         could forget; started again, it resumes from what the journal holds."""
         logger.critical("writing the dispatcher journal failed (%s); the dispatcher stops", error)
-        threading.Thread(target=self.stop, name="feedline-dispatcher-stop", daemon=True).start()
+        threading.Thread(target=self._stop, name="feedline-dispatcher-stop", daemon=True).start()
         raise UnavailableError(
-            f"the dispatcher at {self.target.split('://')[-1]} cannot write its journal "
-            f"({error}) and stops"
+            f"the dispatcher at {self._core.address()} cannot write its journal ({error}) and stops"
         ) from error
 
-    def _durable(self, handler: _rpc.Handler) -> _rpc.Handler:
+    def durable(self, handler: _rpc.Handler) -> _rpc.Handler:
         """``handler``, committing the journal before its reply (or error) is sent."""
 
         def handle(header: dict[str, Any], buffers: list[memoryview]) -> Any:
             try:
                 return handler(header, buffers)
             finally:
-                with self._lock:
-                    self._commit()
+                with self._core.lock:
+                    self.commit()
 
         return handle
 
-    def _collect_for_resume(self, job: JobRecord) -> None:
-        """A consumer resumes the named ``job`` from a checkpoint: the job is collected, so
-        that a new one of its name starts at the consumer's position (under the lock).
-
-        Raises:
-          FailedPreconditionError: other consumers read the job: the position of one of them
-            is not the job's.
-        """
-        active = self._state.active_clients(job.job_id)
-        if active:
-            raise FailedPreconditionError(
-                f"cannot resume job {job.job_name!r} (iteration {job.iteration}) from a "
-                f"checkpoint: {len(active)} other consumer(s) read it now, and a consumer's "
-                "position is the job's only when it reads the job alone. Resume before other "
-                "consumers join, or use another job_name"
-            )
-        if not job.finished:
-            self._apply(FinishJob(job.job_id))
-        self._remove_job(job)
+    def close(self) -> None:
+        """Closes the journal (under the lock); a failure is logged."""
+        if self.journal is None:
+            return
+        with self._core.lock:
+            try:
+                self.journal.close()
+            except sqlite3.Error as error:
+                logger.error("closing the dispatcher journal failed: %s", error)

@@ -10,19 +10,21 @@ its consumer is done, a named job ``job_gc_timeout_ms`` after its last consumer 
 dataset that no job reads ``job_gc_timeout_ms`` after it was last registered, asked about or
 read (``gc``).
 
-Its durable state is ``_state.DispatcherState``, changed only through ``_apply``; everything
-else here (heartbeat times, waiting heartbeats) is volatile. With ``fault_tolerant_mode`` every
-update also goes to the journal (``journal``), committed before any reply is sent and before a
-heartbeat waits; a dispatcher started again on the same ``work_dir`` replays it and keeps the
-incarnation, so its workers and consumers carry on (``durability``).
+The dispatcher is a ``DispatcherCore`` (``core``: the durable state ``state.DispatcherState``,
+changed only through its ``apply``, the lock, the wake-ups of waiting heartbeats, the
+incarnation and the volatile liveness of workers and consumers) and parts that each receive the
+core, and the other parts they call, explicitly: ``datasets.Datasets``, ``jobs.Jobs``,
+``workers.Workers``, ``split_handout.SplitHandout``, ``long_poll.LongPoll``, ``gc.Collector``
+and ``durability.Durability``. With ``fault_tolerant_mode`` every update also goes to the journal
+(``journal``), committed before any reply is sent and before a heartbeat waits; a dispatcher
+started again on the same ``work_dir`` replays it and keeps the incarnation, so its workers and
+consumers carry on (``durability``). ``DispatchServer`` builds the parts, serves their handlers
+and owns the lifecycle.
 
-``DispatchServer`` keeps its lifecycle, its state's one entry point (``_apply``), the dataset
-handlers and the RPC handler table; the rest are its bases, one module each: ``jobs``,
-``long_poll``, ``workers``, ``split_handout``, ``gc`` and ``durability``.
-
-RPCs (each a frame of ``feedline._net.wire``; see the handlers for their fields: datasets here,
-GetOrCreateJob and ReleaseClient in ``jobs``, ClientHeartbeat in ``long_poll``,
-WorkerHeartbeat in ``workers``, GetSplit in ``split_handout``):
+RPCs (each a frame of ``feedline._net.wire``; their requests are the dataclasses of
+``protocol``, their handlers RegisterDataset, GetDatasetDef and GetElementSpec in ``datasets``,
+GetOrCreateJob and ReleaseClient in ``jobs``, ClientHeartbeat in ``long_poll``, WorkerHeartbeat
+in ``workers``, GetSplit in ``split_handout``):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
@@ -55,17 +57,14 @@ at random at each start; every job, task and consumer id carries it too (``state
 workers and consumers recognise what belongs to an earlier life of a restarted dispatcher.
 
 A heartbeat waits here for news of its own job or worker only: an update wakes the heartbeats it
-concerns (``long_poll``), never all of them, and at most ``_MAX_WAITING_CONSUMERS`` consumer
+concerns (``core``), never all of them, and at most ``long_poll._MAX_WAITING_CONSUMERS`` consumer
 heartbeats wait at once (past that a heartbeat is answered at once and the consumer waits on its
 side), so that long polls never take every thread of the server.
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import logging
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -73,24 +72,19 @@ from typing import Any
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
-from feedline._net.rpc import field
-from feedline.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.service.config import DispatcherConfig
+from feedline.service.dispatcher.core import DispatcherCore
+from feedline.service.dispatcher.datasets import Datasets
 from feedline.service.dispatcher.durability import Durability
 from feedline.service.dispatcher.gc import Collector
-from feedline.service.dispatcher.jobs import JobHandlers
-from feedline.service.dispatcher.journal import JOURNAL_FILE, Journal, open_journal
+from feedline.service.dispatcher.jobs import Jobs
+from feedline.service.dispatcher.journal import JOURNAL_FILE, Journal
 from feedline.service.dispatcher.long_poll import LongPoll
 from feedline.service.dispatcher.split_handout import SplitHandout
-from feedline.service.dispatcher.state import (
-    DatasetRecord,
-    DispatcherState,
-    RegisterDataset,
-    Update,
-)
-from feedline.service.dispatcher.workers import WorkerHandlers
-from feedline.service.protocol import DISPATCHER_SERVICE, MAX_DATASET_BYTES, new_incarnation
-from feedline.service.splits import SplitPlan
+from feedline.service.dispatcher.state import DispatcherState
+from feedline.service.dispatcher.workers import Workers
+from feedline.service.protocol import DISPATCHER_SERVICE, MAX_DATASET_BYTES
 from feedline.service.status.metrics import DispatcherTelemetry
 from feedline.service.status.page import DispatcherSnapshot, render_dispatcher
 from feedline.service.status.server import StatusServer
@@ -100,8 +94,7 @@ __all__ = ["DispatchServer"]
 logger = logging.getLogger(__name__)
 
 
-
-class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHandout, Collector):
+class DispatchServer:
     """The dispatcher of a data service cluster.
 
     Example:
@@ -123,31 +116,9 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
                 f"config must be a DispatcherConfig, got {type(self._config).__name__}"
             )
         self._token = _rpc.resolve_token(self._config.token)
-        self._incarnation = new_incarnation()
-        self._state = DispatcherState(self._incarnation)
-        # The journal of fault_tolerant_mode (``journal``): every update, durable before the
-        # reply that depends on it (``_durable``).
-        self._journal: Journal | None = None
-        self._mutex = threading.RLock()
-        self._lock = threading.Condition(self._mutex)
-        # Heartbeats waiting for news, by what they wait on: ("job", id) or ("worker", address).
-        self._wakeups: dict[tuple[str, Any], tuple[threading.Condition, list[int]]] = {}
-        # What a job's consumers see changes: its version goes up (volatile).
-        self._job_versions: collections.Counter[int] = collections.Counter()
-        self._waiting_consumers = 0
-        # Workers that drain before leaving: no new tasks for them (volatile).
-        self._draining: set[str] = set()
-        self._worker_seen: dict[str, float] = {}
-        self._client_seen: dict[int, float] = {}
-        self._job_idle_since: dict[int, float] = {}
-        # When each dataset was last registered, asked about or read (volatile): one that no
-        # job reads is collected after job_gc_timeout_ms.
-        self._dataset_used: dict[str, float] = {}
-        # Workers and consumers whose heartbeat is waiting here right now: alive by definition.
-        self._waiting: collections.Counter[str | int] = collections.Counter()
+        self._core = DispatcherCore(self._config, address=lambda: self.target.split("://")[-1])
         self._server: Any = None
         self._port: int | None = None
-        self._stopped = threading.Event()
         self._gc_thread: threading.Thread | None = None
         # The status page and metrics (``status_port``): counted only when served.
         self._started_at = time.monotonic()
@@ -155,8 +126,17 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
             self._config.status_port is not None, self._status_snapshot
         )
         self._status_server: StatusServer | None = None
+        # The parts, each given what it shares explicitly.
+        core = self._core
+        self._datasets = Datasets(core)
+        self._long_poll = LongPoll(core)
+        self._workers = Workers(core, self._telemetry)
+        self._jobs = Jobs(core, self._datasets, self._workers, self._long_poll)
+        self._split_handout = SplitHandout(core)
+        self._collector = Collector(core, self._jobs, self._workers, self._telemetry)
+        self._durability = Durability(core, self.stop)
         if self._config.fault_tolerant_mode:
-            self._resume(open_journal(self._config.work_dir, self._incarnation))
+            self._durability.open()
         elif self._config.work_dir is not None:
             journal_file = Path(self._config.work_dir) / JOURNAL_FILE
             (logger.warning if journal_file.exists() else logger.info)(
@@ -183,18 +163,19 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
         """Starts serving; idempotent."""
         if self._server is not None:
             return
-        handlers = {
-            "RegisterDataset": self._register_dataset,
-            "GetDatasetDef": self._get_dataset_def,
-            "GetElementSpec": self._get_element_spec,
-            "GetOrCreateJob": self._get_or_create_job,
-            "ClientHeartbeat": self._client_heartbeat,
-            "ReleaseClient": self._release_client,
-            "WorkerHeartbeat": self._worker_heartbeat,
-            "GetSplit": self._get_split,
+        handlers: dict[str, _rpc.Handler] = {
+            "RegisterDataset": self._datasets.register_dataset,
+            "GetDatasetDef": self._datasets.get_dataset_def,
+            "GetElementSpec": self._datasets.get_element_spec,
+            "GetOrCreateJob": self._jobs.get_or_create_job,
+            "ClientHeartbeat": self._long_poll.client_heartbeat,
+            "ReleaseClient": self._jobs.release_client,
+            "WorkerHeartbeat": self._workers.worker_heartbeat,
+            "GetSplit": self._split_handout.get_split,
         }
-        if self._journal is not None:
-            handlers = {name: self._durable(handler) for name, handler in handlers.items()}
+        if self._durability.journal is not None:
+            durable = self._durability.durable
+            handlers = {name: durable(handler) for name, handler in handlers.items()}
         handlers = self._telemetry.instrument(handlers)
         self._server, self._port = _rpc.start_server(
             DISPATCHER_SERVICE,
@@ -208,7 +189,7 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
         if self._config.status_port is not None:
             self._start_status_server()
         self._gc_thread = threading.Thread(
-            target=self._gc_loop, name="feedline-dispatcher-gc", daemon=True
+            target=self._collector.loop, name="feedline-dispatcher-gc", daemon=True
         )
         self._gc_thread.start()
         _exit.register(self, "stop", _exit.DISPATCHER)
@@ -222,25 +203,16 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
     @property
     def incarnation(self) -> int:
         """This dispatcher life's random id: every job, task and consumer id carries it."""
-        return self._incarnation
+        return self._core.incarnation
 
     def stop(self) -> None:
         """Stops serving; idempotent."""
-        self._stopped.set()
-        with self._lock:
-            self._lock.notify_all()
-            for condition, _ in self._wakeups.values():
-                condition.notify_all()
+        self._core.stop()
         if self._status_server is not None:
             self._status_server.stop()
         if self._server is not None:
             self._server.stop(grace=0.0 if _exit.exiting() else 0.5)
-        if self._journal is not None:
-            with self._lock:
-                try:
-                    self._journal.close()
-                except sqlite3.Error as error:
-                    logger.error("closing the dispatcher journal failed: %s", error)
+        self._durability.close()
 
     @property
     def status_url(self) -> str | None:
@@ -267,15 +239,16 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
 
     def _status_snapshot(self) -> DispatcherSnapshot:
         """What the status page and the metrics' gauges show, copied under the lock."""
-        with self._lock:
+        core = self._core
+        with core.lock:
             return DispatcherSnapshot.capture(
                 target=self.target,
-                state=self._state,
+                state=core.state,
                 started=self._started_at,
-                worker_seen=self._worker_seen,
-                client_seen=self._client_seen,
-                waiting=self._waiting,
-                draining=self._draining,
+                worker_seen=core.worker_seen,
+                client_seen=core.client_seen,
+                waiting=core.waiting,
+                draining=self._workers.draining,
                 telemetry=self._telemetry,
             )
 
@@ -285,87 +258,18 @@ class DispatchServer(Durability, LongPoll, JobHandlers, WorkerHandlers, SplitHan
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    # -- state ------------------------------------------------------------------------------
-    def _apply(self, update: Update) -> None:
-        """Applies ``update`` (call under the lock); the one place state changes. With a
-        journal, the update is also appended to it, durable once ``_commit`` ran."""
-        self._state.apply(update)
-        if self._journal is not None:
-            try:
-                self._journal.append(update)
-            except sqlite3.Error as error:
-                self._journal_failed(error)
-        for key in self._affected(update):
-            if key[0] == "job":
-                self._job_versions[key[1]] += 1
-            entry = self._wakeups.get(key)
-            if entry is not None:
-                entry[0].notify_all()
-        self._lock.notify_all()
+    # -- for tests and benchmarks ---------------------------------------------------------
+    @property
+    def _state(self) -> DispatcherState:
+        """The durable state (read it under ``_lock``)."""
+        return self._core.state
 
-    # -- datasets ---------------------------------------------------------------------------
-    def _register_dataset(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        if len(buffers) != 2:
-            raise InvalidArgumentError("RegisterDataset carries the dataset and its element spec")
-        payload, spec = bytes(buffers[0]), bytes(buffers[1])
-        compression = field(header, "compression", (str, type(None)))
-        if compression not in ("AUTO", None):
-            raise InvalidArgumentError(f"compression must be 'AUTO' or None, got {compression!r}")
-        cardinality = field(header, "cardinality", int)
-        plan = field(header, "split_plan", (dict, type(None)))
-        if plan is not None:
-            plan = SplitPlan.from_json(plan).to_json()
-        wanted = field(header, "dataset_id", (str, type(None)), None)
-        if wanted is not None and not wanted:
-            raise InvalidArgumentError("dataset_id must be a non-empty string")
-        fingerprint = hashlib.sha256(payload).hexdigest()
-        with self._lock:
-            state = self._state
-            if wanted is not None and wanted in state.datasets:
-                if state.datasets[wanted].fingerprint != fingerprint:
-                    raise InvalidArgumentError(
-                        f"dataset_id {wanted!r} is already registered with another dataset; "
-                        "choose another id or let the service pick one"
-                    )
-                self._dataset_used[wanted] = time.monotonic()
-                return {"dataset_id": wanted}, ()
-            if wanted is None and fingerprint in state.dataset_by_fingerprint:
-                dataset_id = state.dataset_by_fingerprint[fingerprint]
-                self._dataset_used[dataset_id] = time.monotonic()
-                return {"dataset_id": dataset_id}, ()
-            dataset_id = wanted or str(state.new_id())  # carries the incarnation, as job ids
-            while dataset_id in state.datasets:
-                dataset_id += "_"
-            self._apply(
-                RegisterDataset(
-                    DatasetRecord(
-                        dataset_id, fingerprint, payload, spec, compression, cardinality, plan
-                    )
-                )
-            )
-            self._dataset_used[dataset_id] = time.monotonic()
-        return {"dataset_id": dataset_id}, ()
+    @property
+    def _lock(self) -> threading.Condition:
+        """The lock every part works under."""
+        return self._core.lock
 
-    def _dataset(self, dataset_id: Any) -> DatasetRecord:
-        if not isinstance(dataset_id, str):
-            raise InvalidArgumentError(f"dataset_id must be a string, got {dataset_id!r}")
-        record = self._state.datasets.get(dataset_id)
-        if record is None:
-            raise NotFoundError(
-                f"dataset {dataset_id!r} is not registered with this dispatcher (a dataset that "
-                "no job reads is forgotten job_gc_timeout_ms after its last use; register it "
-                "again)"
-            )
-        self._dataset_used[dataset_id] = time.monotonic()
-        return record
-
-    def _get_dataset_def(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        with self._lock:
-            record = self._dataset(header.get("dataset_id"))
-        reply = {"compression": record.compression, "split_plan": record.split_plan}
-        return reply, (record.payload,)
-
-    def _get_element_spec(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        with self._lock:
-            record = self._dataset(header.get("dataset_id"))
-        return {"cardinality": record.cardinality}, (record.element_spec,)
+    @property
+    def _journal(self) -> Journal | None:
+        """The journal of ``fault_tolerant_mode``, None without one."""
+        return self._durability.journal

@@ -1,10 +1,10 @@
-"""The dispatcher's split handout: GetSplit for DYNAMIC jobs.
+"""The dispatcher's split hand-out: GetSplit for DYNAMIC jobs.
 
-Part of ``DispatchServer`` (``dispatcher``): ``SplitHandout`` hands out the next split of a DYNAMIC
-job's repetition from its ``SplitCursor`` (``splits``). A task that asks again with the same
-``request`` number gets the same split (its reply was lost), so that a dispatcher killed mid-reply
-skips nothing. Exactly-once jobs (``ledger``) hand out the splits of lost workers again first, with
-the offsets already delivered to skip, and end a repetition only once every split is done.
+``SplitHandout`` hands out the next split of a DYNAMIC job's repetition from its ``SplitCursor``
+(``splits``). A task that asks again with the same ``request`` number gets the same split (its
+reply was lost), so that a dispatcher killed mid-reply skips nothing. Exactly-once jobs
+(``ledger``) hand out the splits of lost workers again first, with the offsets already delivered
+to skip, and end a repetition only once every split is done.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from feedline._net.rpc import field
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import (
     CountSplit,
     DatasetRecord,
@@ -24,44 +24,52 @@ from feedline.service.dispatcher.state import (
     TaskRecord,
 )
 from feedline.service.ledger import SplitLedger
-from feedline.service.protocol import incarnation_of
+from feedline.service.protocol import GetSplitRequest, incarnation_of
 from feedline.service.splits import SplitCursor, SplitPlan
+
+__all__ = ["SplitHandout"]
 
 
 class SplitHandout:
-    """The GetSplit handler of ``DispatchServer``.
+    """The GetSplit handler of a dispatcher.
 
-    A base of ``DispatchServer`` only: its methods use the server's state and lock.
+    Args:
+      core: the dispatcher's core.
     """
 
-    def _get_split(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        job_id = field(header, "job_id", int)
-        repetition = field(header, "repetition", int)
-        with self._lock:
-            job = self._state.jobs.get(job_id)
-            if job is None and incarnation_of(job_id) != self._incarnation:
+    def __init__(self, core: DispatcherCore) -> None:
+        self._core = core
+
+    def get_split(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+        """GetSplit: ``{"split"}`` (a list of source units, None at the end of the
+        repetition); exactly-once jobs also ``"key"`` and ``"skip"``, or ``"wait"``."""
+        request = GetSplitRequest.from_header(header)
+        job_id, repetition, task_id = request.job_id, request.repetition, request.task_id
+        core = self._core
+        with core.lock:
+            state = core.state
+            job = state.jobs.get(job_id)
+            if job is None and incarnation_of(job_id) != core.incarnation:
                 raise FailedPreconditionError(
                     f"job {job_id} belongs to an earlier life of this dispatcher, which "
                     "has restarted since without a journal: the job is gone"
                 )
             if job is None or job.finished:  # None: it ended and was collected
                 return {"split": None}, ()
-            record = self._state.datasets[job.dataset_id]
+            record = state.datasets[job.dataset_id]
             if record.split_plan is None:
                 raise FailedPreconditionError(f"job {job_id} reads a dataset without splits")
-            task_id = field(header, "task_id", (int, type(None)), None)
-            request = field(header, "request", (int, type(None)), None)
-            task = self._state.tasks.get(task_id) if task_id is not None else None
+            task = state.tasks.get(task_id) if task_id is not None else None
             if task is not None and task.job_id != job_id:
                 raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
-            ledger = self._state.ledgers.get(job_id)
+            ledger = state.ledgers.get(job_id)
             if ledger is not None:
-                return self._get_exactly_once(job, record, ledger, task, request, header), ()
+                return self._get_exactly_once(job, record, ledger, task, request), ()
             last = None if task is None else task.last_split
             if (
-                request is not None
+                request.request is not None
                 and last is not None
-                and last["request"] == request
+                and last["request"] == request.request
                 and last["repetition"] == repetition
             ):
                 # The worker asks again: the reply to its request was lost (the dispatcher
@@ -69,7 +77,7 @@ class SplitHandout:
                 # it came from: nothing is skipped.
                 split = SplitCursor.from_json(last["cursor"]).next()
             else:
-                saved = self._state.split_cursors.get((job_id, repetition))
+                saved = state.split_cursors.get((job_id, repetition))
                 if saved is None:
                     plan = SplitPlan.from_json(record.split_plan)
                     cursor = SplitCursor.start(plan, repetition, max(1, len(job.task_ids)))
@@ -77,14 +85,14 @@ class SplitHandout:
                     cursor = SplitCursor.from_json(saved)
                 previous = cursor.to_json()
                 split = cursor.next()
-                mine = task is not None and request is not None
-                self._apply(
+                mine = task is not None and request.request is not None
+                core.apply(
                     MoveSplitCursor(
                         job_id,
                         repetition,
                         cursor.to_json(),
                         task_id if mine else None,
-                        request if mine else None,
+                        request.request if mine else None,
                         previous if mine else None,
                     )
                 )
@@ -96,62 +104,50 @@ class SplitHandout:
         record: DatasetRecord,
         ledger: SplitLedger,
         task: TaskRecord | None,
-        request: int | None,
-        header: dict[str, Any],
+        request: GetSplitRequest,
     ) -> dict[str, Any]:
         """GetSplit of an exactly-once job (under the lock): ``{"split", "key", "skip"}``, or
         ``{"split": None, "wait": True}`` while splits handed out are not done yet."""
-        if task is None or request is None:
+        number = request.request
+        if task is None or number is None:
             raise InvalidArgumentError(
                 f"job {job.job_id} hands out its splits exactly once: GetSplit needs the "
                 "task_id and request number of the asking task"
             )
-        finished = field(header, "finished", (list, type(None)), None)
-        if finished is not None:  # [key, count]: the task produced all of that split
-            if len(finished) != 2 or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in finished
-            ):
-                raise InvalidArgumentError(
-                    f"malformed request: finished must be [split key, count], got {finished!r}"
-                )
-            key, count = finished
+        core = self._core
+        if request.finished is not None:  # (key, count): the task produced all of that split
+            key, count = request.finished
             if key in ledger.open and ledger.open[key].count is None:
-                self._apply(CountSplit(job.job_id, key, count))
-        handed_out = field(header, "handed_out", list, [])
-        if not all(isinstance(k, int) and not isinstance(k, bool) for k in handed_out):
-            raise InvalidArgumentError(
-                f"malformed request: handed_out must be a list of split keys, got {handed_out!r}"
-            )
+                core.apply(CountSplit(job.job_id, key, count))
         news = [
             k
-            for k in handed_out
+            for k in request.handed_out
             if k in ledger.open
             and ledger.open[k].holder == task.task_id
             and not ledger.open[k].handed_out
         ]
         if news:
-            self._apply(HandOutSplits(job.job_id, task.task_id, news))
+            core.apply(HandOutSplits(job.job_id, task.task_id, news))
         if task.finished:  # lost meanwhile (its worker was dropped): nothing more for it
             return {"split": None}
-        cursor_key = (job.job_id, 0)
-        saved = self._state.split_cursors.get(cursor_key)
+        saved = core.state.split_cursors.get((job.job_id, 0))
         if saved is None:
             plan = SplitPlan.from_json(record.split_plan or {})
             cursor = SplitCursor.start(plan, 0, max(1, len(job.task_ids)))
         else:
             cursor = SplitCursor.from_json(saved)
         last = task.last_split
-        if last is not None and last["request"] == request:  # the reply was lost: the same
+        if last is not None and last["request"] == number:  # the reply was lost: the same
             key = int(last["replay"]) if "replay" in last else int(last["cursor"]["position"])
         elif ledger.replay:
             key = ledger.replay[0]
-            self._apply(ReplaySplit(job.job_id, key, task.task_id, request))
+            core.apply(ReplaySplit(job.job_id, key, task.task_id, number))
         elif self._next_open(cursor, ledger):
             key = cursor.position
             previous = cursor.to_json()
             cursor.next()
-            self._apply(
-                MoveSplitCursor(job.job_id, 0, cursor.to_json(), task.task_id, request, previous)
+            core.apply(
+                MoveSplitCursor(job.job_id, 0, cursor.to_json(), task.task_id, number, previous)
             )
         elif ledger.settled:
             return {"split": None}

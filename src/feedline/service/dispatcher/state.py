@@ -58,7 +58,6 @@ __all__ = [
 ]
 
 
-
 # -- records ----------------------------------------------------------------------------------
 
 
@@ -446,12 +445,12 @@ class DispatcherState:
             case CountSplit(job_id, key, count):
                 self.ledgers[job_id].count(key, count)
             case HandOutSplits(job_id, task_id, keys):
-                for key in keys:
-                    self.ledgers[job_id].handed_out(key, task_id)
+                for handed_out in keys:
+                    self.ledgers[job_id].handed_out(handed_out, task_id)
             case ReportSplits(job_id, client_id, received, closed):
                 ledger = self.ledgers[job_id]
-                for key, ranges in received:
-                    ledger.receive(int(key), ranges)
+                for received_key, ranges in received:
+                    ledger.receive(int(received_key), ranges)
                 ledger.closed(client_id, closed)
             case ResumeSplits(job_id, cursor, done, partial):
                 if cursor is not None:

@@ -1,8 +1,9 @@
 """The dispatcher's workers: WorkerHeartbeat and the tasks it starts, ends and drops.
 
-Part of ``DispatchServer`` (``dispatcher``): ``WorkerHandlers`` holds its methods that register
-workers, give them tasks of running jobs, tell them which tasks to start, delete or drop, end a job
-when a task fails or all its tasks ended, and forget workers that left.
+``Workers`` registers workers, gives them tasks of running jobs, tells them which tasks to start,
+delete or drop, ends a job when a task fails or all its tasks ended, and forgets workers that
+left. A worker that drains gets no new tasks (``available``); which workers drain is volatile
+and kept here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from feedline._net.rpc import field
-from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.errors import FailedPreconditionError
 from feedline.service.config import ShardingPolicy
-from feedline.service.dispatcher.long_poll import _MAX_WAIT_S
+from feedline.service.dispatcher.core import DispatcherCore, Reply
+from feedline.service.dispatcher.long_poll import MAX_WAIT_S
 from feedline.service.dispatcher.state import (
     CreateTask,
     FinishJob,
@@ -24,7 +25,10 @@ from feedline.service.dispatcher.state import (
     RemoveWorker,
     TaskRecord,
 )
-from feedline.service.protocol import incarnation_of
+from feedline.service.protocol import WorkerHeartbeatRequest, incarnation_of
+from feedline.service.status.metrics import DispatcherTelemetry
+
+__all__ = ["Workers"]
 
 # The dispatcher's logger, as before these methods moved here.
 logger = logging.getLogger("feedline.service.dispatcher.server")
@@ -33,46 +37,63 @@ logger = logging.getLogger("feedline.service.dispatcher.server")
 _MAX_ERROR_CHARS = 16_000
 
 
-class WorkerHandlers:
-    """The worker methods of ``DispatchServer``.
+class Workers:
+    """The worker handler of a dispatcher and the tasks of its workers.
 
-    A base of ``DispatchServer`` only: its methods use the server's state and lock.
+    Args:
+      core: the dispatcher's core.
+      telemetry: what the status page shows (the workers' task stats, failed jobs).
     """
 
-    def _worker_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Any:
-        address = field(header, "address", str)
-        tags = field(header, "tags", list, [])
-        current = set(field(header, "current_tasks", list, []))
-        finished = field(header, "finished_tasks", list, [])
-        failed = field(header, "failed_tasks", list, [])
-        draining = field(header, "draining", bool, False)
-        leaving = field(header, "leaving", bool, False)
-        wait_s = min(field(header, "wait_ms", int, 0) / 1000, _MAX_WAIT_S)
-        deadline = time.monotonic() + wait_s
-        self._telemetry.worker_report(header.get("task_stats"))  # for the status page
-        with self._lock:
-            state = self._state
-            allowed = self._config.worker_addresses
+    def __init__(self, core: DispatcherCore, telemetry: DispatcherTelemetry) -> None:
+        self._core = core
+        self._telemetry = telemetry
+        # Workers that drain before leaving: no new tasks for them (volatile).
+        self._draining: set[str] = set()
+
+    @property
+    def draining(self) -> set[str]:
+        """The workers that drain now, a copy (under the lock)."""
+        return set(self._draining)
+
+    def available(self) -> tuple[str, ...]:
+        """The registered workers that do not drain, sorted: those a new job's tasks may go to
+        (under the lock)."""
+        return tuple(sorted(set(self._core.state.workers) - self._draining))
+
+    def worker_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+        """WorkerHeartbeat: the worker's news (``_worker_news``) and the ``incarnation``; waits
+        up to ``wait_ms`` for tasks to start or delete."""
+        request = WorkerHeartbeatRequest.from_header(header)
+        address = request.address
+        current = set(request.current_tasks)
+        draining = request.draining
+        deadline = time.monotonic() + min(request.wait_ms / 1000, MAX_WAIT_S)
+        self._telemetry.worker_report(request.task_stats)  # for the status page
+        core = self._core
+        with core.lock:
+            state = core.state
+            allowed = core.config.worker_addresses
             if allowed is not None and address not in allowed:
                 raise FailedPreconditionError(
                     f"worker {address} is not in the dispatcher's worker_addresses {list(allowed)};"
                     " a dispatcher with a fixed worker list accepts only those workers (set "
                     "WorkerConfig.worker_address to one of them)"
                 )
-            for task_id in finished:
+            for task_id in request.finished_tasks:
                 task = state.tasks.get(task_id)
                 if task is not None and task.worker_address == address and not task.finished:
-                    self._apply(FinishTask(task_id))
+                    core.apply(FinishTask(task_id))
                     self._finish_job_if_done(state.jobs[task.job_id])
-            for report in failed:
+            for report in request.failed_tasks:
                 self._fail_job(address, report)
-            if leaving:
-                self._remove_worker(address, "it left")
-                return {"incarnation": self._incarnation, "new_tasks": [], "delete_tasks": []}, ()
+            if request.leaving:
+                self.remove_worker(address, "it left")
+                return {"incarnation": core.incarnation, "new_tasks": [], "delete_tasks": []}, ()
             if address not in state.workers:
                 if draining:  # a worker on its way out that was dropped: it stays out
-                    return {"incarnation": self._incarnation, "new_tasks": []}, ()
-                self._apply(RegisterWorker(address, tuple(tags)))
+                    return {"incarnation": core.incarnation, "new_tasks": []}, ()
+                core.apply(RegisterWorker(address, request.tags))
                 self._assign_running_jobs(address)
                 logger.info("worker %s registered", address)
             if draining:
@@ -80,19 +101,20 @@ class WorkerHandlers:
             else:
                 self._draining.discard(address)
             while True:
-                self._worker_seen[address] = time.monotonic()
+                core.worker_seen[address] = core.clock()
                 reply = self._worker_news(address, current, draining)
                 remaining = deadline - time.monotonic()
-                if reply["new_tasks"] or len(reply) > 1 or remaining <= 0 or self._stopped.is_set():
-                    return {"incarnation": self._incarnation, **reply}, ()
-                self._wait(address, remaining, ("worker", address))
+                if reply["new_tasks"] or len(reply) > 1 or remaining <= 0 or core.stopped.is_set():
+                    return {"incarnation": core.incarnation, **reply}, ()
+                core.wait(address, remaining, ("worker", address))
 
     def _worker_news(self, address: str, current: set[int], draining: bool) -> dict[str, Any]:
         """What the worker at ``address`` running ``current`` must hear: only the lists that
         are not empty, under ``new_tasks`` (to start), ``delete_tasks`` (their job ended;
         ``task_errors`` has the error of those whose job failed) and ``lost_tasks`` (tasks of an
         earlier life of this dispatcher). Always has ``new_tasks``."""
-        state = self._state
+        state = self._core.state
+        incarnation = self._core.incarnation
         tasks = state.worker_tasks(address)
         news: dict[str, Any] = {
             "new_tasks": []
@@ -104,8 +126,8 @@ class WorkerHandlers:
         ]
         # A task this life does not know: from an earlier life, or already forgotten here.
         unknown = sorted(current - {t.task_id for t in tasks})
-        lost = [t for t in unknown if incarnation_of(t) != self._incarnation]
-        delete += [t for t in unknown if incarnation_of(t) == self._incarnation]
+        lost = [t for t in unknown if incarnation_of(t) != incarnation]
+        delete += [t for t in unknown if incarnation_of(t) == incarnation]
         if delete:
             news["delete_tasks"] = delete
             errors = {
@@ -119,18 +141,17 @@ class WorkerHandlers:
             news["lost_tasks"] = lost
         return news
 
-    def _fail_job(self, address: str, report: Any) -> None:
+    def _fail_job(self, address: str, report: dict[str, Any]) -> None:
         """A worker's task failed: its job ends with the task's error (the first one reported),
         which every consumer of the job then receives."""
-        if not isinstance(report, dict) or not isinstance(report.get("task_id"), int):
-            raise InvalidArgumentError(f"malformed request: a failed task is {report!r}")
-        task = self._state.tasks.get(report["task_id"])
+        state = self._core.state
+        task = state.tasks.get(report["task_id"])
         if task is None or task.worker_address != address:
             return
-        job = self._state.jobs[task.job_id]
+        job = state.jobs[task.job_id]
         if job.finished:
             return
-        error = {
+        error: dict[str, Any] = {
             key: str(report.get(key, ""))[:_MAX_ERROR_CHARS]
             for key in ("type", "message", "traceback")
         }
@@ -144,25 +165,26 @@ class WorkerHandlers:
             error["message"],
         )
         self._telemetry.job_failed(job.job_id, error)
-        self._apply(FinishJob(job.job_id, error))
+        self._core.apply(FinishJob(job.job_id, error))
 
-    def _remove_worker(self, address: str, why: str) -> None:
+    def remove_worker(self, address: str, why: str) -> None:
         """Forgets the worker at ``address``: its unfinished tasks are lost (under the lock)."""
-        state = self._state
-        self._worker_seen.pop(address, None)
+        core = self._core
+        state = core.state
+        core.worker_seen.pop(address, None)
         self._draining.discard(address)
         if address not in state.workers:
             return
         logger.info("worker %s removed: %s", address, why)
         jobs = {task.job_id for task in state.worker_tasks(address)}
-        self._apply(RemoveWorker(address))
+        core.apply(RemoveWorker(address))
         for job_id in sorted(jobs):
             self._finish_job_if_done(state.jobs[job_id])
 
     def _assign_running_jobs(self, address: str) -> None:
         """Gives a newly registered worker a task of every running OFF or DYNAMIC job (jobs of
         static sharding and round-robin jobs keep the workers they were made with)."""
-        state = self._state
+        state = self._core.state
         if address in self._draining:
             return
         for job in list(state.jobs.values()):
@@ -173,15 +195,16 @@ class WorkerHandlers:
             if any(t.worker_address == address for t in state.job_tasks(job.job_id)):
                 continue
             count = len(job.task_ids)
-            self._apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
+            self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
 
     def _task_def(self, task: TaskRecord) -> dict[str, Any]:
-        job = self._state.jobs[task.job_id]
+        state = self._core.state
+        job = state.jobs[task.job_id]
         return {
             "task_id": task.task_id,
             "job_id": job.job_id,
             "dataset_id": job.dataset_id,
-            "fingerprint": self._state.datasets[job.dataset_id].fingerprint,
+            "fingerprint": state.datasets[job.dataset_id].fingerprint,
             "mode": job.mode,
             "worker_index": task.worker_index,
             "num_workers": task.num_workers,
@@ -196,9 +219,11 @@ class WorkerHandlers:
         """Ends ``job`` once every task ended and at least one ended because its input did. A
         job whose tasks were all lost with their workers is not over: under DYNAMIC sharding
         the next worker to register takes its remaining splits, and its consumers wait (for
-        their bounded time) instead of taking the loss for the end of the data."""
-        tasks = self._state.job_tasks(job.job_id)
-        ledger = self._state.ledgers.get(job.job_id)
+        their bounded time) instead of taking the loss for the end of the data (under the
+        lock)."""
+        state = self._core.state
+        tasks = state.job_tasks(job.job_id)
+        ledger = state.ledgers.get(job.job_id)
         if (
             not job.finished
             and tasks
@@ -206,4 +231,4 @@ class WorkerHandlers:
             and not all(t.lost for t in tasks)
             and (ledger is None or ledger.settled)
         ):
-            self._apply(FinishJob(job.job_id))
+            self._core.apply(FinishJob(job.job_id))

@@ -1,0 +1,252 @@
+"""The dispatcher's parts, driven directly: a core with no server, no sockets and no journal,
+and a clock the test moves."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+
+from feedline import errors
+from feedline.service import DispatcherConfig
+from feedline.service.dispatcher.core import DispatcherCore, Reply
+from feedline.service.dispatcher.datasets import Datasets
+from feedline.service.dispatcher.gc import Collector
+from feedline.service.dispatcher.jobs import Jobs
+from feedline.service.dispatcher.long_poll import LongPoll
+from feedline.service.dispatcher.split_handout import SplitHandout
+from feedline.service.dispatcher.workers import Workers
+from feedline.service.protocol import (
+    ClientHeartbeatRequest,
+    GetOrCreateJobRequest,
+    GetSplitRequest,
+    RegisterDatasetRequest,
+    ReleaseClientRequest,
+    WorkerHeartbeatRequest,
+)
+from feedline.service.status.metrics import DispatcherTelemetry
+
+INCARNATION = 1
+FIRST_ID = (INCARNATION << 32) + 1  # the first id this dispatcher life makes
+OFF, DYNAMIC = 0, 1
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Parts:
+    """A dispatcher without its server: the core and every part, wired as the server does."""
+
+    core: DispatcherCore
+    clock: FakeClock
+    datasets: Datasets
+    long_poll: LongPoll
+    workers: Workers
+    jobs: Jobs
+    splits: SplitHandout
+    collector: Collector
+
+    def call(self, handler: Any, request: Any, buffers: tuple[bytes, ...] = ()) -> dict[str, Any]:
+        """``handler``'s reply header to ``request`` (a protocol dataclass)."""
+        reply: Reply = handler(request.to_header(), [memoryview(b) for b in buffers])
+        return reply[0]
+
+    def register(self, payload: bytes = b"dataset", units: int | None = 4) -> str:
+        plan = (
+            None
+            if units is None
+            else {"num_units": units, "shuffle": False, "seed": None, "unit": "element"}
+        )
+        request = RegisterDatasetRequest(None, -1 if units is None else units, plan)
+        reply = self.call(self.datasets.register_dataset, request, (payload, b"spec"))
+        return str(reply["dataset_id"])
+
+    def heartbeat(self, address: str, **fields: Any) -> dict[str, Any]:
+        return self.call(self.workers.worker_heartbeat, WorkerHeartbeatRequest(address, **fields))
+
+    def join(self, dataset_id: str, mode: int = OFF, job_name: str | None = None) -> dict[str, Any]:
+        request = GetOrCreateJobRequest(dataset_id, mode, job_name, 0, None, "AUTO")
+        return self.call(self.jobs.get_or_create_job, request)
+
+
+def make_parts(**config: Any) -> Parts:
+    clock = FakeClock()
+    core = DispatcherCore(DispatcherConfig(**config), incarnation=INCARNATION, clock=clock)
+    telemetry = DispatcherTelemetry(False, lambda: None)
+    datasets = Datasets(core)
+    long_poll = LongPoll(core)
+    workers = Workers(core, telemetry)
+    jobs = Jobs(core, datasets, workers, long_poll)
+    collector = Collector(core, jobs, workers, telemetry)
+    return Parts(core, clock, datasets, long_poll, workers, jobs, SplitHandout(core), collector)
+
+
+def test_the_same_dataset_registered_twice_gets_the_same_id() -> None:
+    parts = make_parts()
+    first = parts.register(b"range(4)")
+    assert first == str(FIRST_ID)
+    assert parts.register(b"range(4)") == first
+    assert parts.register(b"range(5)") == str(FIRST_ID + 1)
+    assert sorted(parts.core.state.datasets) == [str(FIRST_ID), str(FIRST_ID + 1)]
+    header, buffers = parts.datasets.get_element_spec({"dataset_id": first}, [])
+    assert (header, buffers) == ({"cardinality": 4}, (b"spec",))
+
+
+def test_a_malformed_registration_is_refused_and_changes_nothing() -> None:
+    parts = make_parts()
+    header = RegisterDatasetRequest(None, 4, None).to_header()
+    with pytest.raises(errors.InvalidArgumentError, match="compression must be 'AUTO' or None"):
+        parts.datasets.register_dataset(
+            {**header, "compression": "GZIP"}, [memoryview(b"d"), memoryview(b"s")]
+        )
+    with pytest.raises(errors.InvalidArgumentError, match="dataset and its element spec"):
+        parts.datasets.register_dataset(header, [memoryview(b"d")])
+    with pytest.raises(errors.NotFoundError, match="not registered"):
+        parts.datasets.get_dataset_def({"dataset_id": "7"}, [])
+    assert parts.core.state.datasets == {}
+
+
+def test_a_registering_worker_gets_a_task_of_every_running_job() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    assert parts.heartbeat("w1") == {"incarnation": INCARNATION, "new_tasks": []}
+    job = parts.join(dataset_id)
+    (first_task,) = job["tasks"]
+    assert first_task == [job["job_id"] + 1, "w1", "running"]
+    reply = parts.heartbeat("w2")
+    (task,) = reply["new_tasks"]
+    assert (task["job_id"], task["worker_index"], task["num_workers"]) == (job["job_id"], 1, 2)
+    assert (task["dataset_id"], task["mode"], task["shared"]) == (dataset_id, OFF, False)
+    # The task is started: the next heartbeat that lists it hears nothing new.
+    assert parts.heartbeat("w2", current_tasks=(task["task_id"],)) == {
+        "incarnation": INCARNATION,
+        "new_tasks": [],
+    }
+
+
+def test_a_draining_worker_gets_no_task_of_a_new_job() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    parts.heartbeat("w1")
+    parts.heartbeat("w2", draining=True)
+    assert parts.workers.available() == ("w1",)
+    job = parts.join(dataset_id)
+    assert [address for _, address, _ in job["tasks"]] == ["w1"]
+
+
+def test_a_consumer_heartbeat_wakes_on_news_of_its_own_job_only() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    parts.heartbeat("w1")
+    mine, other = parts.join(dataset_id), parts.join(dataset_id)
+    (my_task,), (other_task,) = mine["tasks"], other["tasks"]
+    replies: list[dict[str, Any]] = []
+    request = ClientHeartbeatRequest(mine["client_id"], mine["version"], wait_ms=2000)
+    waiter = threading.Thread(
+        target=lambda: replies.append(parts.call(parts.long_poll.client_heartbeat, request))
+    )
+    waiter.start()
+    try:
+        # The other job's task ends: its version moves, this consumer's heartbeat still waits.
+        parts.heartbeat("w1", current_tasks=(other_task[0],), finished_tasks=(other_task[0],))
+        assert parts.core.job_versions[other["job_id"]] > other["version"]
+        assert parts.core.job_versions[mine["job_id"]] == mine["version"]
+        waiter.join(0.3)
+        assert waiter.is_alive() and replies == []
+    finally:
+        # Its own job's task ends: the heartbeat answers at once with the news.
+        parts.heartbeat("w1", current_tasks=(my_task[0],), finished_tasks=(my_task[0],))
+        waiter.join(1.5)
+    assert not waiter.is_alive()
+    (reply,) = replies
+    assert reply["tasks"] == [[my_task[0], "w1", "done"]]
+    assert reply["finished"] is True
+    assert reply["version"] == parts.core.job_versions[mine["job_id"]] != mine["version"]
+
+
+def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None:
+    parts = make_parts()
+    dataset_id = parts.register(units=4)
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id, mode=DYNAMIC)
+    (task,) = job["tasks"]
+
+    def split(request: int) -> Any:
+        asked = GetSplitRequest(job["job_id"], 0, task_id=task[0], request=request)
+        return parts.call(parts.splits.get_split, asked)["split"]
+
+    assert split(0) == [0]
+    assert split(0) == [0]  # the reply was lost: the same split again
+    assert [split(1), split(2), split(3)] == [[1], [2], [3]]
+    assert split(3) == [3]
+    assert split(4) is None
+    # A caller without a task number gets the next split of another repetition.
+    assert parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 1))["split"] == [0]
+
+
+def test_an_anonymous_job_is_collected_when_its_consumer_is_done() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id)
+    (task,) = job["tasks"]
+    assert parts.call(parts.jobs.release_client, ReleaseClientRequest(job["client_id"])) == {}
+    state = parts.core.state
+    assert (state.jobs, state.tasks, state.clients) == ({}, {}, {})
+    assert parts.core.client_seen == {} and job["job_id"] not in parts.core.job_versions
+    # The worker still runs the task: it is told to delete it.
+    reply = parts.heartbeat("w1", current_tasks=(task[0],))
+    assert reply == {"incarnation": INCARNATION, "new_tasks": [], "delete_tasks": [task[0]]}
+
+
+def test_gc_drops_the_silent_and_collects_a_named_job_then_its_dataset() -> None:
+    parts = make_parts(job_gc_timeout_ms=5000, worker_timeout_ms=1000, client_timeout_ms=2000)
+    state = parts.core.state
+    dataset_id = parts.register()
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id, job_name="shared")
+    parts.clock.now += 1.5  # past worker_timeout_ms only
+    parts.collector.collect()
+    assert list(state.workers) == [] and state.tasks[job["job_id"] + 1].lost
+    assert state.clients[job["client_id"]].released is False
+    parts.clock.now += 1.0  # past client_timeout_ms: the consumer is released
+    parts.collector.collect()
+    assert state.clients[job["client_id"]].released is True
+    assert list(state.jobs) == [job["job_id"]]  # a named job waits for another consumer
+    parts.clock.now += 4.0
+    parts.collector.collect()
+    assert list(state.jobs) == [job["job_id"]]
+    parts.clock.now += 2.0  # job_gc_timeout_ms after its last consumer left
+    parts.collector.collect()
+    assert state.jobs == {} and list(state.datasets) == [dataset_id]
+    parts.clock.now += 5.5  # and the dataset, that long after the job last read it
+    parts.collector.collect()
+    assert state.datasets == {} and state.dataset_by_fingerprint == {}
+
+
+def test_a_released_consumer_is_told_so() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    parts.heartbeat("w1")
+    parts.join(dataset_id, job_name="shared")
+    job = parts.join(dataset_id, job_name="shared")
+    assert job["consumers"] == 2 and job["joined"] == 2
+    parts.call(parts.jobs.release_client, ReleaseClientRequest(job["client_id"]))
+    with pytest.raises(errors.NotFoundError, match="was released"):
+        parts.call(parts.long_poll.client_heartbeat, ClientHeartbeatRequest(job["client_id"]))
+    unknown = FIRST_ID + 99
+    with pytest.raises(errors.NotFoundError, match=f"no consumer {unknown} is known"):
+        parts.call(parts.long_poll.client_heartbeat, ClientHeartbeatRequest(unknown))
+    # A consumer id of another incarnation: an earlier life of the dispatcher made it.
+    with pytest.raises(errors.FailedPreconditionError, match="earlier life of the dispatcher"):
+        parts.call(parts.jobs.release_client, ReleaseClientRequest(99))
