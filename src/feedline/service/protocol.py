@@ -18,16 +18,37 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from feedline._net.rpc import field
 from feedline.errors import InvalidArgumentError
+from feedline.service.config import ShardingPolicy
 
 __all__ = [
     "DISPATCHER_SERVICE",
     "INCARNATION_SHIFT",
     "MAX_DATASET_BYTES",
+    "TARGET_WORKERS",
     "WORKER_SERVICE",
+    "ClientHeartbeatRequest",
+    "ElementsReply",
+    "GetDatasetDefRequest",
+    "GetElementSpecRequest",
+    "GetElementsRequest",
+    "GetOrCreateJobRequest",
+    "GetSplitReply",
+    "GetSplitRequest",
+    "HeartbeatReply",
+    "JobView",
+    "JoinReply",
+    "RegisterDatasetRequest",
+    "ReleaseClientRequest",
+    "StreamView",
+    "TaskDef",
+    "TaskView",
+    "WorkerHeartbeatReply",
+    "WorkerHeartbeatRequest",
     "incarnation_of",
     "local_worker_addresses",
     "new_incarnation",
@@ -86,17 +107,6 @@ def unregister_local_worker(address: str) -> None:
 # The requests of RegisterDataset, GetDatasetDef, GetElementSpec, GetOrCreateJob, ClientHeartbeat,
 # ReleaseClient, WorkerHeartbeat and GetSplit, as the dispatcher reads them.
 
-__all__ += [
-    "TARGET_WORKERS",
-    "ClientHeartbeatRequest",
-    "GetDatasetDefRequest",
-    "GetElementSpecRequest",
-    "GetOrCreateJobRequest",
-    "GetSplitRequest",
-    "RegisterDatasetRequest",
-    "ReleaseClientRequest",
-    "WorkerHeartbeatRequest",
-]
 
 #: What ``target_workers`` a job may ask for.
 TARGET_WORKERS = ("AUTO", "ANY", "LOCAL")
@@ -474,24 +484,6 @@ class GetSplitRequest:
 # What a worker reads: the GetElements request of a consumer, and the dispatcher's replies to
 # its WorkerHeartbeat and GetSplit (its task definitions among them).
 
-import dataclasses  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-from typing import Any  # noqa: E402
-
-from feedline._net.rpc import field  # noqa: E402
-from feedline.errors import InvalidArgumentError  # noqa: E402
-from feedline.service.config import ShardingPolicy  # noqa: E402
-
-
-def _int_list(header: dict[str, Any], name: str) -> tuple[int, ...]:
-    """``header[name]``, a list of ints (an empty one when missing)."""
-    values = field(header, name, list, [])
-    if not all(type(v) is int for v in values):
-        raise InvalidArgumentError(
-            f"malformed request: field {name!r} must be a list of ints, got {values!r:.200}"
-        )
-    return tuple(values)
-
 
 @dataclasses.dataclass(frozen=True)
 class GetElementsRequest:
@@ -685,9 +677,9 @@ class WorkerHeartbeatReply:
         return cls(
             incarnation=field(header, "incarnation", (int, type(None)), None),
             new_tasks=tuple(TaskDef.from_header(t) for t in field(header, "new_tasks", list)),
-            delete_tasks=_int_list(header, "delete_tasks"),
+            delete_tasks=_ints(header, "delete_tasks"),
             task_errors=task_errors,
-            lost_tasks=_int_list(header, "lost_tasks"),
+            lost_tasks=_ints(header, "lost_tasks"),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -762,10 +754,6 @@ class GetSplitReply:
 # -- messages to a consumer ---------------------------------------------------------------------
 # What a consumer reads: the dispatcher's replies to GetOrCreateJob and ClientHeartbeat (a job's
 # view) and a worker's reply to GetElements.
-import dataclasses  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-
-__all__ += ["ElementsReply", "HeartbeatReply", "JobView", "JoinReply", "StreamView", "TaskView"]
 
 #: The states of a task in a job's view.
 TASK_STATES = ("running", "done", "lost")

@@ -121,7 +121,7 @@ def test_a_consumer_of_an_ended_job_that_goes_silent_is_released_without_a_warni
     state = cluster.dispatcher._state
     (job,) = state.jobs.values()
     wait_until(lambda: job.finished)  # the worker handed out everything: the job ended
-    iterator._reader._stopping.set()  # type: ignore[attr-defined]  # ... and its consumer died
+    iterator._reader.queue.close()  # type: ignore[attr-defined]  # ... and its consumer died
     (client_id,) = job.client_ids
     wait_until(lambda: client_id not in state.clients or state.clients[client_id].released)
     assert "missed heartbeats" not in "".join(
