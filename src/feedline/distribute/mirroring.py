@@ -35,6 +35,7 @@ from feedline.errors import FailedPreconditionError, InvalidArgumentError
 if TYPE_CHECKING:
     from feedline.distribute.strategy import Strategy
 
+
 def install_hooks() -> None:
     """Installs the hooks that find modules and optimizers made in a scope and check modules
     used in ``run`` (the ``"mirroring"`` set of ``_torch_hooks``); once per process, and only

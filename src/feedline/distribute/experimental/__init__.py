@@ -24,9 +24,7 @@ __getattr__, __dir__ = _porting.lazy_attributes(
         "MultiWorkerMirroredStrategy": "feedline.distribute:MultiWorkerMirroredStrategy",
         "ParameterServerStrategy": "feedline.distribute:ParameterServerStrategy",
         "coordinator": "feedline.distribute.coordinator",
-        "PreemptionCheckpointHandler": (
-            "feedline.train.preemption:PreemptionCheckpointHandler"
-        ),
+        "PreemptionCheckpointHandler": ("feedline.train.preemption:PreemptionCheckpointHandler"),
         "TerminationConfig": "feedline.train.preemption:TerminationConfig",
     },
 )

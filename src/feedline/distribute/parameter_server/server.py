@@ -149,4 +149,3 @@ class Server:
 
     def __repr__(self) -> str:
         return f"<Server /job:{self.job_name}/task:{self.task_index} at {self.address}>"
-
