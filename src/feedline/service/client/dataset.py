@@ -43,6 +43,7 @@ from feedline.service.client.job_reader import _JobReader
 from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
 from feedline.service.config import ShardingPolicy
 from feedline.service.position import check_checkpointable, position_from_state
+from feedline.service.protocol import GetElementSpecRequest, RegisterDatasetRequest
 from feedline.service.splits import split_plan
 
 __all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
@@ -162,7 +163,7 @@ def from_dataset_id(
     reply, buffers = _bounded_call(
         _dispatcher(params.address),
         "GetElementSpec",
-        {"dataset_id": dataset_id},
+        GetElementSpecRequest(dataset_id).to_header(),
         _DEFAULT_TIMEOUT_MS / 1000,
         f"asking for the element spec of dataset {dataset_id}",
     )
@@ -185,12 +186,7 @@ def _register(
         plan = split_plan(dataset).to_json()
     except InvalidArgumentError:
         plan = None
-    header = {
-        "compression": compression,
-        "cardinality": dataset.cardinality(),
-        "split_plan": plan,
-        "dataset_id": dataset_id,
-    }
+    request = RegisterDatasetRequest(compression, dataset.cardinality(), plan, dataset_id)
     try:
         payload = cloudpickle.dumps(dataset)
     except Exception as error:
@@ -201,7 +197,11 @@ def _register(
     dispatcher = _dispatcher(address)
     try:
         reply, _ = dispatcher.upload(
-            "RegisterDataset", header, (payload, spec), timeout=timeout_s, wait_for_ready=True
+            "RegisterDataset",
+            request.to_header(),
+            (payload, spec),
+            timeout=timeout_s,
+            wait_for_ready=True,
         )
     except UnavailableError as error:
         raise UnavailableError(

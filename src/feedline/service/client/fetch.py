@@ -28,7 +28,7 @@ from feedline._net.wire import decode_frame, encode_frame
 from feedline.errors import UnavailableError
 from feedline.service.client.channels import _client
 from feedline.service.client.queue import ElementQueue, Item
-from feedline.service.protocol import WORKER_SERVICE, ElementsReply
+from feedline.service.protocol import WORKER_SERVICE, ElementsReply, GetElementsRequest
 from feedline.service.shm import ConsumerChannels
 
 __all__ = ["REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
@@ -160,13 +160,13 @@ class Fetchers:
         if not self._queue.end_tasks(task_ids, completed):
             self._link.tasks_ended()
 
-    def _read(self, worker: _rpc.RpcClient, request: dict[str, Any]) -> _Reply | None:
+    def _read(self, worker: _rpc.RpcClient, request: GetElementsRequest) -> _Reply | None:
         """One GetElements call; None if the worker cannot be reached (only a failed RPC means
         that)."""
         try:
             frame = worker.call_frame(
                 "GetElements",
-                encode_frame(self._shm.ask(worker.address, request)),
+                encode_frame(self._shm.ask(worker.address, request.to_header())),
                 timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S,
             )
         except UnavailableError:
@@ -188,18 +188,16 @@ class Fetchers:
                 if not credits:
                     return
                 with queue.reading(task_id):
-                    reply = self._read(
-                        worker,
-                        {
-                            "task_id": task_id,
-                            "consumer": self._client_id,
-                            "consumers": self._link.consumers(),
-                            "held": len(queue),
-                            "max_elements": credits,
-                            "max_bytes": REPLY_BYTES,
-                            "wait_ms": _POLL_MS,
-                        },
+                    request = GetElementsRequest(
+                        task_id,
+                        wait_ms=_POLL_MS,
+                        consumer=self._client_id,
+                        consumers=self._link.consumers(),
+                        held=len(queue),
+                        max_elements=credits,
+                        max_bytes=REPLY_BYTES,
                     )
+                    reply = self._read(worker, request)
                     if reply is None:
                         self._deliver([], credits, task_id)
                     else:
@@ -249,12 +247,12 @@ class Fetchers:
           BaseException: the error its pipeline raised.
         """
         worker = self._connect(address)
-        request = {
-            "task_id": task_id,
-            "consumer_index": self._consumer_index,
-            "round": round_index // num_tasks,
-            "wait_ms": _POLL_MS,
-        }
+        request = GetElementsRequest(
+            task_id,
+            wait_ms=_POLL_MS,
+            consumer_index=self._consumer_index,
+            round=round_index // num_tasks,
+        )
         unreachable_since: float | None = None
         while not self._queue.closed:
             lost = self._queue.is_lost(task_id)

@@ -14,6 +14,7 @@ receipts (``exactly_once.SplitReceipts``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -42,9 +43,12 @@ from feedline.service.position import (
     check_checkpointable,
 )
 from feedline.service.protocol import (
+    ClientHeartbeatRequest,
+    GetOrCreateJobRequest,
     HeartbeatReply,
     JobView,
     JoinReply,
+    ReleaseClientRequest,
     StreamView,
     local_worker_addresses,
 )
@@ -122,7 +126,6 @@ class _JobReader:
         self._streams: dict[int, StreamView] = {}  # per task: what a position saves
         self._split_cursor: dict[str, Any] | None = None  # what split keys mean
         self._released = False
-        self._client_id: int | None = None
         joined = self._join(dataset, iteration)
         self._client_id = joined.client_id
         self._job_id = joined.job_id
@@ -169,17 +172,19 @@ class _JobReader:
 
     def _join_as(self, dataset_id: str, iteration: int) -> JoinReply:
         params = self._params
-        header = {
-            "dataset_id": dataset_id,
-            "mode": int(params.mode),
-            "job_name": params.job_name,
-            "iteration": iteration,
-            "num_consumers": params.num_consumers,
-            "target_workers": params.target_workers,
-            "resume": None if self._resume is None else self._resume.to_state(),
-        }
+        request = GetOrCreateJobRequest(
+            dataset_id,
+            int(params.mode),
+            params.job_name,
+            iteration,
+            params.num_consumers,
+            params.target_workers,
+            None if self._resume is None else self._resume.to_state(),
+        )
         what = f"joining a job of dataset {dataset_id}"
-        reply, _ = _bounded_call(self._dispatcher, "GetOrCreateJob", header, self._timeout_s, what)
+        reply, _ = _bounded_call(
+            self._dispatcher, "GetOrCreateJob", request.to_header(), self._timeout_s, what
+        )
         return JoinReply.from_header(reply)
 
     def _heartbeat_loop(self) -> None:
@@ -190,12 +195,12 @@ class _JobReader:
             with self._lock:
                 version = self._version
             wait_ms = int(interval * 1000)
-            request = {"client_id": self._client_id, "version": version, "wait_ms": wait_ms}
+            request = ClientHeartbeatRequest(self._client_id, version, wait_ms)
             if self._splits is not None:  # what it received, and the lost tasks it closed
-                request.update(self._splits.report(wait_ms))
+                request = dataclasses.replace(request, **self._splits.report(wait_ms))
             try:
                 header, _ = self._dispatcher.call(
-                    "ClientHeartbeat", request, timeout=interval + RPC_TIMEOUT_S
+                    "ClientHeartbeat", request.to_header(), timeout=interval + RPC_TIMEOUT_S
                 )
                 reply = HeartbeatReply.from_header(header)
             except UnavailableError:  # next() raises once this lasts too long
@@ -217,7 +222,7 @@ class _JobReader:
         """The job's view, asked for at once (without waiting for news)."""
         header, _ = self._dispatcher.call(
             "ClientHeartbeat",
-            {"client_id": self._client_id, "version": -1, "wait_ms": 0},
+            ClientHeartbeatRequest(self._client_id).to_header(),
             timeout=RPC_TIMEOUT_S,
         )
         return HeartbeatReply.from_header(header)
@@ -411,11 +416,12 @@ class _JobReader:
         self._shm.close()
         self.queue.close()
         with self._lock:
-            if self._released or self._client_id is None:
+            if self._released:
                 return
             self._released = True
         try:
-            self._dispatcher.call("ReleaseClient", {"client_id": self._client_id}, timeout=timeout)
+            request = ReleaseClientRequest(self._client_id)
+            self._dispatcher.call("ReleaseClient", request.to_header(), timeout=timeout)
         except FeedlineError as error:  # the dispatcher forgets the consumer when it times out
             logger.debug("consumer %d: release failed: %s", self._client_id, error)
 

@@ -9,8 +9,8 @@ from typing import Any
 from feedline._net import rpc as _rpc
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
+from feedline.service.protocol import TARGET_WORKERS
 
-_TARGET_WORKERS = ("AUTO", "ANY", "LOCAL")
 _COMPRESSIONS = ("AUTO", None)
 
 
@@ -73,9 +73,9 @@ def _read_params(
             f"data_transfer_protocol must be None or 'grpc', got {data_transfer_protocol!r}"
         )
     workers = target_workers.upper() if isinstance(target_workers, str) else target_workers
-    if workers not in _TARGET_WORKERS:
+    if workers not in TARGET_WORKERS:
         raise InvalidArgumentError(
-            f"target_workers must be one of {_TARGET_WORKERS}, got {target_workers!r}"
+            f"target_workers must be one of {TARGET_WORKERS}, got {target_workers!r}"
         )
     return _ReadParams(
         mode,

@@ -35,7 +35,11 @@ from feedline.service.position import (
     position_from_state,
     resume_skips,
 )
-from feedline.service.protocol import GetOrCreateJobRequest, ReleaseClientRequest
+from feedline.service.protocol import (
+    GetOrCreateJobRequest,
+    JoinReply,
+    ReleaseClientRequest,
+)
 
 __all__ = ["Jobs"]
 
@@ -61,8 +65,7 @@ class Jobs:
         self._long_poll = long_poll
 
     def get_or_create_job(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
-        """GetOrCreateJob: ``{"job_id", "client_id", "incarnation", "client_timeout_ms"}`` and
-        the job's view."""
+        """GetOrCreateJob: a ``JoinReply``, the consumer's id in the job and the job's view."""
         request = GetOrCreateJobRequest.from_header(header)
         mode = ShardingPolicy(request.mode)
         num_consumers = request.num_consumers
@@ -98,14 +101,14 @@ class Jobs:
             core.apply(AcquireClient(client_id, job.job_id))
             core.client_seen[client_id] = core.clock()
             core.job_idle_since.pop(job.job_id, None)
-            reply = {
-                "job_id": job.job_id,
-                "client_id": client_id,
-                "incarnation": core.incarnation,
-                "client_timeout_ms": int(core.config.client_timeout_s * 1000),
-                **self._long_poll.job_view(job),
-            }
-            return reply, ()
+            reply = JoinReply(
+                job_id=job.job_id,
+                client_id=client_id,
+                incarnation=core.incarnation,
+                client_timeout_ms=int(core.config.client_timeout_s * 1000),
+                view=self._long_poll.job_view(job),
+            )
+            return reply.to_header(), ()
 
     def _find_job(self, job_name: str | None, iteration: int) -> JobRecord | None:
         if job_name is None:

@@ -16,7 +16,13 @@ from feedline.errors import NotFoundError
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import JobRecord, ReportSplits
 from feedline.service.ledger import check_report
-from feedline.service.protocol import ClientHeartbeatRequest
+from feedline.service.protocol import (
+    ClientHeartbeatRequest,
+    HeartbeatReply,
+    JobView,
+    StreamView,
+    TaskView,
+)
 
 __all__ = ["MAX_WAIT_S", "LongPoll"]
 
@@ -38,40 +44,40 @@ class LongPoll:
         # Consumer heartbeats waiting here now (at most _MAX_WAITING_CONSUMERS).
         self._waiting_consumers = 0
 
-    def job_view(self, job: JobRecord) -> dict[str, Any]:
+    def job_view(self, job: JobRecord) -> JobView:
         """What a consumer of ``job`` needs to know of it (under the lock)."""
         state = self._core.state
-        tasks = [
-            [
+        tasks = tuple(
+            TaskView(
                 task.task_id,
                 task.worker_address,
                 "lost" if task.lost else "done" if task.finished else "running",
-            ]
+            )
             for task in state.job_tasks(job.job_id)
-        ]
+        )
         # What a consumer saves as its position (``position``).
-        streams = [
-            [task.task_id, task.worker_index, task.num_workers, task.skip]
+        streams = tuple(
+            StreamView(task.task_id, task.worker_index, task.num_workers, task.skip)
             for task in state.job_tasks(job.job_id)
-        ]
-        return {
-            "tasks": tasks,
-            "streams": streams,
-            "finished": job.finished,
-            "error": job.error,
-            "consumers": len(state.active_clients(job.job_id)),
-            "joined": len(job.client_ids),
-            "exactly_once": job.exactly_once,
+        )
+        return JobView(
+            tasks=tasks,
+            streams=streams,
+            finished=job.finished,
+            error=job.error,
+            consumers=len(state.active_clients(job.job_id)),
+            joined=len(job.client_ids),
+            exactly_once=job.exactly_once,
             # What an exactly-once job's split keys mean (a consumer's position saves it).
-            "split_cursor": state.split_cursors.get((job.job_id, 0)) if job.exactly_once else None,
-            "version": self._core.job_versions[job.job_id],
-        }
+            split_cursor=state.split_cursors.get((job.job_id, 0)) if job.exactly_once else None,
+            version=self._core.job_versions[job.job_id],
+        )
 
     def _take_report(
         self, client_id: int, job: JobRecord, request: ClientHeartbeatRequest
-    ) -> list[list[int]] | None:
+    ) -> tuple[tuple[int, int], ...] | None:
         """Applies what a consumer of an exactly-once job reports (the offsets it received, the
-        lost tasks it closed); ``[key, count]`` of the splits it reported or holds that are
+        lost tasks it closed); ``(key, count)`` of the splits it reported or holds that are
         done, or None for other jobs."""
         ledger = self._core.state.ledgers.get(job.job_id)
         if ledger is None:
@@ -82,7 +88,7 @@ class LongPoll:
         if news or closed:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed))
         keys = {key for key, _ in received} | {k for k in request.holding if isinstance(k, int)}
-        return [[key, ledger.done[key]] for key in sorted(keys) if key in ledger.done]
+        return tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
 
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
@@ -110,10 +116,8 @@ class LongPoll:
                     or core.stopped.is_set()
                     or self._waiting_consumers >= _MAX_WAITING_CONSUMERS
                 ):
-                    reply = {"incarnation": core.incarnation, **self.job_view(job)}
-                    if done is not None:
-                        reply["splits_done"] = done
-                    return reply, ()
+                    reply = HeartbeatReply(core.incarnation, self.job_view(job), done)
+                    return reply.to_header(), ()
                 self._waiting_consumers += 1
                 try:
                     core.wait(client_id, remaining, ("job", job.job_id))

@@ -24,7 +24,7 @@ from feedline.service.dispatcher.state import (
     TaskRecord,
 )
 from feedline.service.ledger import SplitLedger
-from feedline.service.protocol import GetSplitRequest, incarnation_of
+from feedline.service.protocol import GetSplitReply, GetSplitRequest, incarnation_of
 from feedline.service.splits import SplitCursor, SplitPlan
 
 __all__ = ["SplitHandout"]
@@ -41,8 +41,8 @@ class SplitHandout:
         self._core = core
 
     def get_split(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
-        """GetSplit: ``{"split"}`` (a list of source units, None at the end of the
-        repetition); exactly-once jobs also ``"key"`` and ``"skip"``, or ``"wait"``."""
+        """GetSplit: a ``GetSplitReply`` with the next split (None at the end of the
+        repetition); in exactly-once jobs with its ``key`` and ``skip``, or ``wait``."""
         request = GetSplitRequest.from_header(header)
         job_id, repetition, task_id = request.job_id, request.repetition, request.task_id
         core = self._core
@@ -55,7 +55,7 @@ class SplitHandout:
                     "has restarted since without a journal: the job is gone"
                 )
             if job is None or job.finished:  # None: it ended and was collected
-                return {"split": None}, ()
+                return GetSplitReply(None).to_header(), ()
             record = state.datasets[job.dataset_id]
             if record.split_plan is None:
                 raise FailedPreconditionError(f"job {job_id} reads a dataset without splits")
@@ -64,7 +64,8 @@ class SplitHandout:
                 raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
             ledger = state.ledgers.get(job_id)
             if ledger is not None:
-                return self._get_exactly_once(job, record, ledger, task, request), ()
+                reply = self._get_exactly_once(job, record, ledger, task, request)
+                return reply.to_header(), ()
             last = None if task is None else task.last_split
             if (
                 request.request is not None
@@ -96,7 +97,8 @@ class SplitHandout:
                         previous if mine else None,
                     )
                 )
-            return {"split": None if split is None else [int(i) for i in split]}, ()
+            units = None if split is None else tuple(int(i) for i in split)
+            return GetSplitReply(units).to_header(), ()
 
     def _get_exactly_once(
         self,
@@ -105,9 +107,9 @@ class SplitHandout:
         ledger: SplitLedger,
         task: TaskRecord | None,
         request: GetSplitRequest,
-    ) -> dict[str, Any]:
-        """GetSplit of an exactly-once job (under the lock): ``{"split", "key", "skip"}``, or
-        ``{"split": None, "wait": True}`` while splits handed out are not done yet."""
+    ) -> GetSplitReply:
+        """GetSplit of an exactly-once job (under the lock): the split with its ``key`` and
+        ``skip``, or no split and ``wait`` while splits handed out are not done yet."""
         number = request.request
         if task is None or number is None:
             raise InvalidArgumentError(
@@ -129,7 +131,7 @@ class SplitHandout:
         if news:
             core.apply(HandOutSplits(job.job_id, task.task_id, news))
         if task.finished:  # lost meanwhile (its worker was dropped): nothing more for it
-            return {"split": None}
+            return GetSplitReply(None)
         saved = core.state.split_cursors.get((job.job_id, 0))
         if saved is None:
             plan = SplitPlan.from_json(record.split_plan or {})
@@ -150,14 +152,16 @@ class SplitHandout:
                 MoveSplitCursor(job.job_id, 0, cursor.to_json(), task.task_id, number, previous)
             )
         elif ledger.settled:
-            return {"split": None}
+            return GetSplitReply(None)
         else:
-            return {"split": None, "wait": True}
+            return GetSplitReply(None, wait=True)
         units = dataclasses.replace(cursor, position=key).next()
         split = ledger.open.get(key)
         # A split done meanwhile (only a retry can ask for one) is skipped whole.
         skip = split.delivered if split is not None else [[0, 1 << 62]]
-        return {"split": [int(i) for i in units or ()], "key": key, "skip": skip}
+        return GetSplitReply(
+            tuple(int(i) for i in units or ()), key, tuple((start, end) for start, end in skip)
+        )
 
     @staticmethod
     def _next_open(cursor: SplitCursor, ledger: SplitLedger) -> bool:

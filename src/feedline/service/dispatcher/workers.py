@@ -25,7 +25,12 @@ from feedline.service.dispatcher.state import (
     RemoveWorker,
     TaskRecord,
 )
-from feedline.service.protocol import WorkerHeartbeatRequest, incarnation_of
+from feedline.service.protocol import (
+    TaskDef,
+    WorkerHeartbeatReply,
+    WorkerHeartbeatRequest,
+    incarnation_of,
+)
 from feedline.service.status.metrics import DispatcherTelemetry
 
 __all__ = ["Workers"]
@@ -89,10 +94,10 @@ class Workers:
                 self._fail_job(address, report)
             if request.leaving:
                 self.remove_worker(address, "it left")
-                return {"incarnation": core.incarnation, "new_tasks": [], "delete_tasks": []}, ()
+                return WorkerHeartbeatReply(core.incarnation).to_header(), ()
             if address not in state.workers:
                 if draining:  # a worker on its way out that was dropped: it stays out
-                    return {"incarnation": core.incarnation, "new_tasks": []}, ()
+                    return WorkerHeartbeatReply(core.incarnation).to_header(), ()
                 core.apply(RegisterWorker(address, request.tags))
                 self._assign_running_jobs(address)
                 logger.info("worker %s registered", address)
@@ -103,24 +108,26 @@ class Workers:
             while True:
                 core.worker_seen[address] = core.clock()
                 reply = self._worker_news(address, current, draining)
+                news = reply.new_tasks or reply.delete_tasks or reply.lost_tasks
                 remaining = deadline - time.monotonic()
-                if reply["new_tasks"] or len(reply) > 1 or remaining <= 0 or core.stopped.is_set():
-                    return {"incarnation": core.incarnation, **reply}, ()
+                if news or remaining <= 0 or core.stopped.is_set():
+                    return reply.to_header(), ()
                 core.wait(address, remaining, ("worker", address))
 
-    def _worker_news(self, address: str, current: set[int], draining: bool) -> dict[str, Any]:
-        """What the worker at ``address`` running ``current`` must hear: only the lists that
-        are not empty, under ``new_tasks`` (to start), ``delete_tasks`` (their job ended;
-        ``task_errors`` has the error of those whose job failed) and ``lost_tasks`` (tasks of an
-        earlier life of this dispatcher). Always has ``new_tasks``."""
+    def _worker_news(self, address: str, current: set[int], draining: bool) -> WorkerHeartbeatReply:
+        """What the worker at ``address`` running ``current`` must hear: ``new_tasks`` (to
+        start), ``delete_tasks`` (their job ended; ``task_errors`` has the error of those whose
+        job failed) and ``lost_tasks`` (tasks of an earlier life of this dispatcher)."""
         state = self._core.state
         incarnation = self._core.incarnation
         tasks = state.worker_tasks(address)
-        news: dict[str, Any] = {
-            "new_tasks": []
+        new_tasks = (
+            ()
             if draining
-            else [self._task_def(t) for t in tasks if not t.finished and t.task_id not in current]
-        }
+            else tuple(
+                self._task_def(t) for t in tasks if not t.finished and t.task_id not in current
+            )
+        )
         delete = [
             t.task_id for t in tasks if t.task_id in current and state.jobs[t.job_id].finished
         ]
@@ -128,18 +135,12 @@ class Workers:
         unknown = sorted(current - {t.task_id for t in tasks})
         lost = [t for t in unknown if incarnation_of(t) != incarnation]
         delete += [t for t in unknown if incarnation_of(t) == incarnation]
-        if delete:
-            news["delete_tasks"] = delete
-            errors = {
-                str(t): state.jobs[state.tasks[t].job_id].error
-                for t in delete
-                if t in state.tasks and state.jobs[state.tasks[t].job_id].error is not None
-            }
-            if errors:
-                news["task_errors"] = errors
-        if lost:
-            news["lost_tasks"] = lost
-        return news
+        errors = {
+            t: error
+            for t in delete
+            if t in state.tasks and (error := state.jobs[state.tasks[t].job_id].error) is not None
+        }
+        return WorkerHeartbeatReply(incarnation, new_tasks, tuple(delete), errors, tuple(lost))
 
     def _fail_job(self, address: str, report: dict[str, Any]) -> None:
         """A worker's task failed: its job ends with the task's error (the first one reported),
@@ -197,23 +198,24 @@ class Workers:
             count = len(job.task_ids)
             self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
 
-    def _task_def(self, task: TaskRecord) -> dict[str, Any]:
+    def _task_def(self, task: TaskRecord) -> TaskDef:
+        """The definition of ``task`` that its worker runs."""
         state = self._core.state
         job = state.jobs[task.job_id]
-        return {
-            "task_id": task.task_id,
-            "job_id": job.job_id,
-            "dataset_id": job.dataset_id,
-            "fingerprint": state.datasets[job.dataset_id].fingerprint,
-            "mode": job.mode,
-            "worker_index": task.worker_index,
-            "num_workers": task.num_workers,
-            "num_consumers": job.num_consumers,
-            "skip": task.skip,
-            "exactly_once": job.exactly_once,
+        return TaskDef(
+            task_id=task.task_id,
+            job_id=job.job_id,
+            dataset_id=job.dataset_id,
+            mode=ShardingPolicy(job.mode),
+            worker_index=task.worker_index,
+            num_workers=task.num_workers,
+            num_consumers=job.num_consumers,
+            fingerprint=state.datasets[job.dataset_id].fingerprint,
+            skip=task.skip,
+            exactly_once=job.exactly_once,
             # Consumers of a named job share its tasks' elements first come, first served.
-            "shared": job.job_name is not None and job.num_consumers is None,
-        }
+            shared=job.job_name is not None and job.num_consumers is None,
+        )
 
     def _finish_job_if_done(self, job: JobRecord) -> None:
         """Ends ``job`` once every task ended and at least one ended because its input did. A

@@ -19,7 +19,7 @@ from typing import Any
 from feedline._net.elements import pack_elements
 from feedline._net.wire import Compressor, encode_frame
 from feedline.errors import InvalidArgumentError
-from feedline.service.protocol import GetElementsRequest
+from feedline.service.protocol import ElementsReply, GetElementsRequest
 from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.host import TaskHost
 
@@ -45,7 +45,12 @@ def wait_seconds(request: GetElementsRequest) -> float:
 
 def end_frame(ending: Ending, report: dict[str, Any] | None) -> bytes:
     """The reply that says ``ending`` (``report``: the task's error, for ``FAILED``)."""
-    return encode_frame({ending.value: report if ending is Ending.FAILED else True})
+    reply = ElementsReply(
+        eos=ending is Ending.INPUT_ENDED,
+        error=report if ending is Ending.FAILED else None,
+        gone=ending is Ending.GONE,
+    )
+    return encode_frame(reply.to_header())
 
 
 class TaskReplies:
@@ -133,7 +138,7 @@ class TaskReplies:
                     if len(self._hungry) > 64:
                         now = time.monotonic()
                         self._hungry = {c: t for c, t in self._hungry.items() if t > now}
-                return encode_frame({"eos": False})
+                return encode_frame(ElementsReply().to_header())
             self._hungry.pop(consumer, None)
             self._handed_out = True
             self._count(len(elements), taken)
@@ -192,7 +197,8 @@ class TaskReplies:
             if isinstance(got, Ending):
                 return end_frame(got, buffer.failure())
             if got is None:
-                return encode_frame({"eos": False})  # nothing yet: the consumer asks again
+                # nothing yet: the consumer asks again
+                return encode_frame(ElementsReply().to_header())
             self._count(1, sum(leaf.nbytes for leaf in got))
         return self._reply(request, [got])
 
@@ -209,8 +215,7 @@ class TaskReplies:
         tags: list[list[int]] | None = None,
     ) -> bytes:
         meta, buffers = pack_elements(elements)
-        header: dict[str, Any] = {"eos": False, "meta": meta}
-        if tags:  # exactly-once jobs: [split key, offset] of each element
-            header["tags"] = tags
+        # In exactly-once jobs, tags: [split key, offset] of each element.
+        header = ElementsReply(meta=meta, tags=tags or None).to_header()
         # Through the consumer's shared-memory arena when it offers one (shm), else gRPC.
         return self._host.shm.reply(request.shm, request.task_id, header, buffers, self._compressor)

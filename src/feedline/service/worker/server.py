@@ -64,9 +64,12 @@ from feedline.service.config import WorkerConfig
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
     WORKER_SERVICE,
+    ElementsReply,
+    GetDatasetDefRequest,
     GetElementsRequest,
     TaskDef,
     WorkerHeartbeatReply,
+    WorkerHeartbeatRequest,
     incarnation_of,
     register_local_worker,
     unregister_local_worker,
@@ -404,19 +407,20 @@ class WorkerServer:
             stats = [
                 [t, task.served_elements, task.served_bytes] for t, task in self._tasks.items()
             ]
+        request = WorkerHeartbeatRequest(
+            self.worker_address,
+            tags=tuple(self._config.worker_tags),
+            current_tasks=tuple(current),
+            finished_tasks=tuple(finished),
+            failed_tasks=tuple(failed),
+            draining=self._draining.is_set(),
+            leaving=leaving,
+            wait_ms=int(wait_s * 1000),
+            task_stats=stats,
+        )
         reply, _ = self._dispatcher.call(
             "WorkerHeartbeat",
-            {
-                "address": self._address,
-                "tags": list(self._config.worker_tags),
-                "current_tasks": current,
-                "finished_tasks": finished,
-                "failed_tasks": failed,
-                "draining": self._draining.is_set(),
-                "leaving": leaving,
-                "wait_ms": int(wait_s * 1000),
-                "task_stats": stats,
-            },
+            request.to_header(),
             timeout=timeout + wait_s,
             wait_for_ready=wait_for_ready,
         )
@@ -544,7 +548,7 @@ class WorkerServer:
             return cached
         reply, buffers = self.call_dispatcher(
             "GetDatasetDef",
-            {"dataset_id": task.dataset_id},
+            GetDatasetDefRequest(task.dataset_id).to_header(),
             f"fetching dataset {task.dataset_id} for task {task.task_id}",
         )
         cached = (cloudpickle.loads(buffers[0]), reply["compression"])
@@ -607,9 +611,11 @@ class WorkerServer:
         if task is not None:
             return task.get_elements(request)
         if ended:
-            return encode_frame({"error": why} if why is not None else {"eos": True})
-        if other_life:
-            return encode_frame({"error": self._lost_report(task_id)})
-        if self._stopped.is_set() or self._draining.is_set():
-            return encode_frame({"gone": True})
-        return encode_frame({"eos": False})
+            reply = ElementsReply(eos=True) if why is None else ElementsReply(error=why)
+        elif other_life:
+            reply = ElementsReply(error=self._lost_report(task_id))
+        elif self._stopped.is_set() or self._draining.is_set():
+            reply = ElementsReply(gone=True)
+        else:  # nothing yet: the consumer asks again
+            reply = ElementsReply()
+        return encode_frame(reply.to_header())

@@ -23,7 +23,7 @@ from feedline.data.options import AutoShardPolicy
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.ledger import contains
-from feedline.service.protocol import GetElementsRequest, GetSplitReply, TaskDef
+from feedline.service.protocol import GetElementsRequest, GetSplitReply, GetSplitRequest, TaskDef
 from feedline.service.worker.buffer import TaskBuffer
 from feedline.service.worker.host import TaskHost
 from feedline.service.worker.replay import SplitRunner
@@ -56,36 +56,41 @@ class _DispatcherSplits:
         self.drained = False
 
     def next_split(self, repetition: int) -> list[int] | None:
-        reply = self._ask({"repetition": repetition})
+        reply = self._ask(repetition)
         return None if reply is None or reply.split is None else list(reply.split)
 
-    def next_grant(self, finished: list[int] | None, handed_out: list[int]) -> GetSplitReply | None:
+    def next_grant(
+        self, finished: tuple[int, int] | None, handed_out: list[int]
+    ) -> GetSplitReply | None:
         """The next split of an exactly-once job (with its ``key`` and ``skip``), a reply that
         says ``wait`` while the job's other splits are not done, None at the end (or when
-        draining). ``finished`` (``[key, count]``) reports the split this task produced last,
+        draining). ``finished`` (``(key, count)``) reports the split this task produced last,
         ``handed_out`` the splits whose every element it has handed to consumers since."""
-        request = {"repetition": 0, "finished": finished, "handed_out": handed_out}
-        reply = self._ask(request)
+        reply = self._ask(0, finished, tuple(handed_out))
         if reply is None or reply.wait:
             return reply
         return None if reply.split is None else reply
 
-    def _ask(self, fields: dict[str, Any]) -> GetSplitReply | None:
-        """GetSplit with ``fields`` and this task's next request number, which moves on with
-        every reply received (a request whose reply was lost goes again with the same
-        number). None when draining."""
+    def _ask(
+        self,
+        repetition: int,
+        finished: tuple[int, int] | None = None,
+        handed_out: tuple[int, ...] = (),
+    ) -> GetSplitReply | None:
+        """GetSplit of ``repetition`` (with an exactly-once task's ``finished`` and
+        ``handed_out``, see ``GetSplitRequest``) and this task's next request number, which
+        moves on with every reply received (a request whose reply was lost goes again with the
+        same number). None when draining."""
         if self._host.draining:
             self.drained = True
             return None
         with self._requests_lock:
+            request = GetSplitRequest(
+                self._job_id, repetition, self._task_id, self._requests, finished, handed_out
+            )
             reply, _ = self._host.call_dispatcher(
                 "GetSplit",
-                {
-                    "job_id": self._job_id,
-                    "task_id": self._task_id,
-                    "request": self._requests,
-                    **fields,
-                },
+                request.to_header(),
                 f"getting a split of job {self._job_id} for task {self._task_id}",
             )
             self._requests += 1
@@ -284,7 +289,7 @@ class Task:
         tagged ``[key, offset]``, minus the offsets consumers already received (``replay``)."""
         definition = self.definition
         runner = SplitRunner(dataset)
-        finished: list[int] | None = None
+        finished: tuple[int, int] | None = None
         index = 0
         while True:
             grant = self._splits.next_grant(finished, self._buffer.handed_out_splits())
@@ -310,7 +315,7 @@ class Task:
                 if not self._put(element, index, expected, [key, offset]):
                     return
                 index += 1
-            finished = [key, count]
+            finished = (key, count)
             self._buffer.split_done(key)
 
 
