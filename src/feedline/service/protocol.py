@@ -32,6 +32,8 @@ __all__ = [
     "TARGET_WORKERS",
     "WORKER_SERVICE",
     "ClientHeartbeatRequest",
+    "DatasetDefReply",
+    "ElementSpecReply",
     "ElementsReply",
     "GetDatasetDefRequest",
     "GetElementSpecRequest",
@@ -42,6 +44,7 @@ __all__ = [
     "HeartbeatReply",
     "JobView",
     "JoinReply",
+    "RegisterDatasetReply",
     "RegisterDatasetRequest",
     "ReleaseClientRequest",
     "StreamView",
@@ -699,6 +702,35 @@ class WorkerHeartbeatReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class DatasetDefReply:
+    """The dispatcher's reply to ``GetDatasetDef``; the pickled dataset is its one buffer.
+
+    Attributes:
+      compression: how the dataset's elements travel, ``"AUTO"`` or None.
+      split_plan: the JSON of the dataset's ``SplitPlan``, None when its source does not split.
+    """
+
+    compression: str | None
+    split_plan: dict[str, Any] | None
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> DatasetDefReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or of the wrong type.
+        """
+        return cls(
+            field(header, "compression", (str, type(None))),
+            field(header, "split_plan", (dict, type(None))),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it."""
+        return {"compression": self.compression, "split_plan": self.split_plan}
+
+
+@dataclasses.dataclass(frozen=True)
 class GetSplitReply:
     """The dispatcher's reply to ``GetSplit``: the next split of a DYNAMIC task.
 
@@ -779,6 +811,50 @@ def _rows(header: dict[str, Any], name: str, kinds: Sequence[type]) -> list[tupl
             )
         checked.append(tuple(row))
     return checked
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterDatasetReply:
+    """The dispatcher's reply to ``RegisterDataset``: the id the dataset is registered under."""
+
+    dataset_id: str
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> RegisterDatasetReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: the id is missing or not a string.
+        """
+        return cls(field(header, "dataset_id", str))
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it."""
+        return {"dataset_id": self.dataset_id}
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementSpecReply:
+    """The dispatcher's reply to ``GetElementSpec``; the pickled element spec is its one buffer.
+
+    Attributes:
+      cardinality: the registered dataset's cardinality (``-1``: infinite, ``-2``: unknown).
+    """
+
+    cardinality: int
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> ElementSpecReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: the cardinality is missing or not an int.
+        """
+        return cls(field(header, "cardinality", int))
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it."""
+        return {"cardinality": self.cardinality}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,10 +10,12 @@ import pytest
 
 from feedline.errors import InvalidArgumentError
 from feedline.service.protocol import (
+    ElementSpecReply,
     ElementsReply,
     HeartbeatReply,
     JobView,
     JoinReply,
+    RegisterDatasetReply,
     StreamView,
     TaskView,
 )
@@ -110,3 +112,14 @@ def test_a_malformed_elements_reply_is_an_invalid_argument() -> None:
         ElementsReply.from_header({"eos": False, "tags": [[0, "1"]]})
     with pytest.raises(InvalidArgumentError, match="field 'eos'"):
         ElementsReply.from_header({"eos": "yes"})
+
+
+def test_the_dataset_replies_read_back_and_refuse_wrong_types() -> None:
+    assert RegisterDatasetReply.from_header({"dataset_id": "7"}) == RegisterDatasetReply("7")
+    assert RegisterDatasetReply("7").to_header() == {"dataset_id": "7"}
+    assert ElementSpecReply.from_header({"cardinality": -1}).cardinality == -1
+    assert ElementSpecReply(12).to_header() == {"cardinality": 12}
+    with pytest.raises(InvalidArgumentError, match="field 'dataset_id'"):
+        RegisterDatasetReply.from_header({"dataset_id": 7})
+    with pytest.raises(InvalidArgumentError, match="field 'cardinality'"):
+        ElementSpecReply.from_header({})

@@ -11,6 +11,7 @@ import pytest
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.protocol import (
+    DatasetDefReply,
     GetElementsRequest,
     GetSplitReply,
     TaskDef,
@@ -99,3 +100,13 @@ def test_round_position_of_a_first_come_request_is_an_invalid_argument() -> None
     assert GetElementsRequest.from_header(
         {"task_id": 7, "consumer_index": 0, "round": 2}
     ).round_position() == (0, 2)
+
+
+def test_the_dataset_def_reply_reads_back_and_refuses_wrong_types() -> None:
+    header = {"compression": "AUTO", "split_plan": {"kind": "range"}}
+    assert DatasetDefReply.from_header(header).to_header() == header
+    assert (
+        DatasetDefReply.from_header({"compression": None, "split_plan": None}).compression is None
+    )
+    with pytest.raises(InvalidArgumentError, match="field 'compression'"):
+        DatasetDefReply.from_header({"compression": 1, "split_plan": None})

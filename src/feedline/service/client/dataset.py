@@ -43,7 +43,12 @@ from feedline.service.client.job_reader import _JobReader
 from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
 from feedline.service.config import ShardingPolicy
 from feedline.service.position import check_checkpointable, position_from_state
-from feedline.service.protocol import GetElementSpecRequest, RegisterDatasetRequest
+from feedline.service.protocol import (
+    ElementSpecReply,
+    GetElementSpecRequest,
+    RegisterDatasetReply,
+    RegisterDatasetRequest,
+)
 from feedline.service.splits import split_plan
 
 __all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
@@ -170,7 +175,10 @@ def from_dataset_id(
     if element_spec is None:
         element_spec = cloudpickle.loads(buffers[0])
     return DataServiceDataset(
-        params, dataset_id=dataset_id, element_spec=element_spec, cardinality=reply["cardinality"]
+        params,
+        dataset_id=dataset_id,
+        element_spec=element_spec,
+        cardinality=ElementSpecReply.from_header(reply).cardinality,
     )
 
 
@@ -209,7 +217,7 @@ def _register(
             f"registering the dataset (options.experimental_distribute.service_timeout_ms sets "
             f"how long to wait): {error}"
         ) from None
-    return str(reply["dataset_id"])
+    return RegisterDatasetReply.from_header(reply).dataset_id
 
 
 # -- the dataset ------------------------------------------------------------------------------

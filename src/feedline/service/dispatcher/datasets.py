@@ -15,8 +15,11 @@ from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import DatasetRecord, RegisterDataset
 from feedline.service.protocol import (
+    DatasetDefReply,
+    ElementSpecReply,
     GetDatasetDefRequest,
     GetElementSpecRequest,
+    RegisterDatasetReply,
     RegisterDatasetRequest,
 )
 from feedline.service.splits import SplitPlan
@@ -56,11 +59,11 @@ class Datasets:
                         "choose another id or let the service pick one"
                     )
                 core.dataset_used[wanted] = core.clock()
-                return {"dataset_id": wanted}, ()
+                return RegisterDatasetReply(wanted).to_header(), ()
             if wanted is None and fingerprint in state.dataset_by_fingerprint:
                 dataset_id = state.dataset_by_fingerprint[fingerprint]
                 core.dataset_used[dataset_id] = core.clock()
-                return {"dataset_id": dataset_id}, ()
+                return RegisterDatasetReply(dataset_id).to_header(), ()
             dataset_id = wanted or str(state.new_id())  # carries the incarnation, as job ids
             while dataset_id in state.datasets:
                 dataset_id += "_"
@@ -78,7 +81,7 @@ class Datasets:
                 )
             )
             core.dataset_used[dataset_id] = core.clock()
-        return {"dataset_id": dataset_id}, ()
+        return RegisterDatasetReply(dataset_id).to_header(), ()
 
     def lookup(self, dataset_id: str) -> DatasetRecord:
         """The dataset ``dataset_id``, now counted as used (under the lock).
@@ -101,12 +104,12 @@ class Datasets:
         request = GetDatasetDefRequest.from_header(header)
         with self._core.lock:
             record = self.lookup(request.dataset_id)
-        reply = {"compression": record.compression, "split_plan": record.split_plan}
-        return reply, (record.payload,)
+        reply = DatasetDefReply(record.compression, record.split_plan)
+        return reply.to_header(), (record.payload,)
 
     def get_element_spec(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
         """GetElementSpec: ``{"cardinality"}`` and the pickled element spec."""
         request = GetElementSpecRequest.from_header(header)
         with self._core.lock:
             record = self.lookup(request.dataset_id)
-        return {"cardinality": record.cardinality}, (record.element_spec,)
+        return ElementSpecReply(record.cardinality).to_header(), (record.element_spec,)

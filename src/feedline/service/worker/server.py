@@ -64,6 +64,7 @@ from feedline.service.config import WorkerConfig
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
     WORKER_SERVICE,
+    DatasetDefReply,
     ElementsReply,
     GetDatasetDefRequest,
     GetElementsRequest,
@@ -551,7 +552,7 @@ class WorkerServer:
             GetDatasetDefRequest(task.dataset_id).to_header(),
             f"fetching dataset {task.dataset_id} for task {task.task_id}",
         )
-        cached = (cloudpickle.loads(buffers[0]), reply["compression"])
+        cached = (cloudpickle.loads(buffers[0]), DatasetDefReply.from_header(reply).compression)
         if fingerprint:
             with self._lock:
                 self._datasets[fingerprint] = cached
