@@ -38,6 +38,7 @@ from feedline.data.ops.shard import ShardDataset
 from feedline.data.ops.shuffle import ShuffleDataset
 from feedline.data.ops.skip import SkipDataset
 from feedline.data.ops.take import TakeDataset
+from feedline.data.ops.take_while import TakeWhileDataset
 from feedline.data.ops.unbatch import UnbatchDataset
 from feedline.data.ops.with_options import OptionsDataset
 from feedline.data.ops.zip import ZipDataset
@@ -194,6 +195,10 @@ def take(self: Dataset, count: int) -> Dataset:
     return TakeDataset(self, count)
 
 
+def take_while(self: Dataset, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
+    return TakeWhileDataset(self, predicate)
+
+
 def skip(self: Dataset, count: int) -> Dataset:
     return SkipDataset(self, count)
 
@@ -266,6 +271,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "shuffle": shuffle,
     "repeat": repeat,
     "take": take,
+    "take_while": take_while,
     "skip": skip,
     "shard": shard,
     "enumerate": enumerate_,

@@ -372,6 +372,23 @@ class FluentAPI:
         """
         _not_attached("take")
 
+    def take_while(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
+        """The elements up to (not including) the first for which ``predicate`` is False.
+
+        A tuple element is unpacked into the predicate's arguments; it must return a scalar
+        bool. The cardinality is UNKNOWN_CARDINALITY (0 where the input is empty).
+
+        Args:
+          predicate: maps an element to a scalar bool.
+          name: accepted for TensorFlow compatibility; feedline names no operations.
+
+        Example:
+          >>> from feedline.data import Dataset
+          >>> [x.tolist() for x in Dataset.range(10).take_while(lambda x: x < 5)]
+          [0, 1, 2, 3, 4]
+        """
+        _not_attached("take_while")
+
     def skip(self, count: int) -> Dataset:
         """All but the first ``count`` elements (-1: none).
 

@@ -65,6 +65,26 @@ class UserFunction:
             raise
 
 
+def as_scalar_bool(fn: UserFunction, result: Any) -> bool:
+    """``result`` of ``fn`` as a Python bool; InvalidArgumentError if it is no scalar bool.
+
+    A Python ``bool``, ``np.bool_`` or 0-d bool array is accepted (what filter's and
+    take_while's predicates must return); the error names the function and what it returned.
+    """
+    if result is True or result is False or isinstance(result, np.bool_):
+        return bool(result)
+    array = structure.to_array(result) if not isinstance(result, list | tuple) else None
+    if array is not None and array.shape == () and array.dtype == np.bool_:
+        return bool(array)
+    shape = np.shape(array) if array is not None else None
+    dtype = array.dtype if array is not None else type(result).__name__
+    raise InvalidArgumentError(
+        f"{fn.operation}: the predicate {fn.description} must return a scalar bool, "
+        f"but returned {result!r} (dtype {dtype}, shape {shape}); compare explicitly "
+        "(e.g. `x > 0`) and reduce arrays with .all() or .any()"
+    )
+
+
 def apply_chunk(fn: UserFunction, elements: list[Any]) -> tuple[list[Outcome], float]:
     """Applies ``fn`` to each element; returns the outcomes and the seconds it took.
 

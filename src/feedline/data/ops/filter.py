@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from feedline import structure
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops._functions import UserFunction
-from feedline.errors import InvalidArgumentError
+from feedline.data.ops._functions import UserFunction, as_scalar_bool
 
 
 class FilterDataset(Dataset):
@@ -39,19 +35,7 @@ class FilterDataset(Dataset):
 
     def keep(self, element: Any) -> bool:
         """Whether ``predicate`` keeps ``element``; InvalidArgumentError if it is not a bool."""
-        result = self._predicate.call_raw(element)
-        if result is True or result is False or isinstance(result, np.bool_):
-            return bool(result)
-        array = structure.to_array(result) if not isinstance(result, list | tuple) else None
-        if array is not None and array.shape == () and array.dtype == np.bool_:
-            return bool(array)
-        shape = np.shape(array) if array is not None else None
-        dtype = array.dtype if array is not None else type(result).__name__
-        raise InvalidArgumentError(
-            f"filter: the predicate {self._predicate.description} must return a scalar bool, "
-            f"but returned {result!r} (dtype {dtype}, shape {shape}); compare explicitly "
-            "(e.g. `x > 0`) and reduce arrays with .all() or .any()"
-        )
+        return as_scalar_bool(self._predicate, self._predicate.call_raw(element))
 
 
 class _FilterIterator(DatasetIterator):
