@@ -34,6 +34,7 @@ from feedline.data.ops.range import RangeDataset
 from feedline.data.ops.rebatch import RebatchDataset
 from feedline.data.ops.repeat import RepeatDataset
 from feedline.data.ops.sample_from_datasets import SampleFromDatasetsDataset
+from feedline.data.ops.scan import ScanDataset
 from feedline.data.ops.shard import ShardDataset
 from feedline.data.ops.shuffle import ShuffleDataset
 from feedline.data.ops.skip import SkipDataset
@@ -211,6 +212,12 @@ def enumerate_(self: Dataset, start: int = 0) -> Dataset:
     return EnumerateDataset(self, start)
 
 
+def scan(
+    self: Dataset, initial_state: Any, scan_func: Callable[..., Any], name: str | None = None
+) -> Dataset:
+    return ScanDataset(self, initial_state, scan_func)
+
+
 def prefetch(self: Dataset, buffer_size: int) -> Dataset:
     return PrefetchDataset(self, buffer_size)
 
@@ -275,6 +282,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "skip": skip,
     "shard": shard,
     "enumerate": enumerate_,
+    "scan": scan,
     "prefetch": prefetch,
     "cache": cache,
     "concatenate": concatenate,

@@ -419,6 +419,28 @@ class FluentAPI:
         """
         _not_attached("enumerate")
 
+    def scan(
+        self, initial_state: Any, scan_func: Callable[..., Any], name: str | None = None
+    ) -> Dataset:
+        """The outputs of ``scan_func`` carried over the elements with a state.
+
+        ``scan_func(state, element)`` returns ``(new_state, output_element)``; the state starts
+        as ``initial_state`` and the new state must keep its structure and dtypes (a TypeError
+        otherwise). The state is saved with the iterator's checkpoint. The cardinality is the
+        input's.
+
+        Args:
+          initial_state: a nested structure of arrays (or scalars), the first state.
+          scan_func: maps ``(state, element)`` to ``(new_state, output_element)``.
+          name: accepted for TensorFlow compatibility; feedline names no operations.
+
+        Example:
+          >>> from feedline.data import Dataset
+          >>> [x.tolist() for x in Dataset.range(10).scan(0, lambda s, i: (s + i, s))]
+          [0, 0, 1, 3, 6, 10, 15, 21, 28, 36]
+        """
+        _not_attached("scan")
+
     def prefetch(self, buffer_size: int) -> Dataset:
         """Elements produced ahead on a background thread, up to ``buffer_size`` of them.
 
