@@ -41,6 +41,7 @@ from feedline.data.ops.skip import SkipDataset
 from feedline.data.ops.take import TakeDataset
 from feedline.data.ops.take_while import TakeWhileDataset
 from feedline.data.ops.unbatch import UnbatchDataset
+from feedline.data.ops.unique import UniqueDataset
 from feedline.data.ops.with_options import OptionsDataset
 from feedline.data.ops.zip import ZipDataset
 from feedline.data.options import Options
@@ -218,6 +219,10 @@ def scan(
     return ScanDataset(self, initial_state, scan_func)
 
 
+def unique(self: Dataset, name: str | None = None) -> Dataset:
+    return UniqueDataset(self)
+
+
 def prefetch(self: Dataset, buffer_size: int) -> Dataset:
     return PrefetchDataset(self, buffer_size)
 
@@ -283,6 +288,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "shard": shard,
     "enumerate": enumerate_,
     "scan": scan,
+    "unique": unique,
     "prefetch": prefetch,
     "cache": cache,
     "concatenate": concatenate,

@@ -441,6 +441,24 @@ class FluentAPI:
         """
         _not_attached("scan")
 
+    def unique(self, name: str | None = None) -> Dataset:
+        """Each distinct element once, in the order of its first appearance.
+
+        The elements must be scalars of int32, int64 or string type (a TypeError otherwise, as
+        in TensorFlow). The elements seen are saved with the iterator's checkpoint; the
+        cardinality is UNKNOWN_CARDINALITY (0 where the input is empty).
+
+        Args:
+          name: accepted for TensorFlow compatibility; feedline names no operations.
+
+        Example:
+          >>> from feedline.data import Dataset
+          >>> ds = Dataset.from_tensor_slices([1, 37, 2, 37, 2, 1]).unique()
+          >>> [x.tolist() for x in ds]
+          [1, 37, 2]
+        """
+        _not_attached("unique")
+
     def prefetch(self, buffer_size: int) -> Dataset:
         """Elements produced ahead on a background thread, up to ``buffer_size`` of them.
 

@@ -8,7 +8,7 @@ from feedline import _porting
 from feedline.data._fluent import choose_from_datasets, sample_from_datasets
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Optional
-from feedline.data.experimental.transformations import scan
+from feedline.data.experimental.transformations import scan, unique
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.data.options import AutoShardPolicy, DistributeOptions
 from feedline.data.readers.csv import CsvDataset
@@ -32,6 +32,7 @@ __all__ = [
     "sample_from_datasets",
     "scan",
     "service",
+    "unique",
 ]
 
 # ``feedline.data.experimental.service`` is the data service, a layer above feedline.data:

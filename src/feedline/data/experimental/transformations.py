@@ -26,3 +26,18 @@ def scan(initial_state: Any, scan_func: Callable[..., Any]) -> Callable[[Dataset
         return dataset.scan(initial_state, scan_func)
 
     return _apply_fn
+
+
+def unique() -> Callable[[Dataset], Dataset]:
+    """``tf.data.experimental.unique``: ``ds.apply(unique())`` is ``ds.unique()``.
+
+    Example:
+      >>> from feedline.data import Dataset
+      >>> [x.tolist() for x in Dataset.from_tensor_slices([3, 1, 3]).apply(unique())]
+      [3, 1]
+    """
+
+    def _apply_fn(dataset: Dataset) -> Dataset:
+        return dataset.unique()
+
+    return _apply_fn
