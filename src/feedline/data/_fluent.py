@@ -25,6 +25,7 @@ from feedline.data.ops.from_generator import GeneratorDataset
 from feedline.data.ops.from_tensor_slices import TensorSliceDataset
 from feedline.data.ops.from_tensors import TensorDataset
 from feedline.data.ops.from_torch import from_torch as from_torch_dataset
+from feedline.data.ops.get_single_element import get_single_element as single_element
 from feedline.data.ops.ignore_errors import IgnoreErrorsDataset
 from feedline.data.ops.interleave import InterleaveDataset
 from feedline.data.ops.map import MapDataset
@@ -32,6 +33,7 @@ from feedline.data.ops.padded_batch import PaddedBatchDataset
 from feedline.data.ops.prefetch import PrefetchDataset
 from feedline.data.ops.range import RangeDataset
 from feedline.data.ops.rebatch import RebatchDataset
+from feedline.data.ops.reduce import reduce_dataset
 from feedline.data.ops.repeat import RepeatDataset
 from feedline.data.ops.sample_from_datasets import SampleFromDatasetsDataset
 from feedline.data.ops.scan import ScanDataset
@@ -223,6 +225,16 @@ def unique(self: Dataset, name: str | None = None) -> Dataset:
     return UniqueDataset(self)
 
 
+def reduce(
+    self: Dataset, initial_state: Any, reduce_func: Callable[..., Any], name: str | None = None
+) -> Any:
+    return reduce_dataset(self, initial_state, reduce_func)
+
+
+def get_single_element(self: Dataset, name: str | None = None) -> Any:
+    return single_element(self)
+
+
 def prefetch(self: Dataset, buffer_size: int) -> Dataset:
     return PrefetchDataset(self, buffer_size)
 
@@ -289,6 +301,8 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "enumerate": enumerate_,
     "scan": scan,
     "unique": unique,
+    "reduce": reduce,
+    "get_single_element": get_single_element,
     "prefetch": prefetch,
     "cache": cache,
     "concatenate": concatenate,

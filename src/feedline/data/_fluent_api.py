@@ -459,6 +459,44 @@ class FluentAPI:
         """
         _not_attached("unique")
 
+    def reduce(
+        self, initial_state: Any, reduce_func: Callable[..., Any], name: str | None = None
+    ) -> Any:
+        """The elements folded into one state: ``reduce_func(state, element) -> new_state``.
+
+        A terminal method: it runs the dataset and returns the final state (the initial state
+        for an empty dataset). The new state must keep the initial state's structure and dtypes
+        (a TypeError otherwise).
+
+        Args:
+          initial_state: a nested structure of arrays (or scalars), the first state.
+          reduce_func: maps ``(state, element)`` to the new state.
+          name: accepted for TensorFlow compatibility; feedline names no operations.
+
+        Example:
+          >>> import numpy as np
+          >>> from feedline.data import Dataset
+          >>> Dataset.range(5).reduce(np.int64(0), lambda x, y: x + y).tolist()
+          10
+        """
+        _not_attached("reduce")
+
+    def get_single_element(self, name: str | None = None) -> Any:
+        """The one element of the dataset (a terminal method).
+
+        An InvalidArgumentError if the dataset has no element ("Dataset was empty.") or more
+        than one ("Dataset had more than one element."), as in TensorFlow.
+
+        Args:
+          name: accepted for TensorFlow compatibility; feedline names no operations.
+
+        Example:
+          >>> from feedline.data import Dataset
+          >>> Dataset.from_tensors([1, 2]).get_single_element().tolist()
+          [1, 2]
+        """
+        _not_attached("get_single_element")
+
     def prefetch(self, buffer_size: int) -> Dataset:
         """Elements produced ahead on a background thread, up to ``buffer_size`` of them.
 

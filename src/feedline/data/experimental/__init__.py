@@ -9,6 +9,7 @@ from feedline.data._fluent import choose_from_datasets, sample_from_datasets
 from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.dataset import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Optional
 from feedline.data.experimental.transformations import scan, unique
+from feedline.data.ops.get_single_element import get_single_element
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.data.options import AutoShardPolicy, DistributeOptions
 from feedline.data.readers.csv import CsvDataset
@@ -29,6 +30,7 @@ __all__ = [
     "ShardMode",
     "auto_shard",
     "choose_from_datasets",
+    "get_single_element",
     "sample_from_datasets",
     "scan",
     "service",
