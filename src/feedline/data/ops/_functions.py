@@ -4,6 +4,7 @@ and chunks of calls as the parallel map's threads and worker processes make them
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import dis
 import functools
 import itertools
@@ -163,12 +164,18 @@ def dummy_element(spec: Any, unknown: int, fill: int = 0) -> Any:
     """An element of ``spec`` filled with ``fill``, ``unknown`` in place of unknown dimensions;
     a component that is a dataset (``DatasetSpec``) gets ``unknown`` such elements."""
 
-    def make(s: TensorSpec | DatasetSpec) -> Any:
+    def make(s: Any) -> Any:
         if isinstance(s, DatasetSpec):
             return ElementsDataset(
                 [dummy_element(s.element_spec, unknown, fill)] * unknown, s.element_spec
             )
         shape = tuple(unknown if d is None else d for d in s.shape)
+        if isinstance(s, structure.SparseTensorSpec | structure.RaggedTensorSpec):
+            dense = make(TensorSpec(shape, s.dtype))
+            if isinstance(s, structure.SparseTensorSpec):  # every position holds ``fill``
+                where = np.argwhere(np.ones(shape, bool))
+                return structure.SparseArray(where, dense.ravel(), shape)
+            return structure.RaggedArray.from_tensor(dense, s.ragged_rank or 1, s.row_splits_dtype)
         if s.dtype.kind == "U":
             return np.full(shape, str(fill))
         if s.dtype == structure.BYTES:  # byte strings: an object array of bytes such as b"0"
@@ -206,7 +213,12 @@ def _relax_batch_dim(spec: Any, input_dataset: Dataset, element: Any) -> Any:
         return spec
     size = structure.leading_dim(element)
     return structure.map_spec(
-        lambda s: TensorSpec((None, *s.shape[1:]), s.dtype) if s.shape[:1] == (size,) else s, spec
+        lambda s: (
+            dataclasses.replace(s, shape=(None, *s.shape[1:]))  # a sparse or ragged spec too
+            if getattr(s, "shape", ())[:1] == (size,)
+            else s
+        ),
+        spec,
     )
 
 
