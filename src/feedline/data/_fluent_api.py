@@ -90,7 +90,7 @@ class FluentAPI:
         Args:
           generator: a callable that returns an iterable; called once per pass.
           output_types: the dtypes of the elements (tf.data's older form; with
-            ``output_shapes`` or alone, then the first element fixes the ranks).
+            ``output_shapes`` or alone, then every component has unknown rank).
           output_shapes: the shapes that go with ``output_types``.
           args: the arguments ``generator`` is called with.
           output_signature: a structure of ``TensorSpec`` the elements must fit.
