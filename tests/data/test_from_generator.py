@@ -150,3 +150,11 @@ def test_unknown_rank_batches_split_over_replicas() -> None:
     )
     a, b = strategy.experimental_local_results(next(iter(dist)))
     assert a.tolist() == [[0, 0], [1, 1]] and b.tolist() == [[2, 2], [3, 3]]
+
+
+def test_unknown_rank_is_saved_and_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ds = Dataset.from_generator(lambda: iter([[1], [2, 3], 4]), output_types=np.int64)
+    ds.save(str(tmp_path))
+    loaded = Dataset.load(str(tmp_path))
+    assert loaded.element_spec == TensorSpec(None, np.int64)
+    assert [np.asarray(v).tolist() for v in loaded] == [[1], [2, 3], 4]
