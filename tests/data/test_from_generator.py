@@ -49,6 +49,15 @@ def test_types_without_shapes_have_unknown_rank_as_in_tensorflow() -> None:
         lambda: iter([(1, b"a")]), output_types=(np.int64, feedline.string)
     )
     assert pairs.element_spec == (TensorSpec(None, np.int64), TensorSpec(None, bytes))
+    # output_shapes=tf.TensorShape(None) is the same unknown rank; () is a scalar
+    unknown = feedline.TensorShape(None)
+    mixed = Dataset.from_generator(
+        lambda: iter([(1, [2])]),
+        output_types=(np.int64, np.int64),
+        output_shapes=(feedline.TensorShape([]), unknown),
+    )
+    assert mixed.element_spec == (TensorSpec((), np.int64), TensorSpec(None, np.int64))
+    assert TensorSpec(unknown, np.int64).rank is None
 
 
 def _vectors() -> Dataset:

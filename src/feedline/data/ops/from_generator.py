@@ -50,7 +50,7 @@ def _signature(output_signature: Any, output_types: Any, output_shapes: Any) -> 
     if output_shapes is None:
         return optree.tree_map(lambda t: TensorSpec(None, t), types, is_leaf=_is_dtype)
     return optree.tree_map(
-        lambda t, shape: TensorSpec(tuple(shape or ()), t),
+        lambda t, shape: TensorSpec(None if shape is None else tuple(shape), t),
         types,
         output_shapes,
         is_leaf=lambda v: _is_dtype(v) or _is_shape(v),
