@@ -369,3 +369,18 @@ def test_the_example_trainer_job_reads_the_service(
     assert sum(r["examples"] for r in ranks) == examples
     assert sum(r["index_sum"] for r in ranks) == examples * (examples - 1) // 2
     assert f"trained on {examples} examples" in output
+
+
+def test_the_prometheus_adapter_serves_the_metric_the_autoscaler_reads(
+    rendered: dict[str, list[manifests.Doc]],
+) -> None:
+    import yaml
+
+    folder = manifests.KUBERNETES / "prometheus"
+    values = yaml.safe_load((folder / "adapter-values.yaml").read_text())
+    served = {rule["name"]["as"] for rule in values["rules"]["external"]}
+    for docs in rendered.values():
+        assert set(manifests.hpa_metric_names(docs)) <= served
+    (job,) = yaml.safe_load((folder / "scrape-config.yaml").read_text())
+    assert job["authorization"]["credentials_file"].endswith("/token")
+    assert job["tls_config"]["server_name"] == "feedline"
