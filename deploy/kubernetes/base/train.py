@@ -59,8 +59,8 @@ def main():
     loss = torch.zeros(())
     with Join([model]):
         for batch in dataset:
-            x = torch.from_numpy(batch["x"]).to(device)
-            y = torch.from_numpy(batch["y"]).to(device)
+            x = torch.tensor(batch["x"], device=device)
+            y = torch.tensor(batch["y"], device=device)
             loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
             optimizer.zero_grad()
             loss.backward()
@@ -71,7 +71,7 @@ def main():
     totals = torch.tensor([examples, index_sum], dtype=torch.float64)
     dist.all_reduce(totals)
     if rank == 0:
-        print(f"trained on {int(totals[0])} examples, last loss {float(loss):.4f}", flush=True)
+        print(f"trained on {int(totals[0])} examples, last loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()
 
 
