@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import textwrap
@@ -302,21 +303,17 @@ def test_dev_overlay_runs_locally_and_loses_nothing_under_kills(
 
 
 def _certificates(folder: Path) -> dict[str, bytes]:
-    """A CA and one certificate for the DNS name `feedline` (serverAuth and clientAuth), as the
-    production overlay's Secret `feedline-tls` holds them (cert-manager's keys)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=folder)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=feedline CA",
-            "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
-    (folder / "leaf.ext").write_text(
-        "subjectAltName=DNS:feedline\nextendedKeyUsage=serverAuth,clientAuth\n"
+    """A CA and one certificate for the DNS name `feedline` (serverAuth and clientAuth), made by
+    the openssl commands of docs/deployment.md, as the production overlay's Secret
+    `feedline-tls` holds them (cert-manager's keys)."""
+    doc = (manifests.ROOT / "docs" / "deployment.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"```bash\n(.*?)```", doc, re.DOTALL) if "openssl req -x509" in b
+    ]
+    commands = block.split("\nkubectl ")[0]  # what runs before the cluster is called
+    subprocess.run(
+        ["bash", "-euc", commands], check=True, capture_output=True, timeout=120, cwd=folder
     )
-    openssl("req", *ec[:5], "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=feedline")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "1", "-extfile", "leaf.ext", "-out", "tls.crt")  # fmt: skip
     return {name: (folder / name).read_bytes() for name in ("tls.crt", "tls.key", "ca.crt")}
 
 
