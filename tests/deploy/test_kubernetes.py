@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy import manifests
-from tests.deploy.runner import LocalCluster
+from tests.deploy.runner import LocalCluster, Pod
 from tests.launcher import Processes
 
 pytest.importorskip("yaml")
@@ -239,7 +239,7 @@ def _lines(path: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def _start_service(cluster: LocalCluster, workers: int) -> tuple[object, list[object]]:
+def _start_service(cluster: LocalCluster, workers: int) -> tuple[Pod, list[Pod]]:
     (dispatcher,) = cluster.start_all("feedline-dispatcher")
     cluster.wait_for_line(dispatcher, "feedline dispatcher serving at ")
     cluster.wait_ready(dispatcher)
