@@ -21,7 +21,8 @@ a Service ``NAME:PORT``     127.0.0.1 and the local port of a pod it selects
 ==========================  =====================================================================
 
 A mount path in an argument or a variable becomes its local folder. Probes run their ``exec``
-commands the same way (``probe``). Every process is one of the test launcher's
+commands the same way (``probe``), each a short child with the probe's ``timeoutSeconds`` (and
+30 s of slack). Every container's process is one of the test launcher's
 (``tests.launcher.Processes``): a timeout on each, all killed when the cluster closes.
 """
 
