@@ -6,13 +6,16 @@ on SIGTERM within their grace period, and feed the example torchrun trainer."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
+import sys
 import textwrap
+import threading
 import time
 import tomllib
 import urllib.error
@@ -382,3 +385,40 @@ def test_the_prometheus_adapter_serves_the_metric_the_autoscaler_reads(
     (job,) = yaml.safe_load((folder / "scrape-config.yaml").read_text())
     assert job["authorization"]["credentials_file"].endswith("/token")
     assert job["tls_config"]["server_name"] == "feedline"
+
+
+@pytest.mark.parametrize(("age", "ready"), [("3.5", True), ("20.0", False), ("-1.0", False)])
+def test_the_worker_readiness_probe_follows_its_heartbeats(age: str, ready: bool) -> None:
+    """Readiness (``--max-heartbeat-age 15``) fails for a worker whose dispatcher has not
+    answered for longer, or ever; liveness does not look (a worker waiting for its dispatcher is
+    not restarted for it)."""
+    body = f"feedline_worker_tasks 0.0\nfeedline_worker_seconds_since_heartbeat {age}\n".encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    probe = manifests.KUBERNETES / "base" / "probe.py"
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        readiness = subprocess.run(
+            [sys.executable, str(probe), url, "--max-heartbeat-age", "15"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        liveness = subprocess.run(
+            [sys.executable, str(probe), url], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (readiness.returncode == 0) == ready, readiness.stderr
+    assert liveness.returncode == 0, liveness.stderr
