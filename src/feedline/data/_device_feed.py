@@ -33,7 +33,7 @@ Imported only when an element is placed on a device: it imports torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,6 +64,7 @@ ALIGNMENT = 64
 
 #: NumPy kinds that stay NumPy (no torch dtype): byte strings (object), unicode, void, times.
 _HOST_ONLY = "OSUVMm"
+
 
 def parse_device(name: str | torch.device) -> torch.device:
     """A torch device from a PyTorch or TensorFlow name (``"cuda:0"``, ``"/gpu:0"``, ``"GPU:1"``,
@@ -118,6 +119,10 @@ class CopyBackend(Protocol):
         """Tells the allocator that ``tensor`` is used on ``device``'s current stream."""
         ...
 
+    def move(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``tensor`` (ragged, sparse: outside the ring) on ``device``, copied synchronously."""
+        ...
+
 
 class CudaBackend:
     """``CopyBackend`` on CUDA: pinned ``torch.empty``, ``torch.cuda.Stream`` and ``Event``."""
@@ -168,6 +173,9 @@ class CudaBackend:
     def use_on_compute(self, tensor: torch.Tensor, device: torch.device) -> None:
         tensor.record_stream(torch.cuda.current_stream(device))
 
+    def move(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return tensor.to(device)
+
 
 class HostBackend:
     """``CopyBackend`` without a device: buffers are ordinary host memory, a "device copy" is a
@@ -206,6 +214,9 @@ class HostBackend:
 
     def use_on_compute(self, tensor: torch.Tensor, device: torch.device) -> None:
         pass
+
+    def move(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return tensor
 
 
 def default_backend(device: torch.device) -> CopyBackend:
@@ -305,6 +316,14 @@ class Placed:
         self._copies = copies
         self._backend = backend
 
+    @staticmethod
+    def join(parts: Sequence[Placed], combine: Callable[[list[Any]], Any]) -> Placed:
+        """One element of several placed ones (a step's replicas, ``combine`` making the step
+        of their elements), whose ``ready()`` waits for every part's copy."""
+        backend = next((p._backend for p in parts if p._backend is not None), None)
+        copies = [copy for p in parts for copy in p._copies]
+        return Placed(combine([p._element for p in parts]), copies, backend)
+
     def ready(self) -> Any:
         """The element, after making each device's current stream wait for its copy."""
         for event, blob, device in self._copies:
@@ -403,7 +422,7 @@ class DeviceFeed:
                     out[i] = part.view(_torch_dtype(array.dtype)).view(array.shape)
         for i, (leaf, array) in enumerate(zip(leaves, packed, strict=True)):
             if array is None:
-                out[i] = _other_leaf(leaf, device)
+                out[i] = _other_leaf(leaf, device, ring.backend)
         return Placed(optree.tree_unflatten(treespec, out), copies, self._backend)
 
 
@@ -413,7 +432,11 @@ def _is_leaf(value: Any) -> bool:
 
 def _numeric(leaf: Any) -> np.ndarray | None:
     """``leaf`` as a NumPy array in native byte order if it goes through the ring, else None."""
-    if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.layout == torch.strided:
+    if (
+        isinstance(leaf, torch.Tensor)
+        and leaf.device.type == "cpu"
+        and leaf.layout == torch.strided
+    ):
         leaf = leaf.detach().numpy()
     if isinstance(leaf, np.generic):
         leaf = np.asarray(leaf)
@@ -424,10 +447,10 @@ def _numeric(leaf: Any) -> np.ndarray | None:
     return leaf
 
 
-def _other_leaf(leaf: Any, device: torch.device) -> Any:
+def _other_leaf(leaf: Any, device: torch.device, backend: CopyBackend) -> Any:
     """A leaf outside the ring: strings stay NumPy; ragged, sparse and other tensors move with
     ``Tensor.to`` (synchronously)."""
     converted = to_torch(leaf)
     if isinstance(converted, torch.Tensor):
-        return converted.to(device)
+        return backend.move(converted, device)
     return converted

@@ -29,6 +29,7 @@ from feedline.errors import InvalidArgumentError
 
 __all__ = ["PrefetchToDeviceDataset", "copy_to_device", "prefetch_to_device"]
 
+
 class PrefetchToDeviceDataset(Dataset):
     """The input's elements as torch tensors on ``device``, ``buffer_size`` of them copied ahead.
 
@@ -114,9 +115,7 @@ class _PrefetchToDeviceIterator(DatasetIterator):
         self._input.close()
 
 
-def prefetch_to_device(
-    device: Any, buffer_size: int | None = None
-) -> Callable[[Dataset], Dataset]:
+def prefetch_to_device(device: Any, buffer_size: int | None = None) -> Callable[[Dataset], Dataset]:
     """``tf.data.experimental.prefetch_to_device``: ``ds.apply(prefetch_to_device("/gpu:0"))``
     yields the elements as torch tensors on the device, ``buffer_size`` (default 1) of them
     copied ahead through reusable pinned buffers on a copy stream of the device's own. It must be
@@ -139,7 +138,9 @@ def prefetch_to_device(
     return _apply_fn
 
 
-def copy_to_device(target_device: Any, source_device: str = "/cpu:0") -> Callable[[Dataset], Dataset]:
+def copy_to_device(
+    target_device: Any, source_device: str = "/cpu:0"
+) -> Callable[[Dataset], Dataset]:
     """``tf.data.experimental.copy_to_device``: ``ds.apply(copy_to_device("/gpu:0"))`` yields
     the elements as torch tensors on ``target_device``, each copied when it is asked for.
 
