@@ -192,6 +192,7 @@ def test_cuda_unavailable_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_device_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(InvalidArgumentError, match="device cuda:5 does not exist: this machine "
-                       "has 2 CUDA device"):
+    with pytest.raises(
+        InvalidArgumentError, match="device cuda:5 does not exist: this machine has 2 CUDA device"
+    ):
         CudaBackend().check_device(torch.device("cuda", 5))
