@@ -7,12 +7,13 @@ The CUDA calls are behind ``CopyBackend``; ``HostBackend`` and the late backend 
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-from feedline.data import TensorSpec
+from feedline.data import TensorSpec, _device_feed
 from feedline.data._device_feed import (
     ALIGNMENT,
     CudaBackend,
@@ -196,3 +197,27 @@ def test_a_device_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
         InvalidArgumentError, match="device cuda:5 does not exist: this machine has 2 CUDA device"
     ):
         CudaBackend().check_device(torch.device("cuda", 5))
+
+
+def test_a_large_element_is_packed_by_several_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_device_feed, "PARALLEL_PACK_BYTES", 1024)
+    monkeypatch.setattr(_device_feed, "_PACK_THREADS", 3)
+    threads: set[str] = set()
+    copyto = np.copyto
+
+    def recording_copyto(*args: object, **kwargs: object) -> None:
+        threads.add(threading.current_thread().name)
+        copyto(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(np, "copyto", recording_copyto)
+    feed = DeviceFeed(backend=HostBackend())
+    element = (
+        np.arange(10_000, dtype=np.float64).reshape(100, 100)[:, ::2],  # strided rows
+        np.arange(2, dtype=np.int8),  # fewer rows than threads: one piece
+        np.float32(7),
+    )
+    out = feed.put(element, GPU).ready()
+    assert_elements_equal(tuple(t.numpy() for t in out), element)
+    assert threads and all(name.startswith("feedline-pack") for name in threads)
+    feed.close()
+    feed.close()

@@ -8,7 +8,8 @@ device it:
    after the copy that last read it has finished (its event), and the host waits for that event
    only if the copy is still running;
 2. packs the element's numeric leaves into the slot (one host memcpy per leaf, each leaf at an
-   offset aligned to 64 bytes);
+   offset aligned to 64 bytes; an element of 8 MiB or more is packed by up to 4 threads, so
+   that packing keeps up with the device copy);
 3. copies the slot's bytes to the device in one non-blocking copy on the device's own copy
    stream, records an event after it, and cuts the device bytes into one tensor per leaf;
 4. when the element is handed to the consumer (``Placed.ready``), makes the consumer's current
@@ -32,7 +33,10 @@ Imported only when an element is placed on a device: it imports torch.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -48,6 +52,7 @@ from feedline.structure import RaggedArray, SparseArray
 
 __all__ = [
     "ALIGNMENT",
+    "PARALLEL_PACK_BYTES",
     "CopyBackend",
     "CudaBackend",
     "DeviceFeed",
@@ -61,6 +66,10 @@ __all__ = [
 
 #: Every leaf starts at a multiple of this many bytes in a slot (and in its device copy).
 ALIGNMENT = 64
+
+#: An element of at least this many bytes is packed into its slot by several threads.
+PARALLEL_PACK_BYTES = 8 << 20
+_PACK_THREADS = min(4, max(1, (os.cpu_count() or 1) // 2))
 
 #: NumPy kinds that stay NumPy (no torch dtype): byte strings (object), unicode, void, times.
 _HOST_ONLY = "OSUVMm"
@@ -370,6 +379,7 @@ class DeviceFeed:
         self._size = (spec_bytes(spec) or 0) if spec is not None else 0
         self._backend = backend
         self._rings: dict[torch.device, _Ring] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def buffer_count(self) -> int:
@@ -390,6 +400,34 @@ class DeviceFeed:
             ring = self._rings[device] = _Ring(self._backend, device, self._count, self._size)
         return ring
 
+    def _pack(self, pairs: list[tuple[np.ndarray, np.ndarray]], total: int) -> None:
+        """Copies each array into its slot view; a large element on several threads (NumPy's
+        copy releases the GIL), so that packing keeps up with the device copy."""
+        if total < PARALLEL_PACK_BYTES or _PACK_THREADS < 2:
+            for target, array in pairs:
+                np.copyto(target.reshape(array.shape), array, casting="equiv")
+            return
+        chunks = []
+        for target, array in pairs:
+            shaped = target.reshape(array.shape)
+            if array.ndim == 0 or array.shape[0] < _PACK_THREADS:
+                chunks.append((shaped, array))
+                continue
+            bounds = np.linspace(0, array.shape[0], _PACK_THREADS + 1).astype(int)
+            chunks += [(shaped[a:b], array[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                _PACK_THREADS, thread_name_prefix="feedline-pack"
+            )
+        for done in self._pool.map(lambda c: np.copyto(c[0], c[1], casting="equiv"), chunks):
+            del done
+
+    def close(self) -> None:
+        """Stops the packing threads, if any were started; idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
     def put(self, element: Any, device: torch.device) -> Placed:
         """Queues the copy of ``element`` (nested NumPy arrays) to ``device``."""
         ring = self._ring(device)
@@ -407,10 +445,12 @@ class DeviceFeed:
         copies: list[tuple[Any, torch.Tensor, torch.device]] = []
         if any(array is not None for array in packed):
             slot = ring.acquire(total)
-            for array, offset in zip(packed, offsets, strict=True):
-                if array is not None and array.nbytes:
-                    view = slot.array[offset : offset + array.nbytes].view(array.dtype)
-                    np.copyto(view.reshape(array.shape), array, casting="equiv")
+            pairs = [
+                (slot.array[offset : offset + array.nbytes].view(array.dtype), array)
+                for array, offset in zip(packed, offsets, strict=True)
+                if array is not None and array.nbytes
+            ]
+            self._pack(pairs, total)
             backend = ring.backend
             blob = backend.copy_to_device(slot.buffer[: max(total, 1)], device, ring.stream)
             event = backend.record_event(ring.stream)

@@ -353,6 +353,8 @@ class DistributedIterator:
     def close(self) -> None:
         self._steps.close()
         self._ahead.clear()
+        if self._feed is not None:
+            self._feed.close()
 
 
 def _is_flat_numeric(part: Any) -> bool:

@@ -76,6 +76,7 @@ class _PrefetchToDeviceIterator(DatasetIterator):
         self._depth = dataset._buffer_size
         device = _device_feed.parse_device(dataset.device)
         self._place: Callable[[Any], Any]
+        self._feed: _device_feed.DeviceFeed | None = None
         if device.type == "cpu":
             self._place = _device_feed.on_host
         else:
@@ -83,6 +84,7 @@ class _PrefetchToDeviceIterator(DatasetIterator):
             feed = _device_feed.DeviceFeed(
                 buffer_count=count, depth=self._depth, spec=dataset.element_spec
             )
+            self._feed = feed
             self._place = lambda element: feed.put(element, device)
         self._ahead: collections.deque[tuple[Any, Any]] = collections.deque()
 
@@ -112,6 +114,8 @@ class _PrefetchToDeviceIterator(DatasetIterator):
 
     def _close(self) -> None:
         self._ahead.clear()
+        if self._feed is not None:
+            self._feed.close()
         self._input.close()
 
 
