@@ -157,10 +157,6 @@ class Bench:
 
         target = "/cpu:0" if self.dry else "cuda:0"
         pipeline = Dataset.from_tensors(host).repeat().apply(prefetch_to_device(target, 2))
-        if self.dry:
-            from feedline.data import _device_feed
-
-            _device_feed.default_backend = lambda device: HostBackend()  # type: ignore[assignment]
         iterator = iter(pipeline)
 
         def feedline_pipeline() -> None:
