@@ -440,3 +440,18 @@ def test_gpu_replica_checkpoints_are_unchanged() -> None:
         assert [_values(s) for s in restored] == expected[step:], f"restored at step {step}"
         if step < len(expected):
             assert _values(next(iterator)) == expected[step]
+
+
+def test_a_cpu_replica_beside_gpu_replicas_stays_on_the_host() -> None:
+    from feedline.data._device_feed import HostBackend
+    from feedline.distribute._devices import ReplicaDevice
+    from feedline.distribute.distributed_dataset import DistributedDataset, StepSource
+
+    backend = HostBackend()
+    source = StepSource.from_global_batches(
+        fd.Dataset.range(8).batch(4), num_workers=1, worker_index=0, replicas_per_worker=2
+    )
+    devices = [ReplicaDevice("cuda", 0), ReplicaDevice("cpu", 0)]
+    steps = list(DistributedDataset(source, devices, None, lambda has: has, copy_backend=backend))
+    assert [_values(step) for step in steps] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert backend.copies == 2  # the GPU replica's parts only

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from feedline import structure
-from feedline.data._device_feed import CopyBackend, DeviceFeed, Placed
+from feedline.data._device_feed import CopyBackend, DeviceFeed, Placed, on_host
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
 from feedline.data.torch_loader import FeedlineIterableDataset
 from feedline.distribute import _iterator_state
@@ -304,7 +304,7 @@ class DistributedIterator:
                 backend=self._dataset._copy_backend,
             )
         parts = [
-            self._feed.put(part, device.torch_device)
+            self._feed.put(part, device.torch_device) if device.kind == "cuda" else on_host(part)
             for part, device in zip(step, self._devices, strict=True)
         ]
         return Placed.join(
