@@ -149,3 +149,17 @@ test_checkpointing = checkpoint_test(
     copy_to_gpu=lambda: Dataset.range(5).apply(copy_to_device("/gpu:0")),
     prefetch_to_cpu=lambda: Dataset.range(5).batch(2).apply(prefetch_to_device("/cpu:0")),
 )
+
+
+def test_an_input_error_comes_in_its_turn_and_iteration_goes_on() -> None:
+    def fail_on_two(x: np.ndarray) -> np.ndarray:
+        if x == 2:
+            raise ValueError("two")
+        return x
+
+    ds = Dataset.range(5).map(fail_on_two).apply(prefetch_to_device("/gpu:0", 3))
+    it = iter(ds)
+    assert [next(it).item(), next(it).item()] == [0, 1]
+    with pytest.raises(ValueError, match="two"):
+        next(it)
+    assert [t.item() for t in it] == [3, 4]

@@ -87,18 +87,27 @@ class _PrefetchToDeviceIterator(DatasetIterator):
             self._feed = feed
             self._place = lambda element: feed.put(element, device)
         self._ahead: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._error: Exception | None = None  # of the input, raised after the elements ahead
 
     def _fill(self) -> None:
-        while len(self._ahead) < max(self._depth, 1):
+        """Places elements until ``buffer_size`` (at least 1) are ahead. An error of the input
+        waits until the elements before it have been handed out, then is raised in its turn."""
+        while self._error is None and len(self._ahead) < max(self._depth, 1):
             try:
                 element = self._input._next()
             except StopIteration:
+                return
+            except Exception as error:  # re-raised in its turn, by _next
+                self._error = error
                 return
             self._ahead.append((element, self._place(element)))
 
     def _next(self) -> Any:
         self._fill()
         if not self._ahead:
+            error, self._error = self._error, None
+            if error is not None:
+                raise error.with_traceback(error.__traceback__)
             raise StopIteration
         _, placed = self._ahead.popleft()
         if self._depth:
@@ -109,6 +118,7 @@ class _PrefetchToDeviceIterator(DatasetIterator):
         return {"input": self._input.get_state(), "ahead": [host for host, _ in self._ahead]}
 
     def _set_state(self, state: dict[str, Any]) -> None:
+        self._error = None
         self._input.set_state(state["input"])
         self._ahead = collections.deque((host, self._place(host)) for host in state["ahead"])
 
