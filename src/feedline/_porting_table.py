@@ -114,6 +114,15 @@ DIFFERENCES: dict[str, str] = {
     "data.Dataset.unbatch": (
         "the rows of a ragged batch are dense arrays: batch them again with ragged_batch, not batch"
     ),
+    "data.experimental.copy_to_device": (
+        "elements become torch tensors on the device (strings stay NumPy); source_device must be "
+        "the host, where feedline pipelines run; the last transformation of the pipeline"
+    ),
+    "data.experimental.prefetch_to_device": (
+        "elements become torch tensors on the device (strings stay NumPy), copied through "
+        "reusable pinned buffers on a copy stream per device; buffer_size None means 1; the "
+        "last transformation of the pipeline"
+    ),
     "data.experimental.dense_to_ragged_batch": "as Dataset.ragged_batch",
     "data.experimental.dense_to_sparse_batch": "as Dataset.sparse_batch",
     "data.experimental.service.distribute": (
