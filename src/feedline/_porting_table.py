@@ -98,11 +98,6 @@ DIFFERENCES: dict[str, str] = {
         "the initial distribution is estimated from the elements as they are read, not from "
         "extra passes over the input"
     ),
-    "data.Dataset.from_generator": (
-        "given output_types without output_shapes, the rank is taken from the first element "
-        "(its dimensions unknown) where TensorFlow leaves the rank unknown: an element of "
-        "another rank is an error"
-    ),
     "data.Dataset.ragged_batch": (
         "batches are feedline.data.RaggedArray (values + row_splits, NumPy has no ragged "
         "arrays); as_torch() turns them into torch nested tensors"
