@@ -27,6 +27,7 @@ import pytest
 from feedline.data import Dataset, TFRecordDataset
 from feedline.io import TFRecordWriter
 from feedline.service import ShardingPolicy, distribute
+from feedline.service.splits import SplitCursor, split_plan
 from tests.service.procs import ServiceProcesses
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,18 +74,17 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("files", "per_file", "workers"),
-    [
-        (6, 12, 3),  # one object per split
-        (40, 4, 2),  # several objects per split (40 objects, 2 workers)
-    ],
-    ids=["one-object-splits", "many-object-splits"],
+    ("files", "per_file", "workers", "objects_per_split"),
+    [(6, 12, 3, 1), (64, 3, 2, 2)],
+    ids=["one-object-splits", "two-object-splits"],
 )
 def test_a_worker_killed_mid_object_loses_and_repeats_no_record(
-    s3_bucket: str, tmp_path: Path, files: int, per_file: int, workers: int
+    s3_bucket: str, tmp_path: Path, files: int, per_file: int, workers: int, objects_per_split: int
 ) -> None:
     prefix = f"{s3_bucket}/shards"
     records = write_objects(prefix, files, per_file)
+    plan = split_plan(pipeline(prefix, lambda x: x))
+    assert SplitCursor.start(plan, 0, workers).split_size == objects_per_split
     chosen_object = files // 2
     chosen = per_file // 2
     marker = tmp_path / "stopped"
@@ -94,9 +94,7 @@ def test_a_worker_killed_mid_object_loses_and_repeats_no_record(
     with ServiceProcesses() as cluster:
         cluster.start_dispatcher("--work-dir", str(tmp_path / "work"), "--fault-tolerant")
         names = [cluster.start_worker() for _ in range(workers)]
-        dataset = pipeline(prefix, stop).apply(
-            distribute(ShardingPolicy.DYNAMIC, cluster.target)
-        )
+        dataset = pipeline(prefix, stop).apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
         iterator = iter(dataset)
         got: list[bytes] = []
         raised: list[BaseException] = []
