@@ -4,12 +4,19 @@ themselves (they find the store through the same ``AWS_ENDPOINT_URL`` as the con
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
+
 import pytest
 
 from feedline.data import Dataset, TFRecordDataset
+from feedline.data.auto_shard import ShardMode, auto_shard
+from feedline.data.options import AutoShardPolicy
 from feedline.io import TFRecordWriter
 from feedline.service import ShardingPolicy, distribute
+from feedline.service.splits import SplitCursor, split_plan
 from tests.launcher import free_port
+from tests.service.conftest import Cluster
 from tests.service.procs import ServiceProcesses
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,3 +59,53 @@ def test_file_sharding_of_remote_files_gives_each_worker_its_objects(s3_bucket: 
         dataset = _pipeline(s3_bucket).apply(distribute(ShardingPolicy.FILE, cluster.target))
         got = [x.item() for x in dataset]
     assert sorted(got) == sorted(records)
+
+
+def test_file_or_data_sharding_of_remote_files_shards_by_file(s3_bucket: str) -> None:
+    """FILE_OR_DATA takes FILE where the dataset reads files: each worker reads whole objects,
+    every record once."""
+    records = _objects(s3_bucket)
+    ports = [free_port(), free_port()]
+    with ServiceProcesses() as cluster:
+        cluster.start_dispatcher("--worker-addresses", ",".join(f"127.0.0.1:{p}" for p in ports))
+        for port in ports:
+            cluster.start_worker("--worker-address", f"127.0.0.1:{port}", port=port)
+        dataset = _pipeline(s3_bucket).apply(
+            distribute(ShardingPolicy.FILE_OR_DATA, cluster.target)
+        )
+        got = [x.item() for x in dataset]
+    assert sorted(got) == sorted(records)
+    assert auto_shard(_pipeline(s3_bucket), 2, 0, AutoShardPolicy.AUTO)[1] == ShardMode.FILES
+
+
+def test_static_shards_of_remote_files_are_whole_objects_per_worker(s3_bucket: str) -> None:
+    """What each of two workers reads under FILE sharding of a shuffled, seeded listing: its
+    own objects, whole (the same on every run, as list_files' seed fixes the order)."""
+    _objects(s3_bucket)
+    files = Dataset.list_files(f"{s3_bucket}/shards/part-*.tfrecord", seed=3)
+    shards = [
+        auto_shard(files.interleave(TFRecordDataset), 2, index, AutoShardPolicy.FILE)[0]
+        for index in range(2)
+    ]
+    by_worker = [sorted({x.item().split(b".")[0] for x in shard}) for shard in shards]
+    assert by_worker == [[b"0", b"2", b"4"], [b"1", b"3", b"5"]]
+
+
+def test_a_reader_given_urls_is_split_several_objects_at_a_time(
+    s3_bucket: str, make_cluster: Callable[..., Cluster]
+) -> None:
+    """A TFRecordDataset given 40 URLs, DYNAMIC over one worker: splits of 2 objects (40 //
+    16), each read whole, every record once; a fault-tolerant dispatcher gives the same."""
+    records = _objects(s3_bucket, files=40, per_file=2)
+    urls = [f"{s3_bucket}/shards/part-{k:02d}.tfrecord" for k in range(40)]
+    plan = split_plan(TFRecordDataset(urls))
+    assert SplitCursor.start(plan, 0, 1).split_size == 2
+    for config in ({}, {"work_dir": tempfile.mkdtemp(), "fault_tolerant_mode": True}):
+        cluster = make_cluster(1, **config)
+        dataset = (
+            TFRecordDataset(urls)
+            .map(lambda x: x)
+            .apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
+        )
+        got = [x.item() for x in dataset]
+        assert sorted(got) == sorted(records), config
