@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 
+import cloudpickle
 import pytest
 
 from feedline.data import Dataset, TFRecordDataset
@@ -15,6 +16,7 @@ from feedline.data.options import AutoShardPolicy
 from feedline.io import TFRecordWriter
 from feedline.service import ShardingPolicy, distribute
 from feedline.service.splits import SplitCursor, split_plan
+from feedline.service.worker.split_source import with_split_source
 from tests.launcher import free_port
 from tests.service.conftest import Cluster
 from tests.service.procs import ServiceProcesses
@@ -109,3 +111,37 @@ def test_a_reader_given_urls_is_split_several_objects_at_a_time(
         )
         got = [x.item() for x in dataset]
         assert sorted(got) == sorted(records), config
+
+
+class _Splits:
+    """A split provider that hands out the given splits, then none."""
+
+    def __init__(self, *splits: list[int]) -> None:
+        self._splits = iter(splits)
+
+    def next_split(self, repetition: int) -> list[int] | None:
+        return next(self._splits, None)
+
+
+def test_a_worker_never_lists_the_store_again(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing travels with the dataset: what a worker makes of it (its DYNAMIC split
+    source, its FILE shard) names the objects with the store out of reach."""
+    import s3fs
+
+    _objects(s3_bucket)
+    shipped = cloudpickle.dumps(Dataset.list_files(f"{s3_bucket}/shards/*.tfrecord", seed=1))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing there
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        files = cloudpickle.loads(shipped)
+        assert split_plan(files).num_units == 6
+        names = [x.item() for x in with_split_source(files, _Splits([4, 5], [0]))]
+        shard = auto_shard(files, 3, 1, AutoShardPolicy.FILE)[0]
+        shard_names = sorted(x.item() for x in shard)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    url = f"{s3_bucket}/shards/part-0%d.tfrecord".encode()
+    assert names == [url % 4, url % 5, url % 0]
+    assert shard_names == [url % 1, url % 4]
