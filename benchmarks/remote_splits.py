@@ -21,7 +21,9 @@ Each repetition times, one after the other:
   dataset registered, a job made, every split handed out to the worker and every name delivered
   to the consumer. The same with a fault-tolerant dispatcher (``--work-dir``, exactly-once
   splits), and, as the floor, ``ShardingPolicy.OFF`` (no splits: the worker lists the names
-  itself) for what delivering 10,000 elements costs without any split.
+  itself) for what delivering 10,000 elements costs without any split. Each row gives the CPU
+  seconds of this process (the dispatcher and the consumer) and of the worker meanwhile, which
+  the machine's load changes less than the wall time.
 
 ``--max-files-per-split`` runs the hand-out rows again with another bound on the files of a split
 (``splits._MAX_FILE_SPLIT``, 64): ``1`` is one GetSplit per file, as before splits of files held
@@ -108,20 +110,29 @@ def _hand_out(policy: str, fault_tolerant: bool) -> dict[str, Any]:
             config.update(work_dir=work_dir, fault_tolerant_mode=True)
         dispatcher = service.DispatchServer(service.DispatcherConfig(**config))
         try:
-            cluster.start_worker()
+            worker = cluster.start_worker()
             # A first, small job: the worker is registered and warm before the clock starts.
             warm = Dataset.range(4).apply(service.distribute(policy, cluster.target))
             assert [int(x) for x in warm] == [0, 1, 2, 3]
+            own_cpu, worker_cpu = time.process_time(), cluster.cpu_seconds(worker)
             started = time.perf_counter()
             names = [x.item() for x in files.apply(service.distribute(policy, cluster.target))]
             seconds = time.perf_counter() - started
+            own_cpu = time.process_time() - own_cpu
+            worker_cpu = cluster.cpu_seconds(worker) - worker_cpu
         finally:
             dispatcher.stop()
     if sorted(names) != sorted(os.fsencode(n) for n in files._filenames):
         raise AssertionError(f"{policy}: {len(names)} names, not each of the objects once")
     split_size = SplitCursor.start(split_plan(files), 0, 1).split_size
     splits = -(-len(names) // split_size) if policy == "distributed_epoch" else 0
-    return {"seconds": seconds, "split_size": split_size, "splits": splits}
+    return {
+        "seconds": seconds,
+        "split_size": split_size,
+        "splits": splits,
+        "cpu_s": own_cpu,  # the dispatcher's and the consumer's (this process)
+        "worker_cpu_s": worker_cpu,
+    }
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
@@ -172,7 +183,8 @@ def main() -> None:
         default_bound = splits._MAX_FILE_SPLIT
         print(
             "| policy | dispatcher | files per split | splits | hand out: median s (runs) "
-            "| list + hand out: s |\n|---|---|---|---|---|---|"
+            "| CPU s: dispatcher + consumer / worker | list + hand out: s |\n"
+            "|---|---|---|---|---|---|---|"
         )
         for policy, fault_tolerant, bound in rows:
             splits._MAX_FILE_SPLIT = default_bound if bound is None else bound
@@ -186,7 +198,8 @@ def main() -> None:
                 f"{runs[0]['split_size'] if policy == 'distributed_epoch' else '-'} | "
                 f"{runs[0]['splits']:,} | {median:.3f} ("
                 + ", ".join(f"{r['seconds']:.3f}" for r in runs)
-                + f") | {median + _median(listing, 'seconds'):.3f} |",
+                + f") | {_median(runs, 'cpu_s'):.2f} / {_median(runs, 'worker_cpu_s'):.2f} "
+                f"| {median + _median(listing, 'seconds'):.3f} |",
                 flush=True,
             )
     finally:
