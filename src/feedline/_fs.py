@@ -245,7 +245,14 @@ class _ReadAhead:
 
     _WAIT = 0.5  # seconds between the checks of a waiting side
 
-    def __init__(self, source: RemoteReader, position: int, block: int, window: int) -> None:
+    def __init__(
+        self,
+        source: RemoteReader,
+        position: int,
+        file: _RangedFile | None,
+        block: int,
+        window: int,
+    ) -> None:
         self.position = position  # the consumer's
         self._source = source
         self._block = block
@@ -258,14 +265,14 @@ class _ReadAhead:
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(
-            target=self._run, args=(position,), name="feedline-read-ahead", daemon=True
+            target=self._run, args=(position, file), name="feedline-read-ahead", daemon=True
         )
         self._thread.start()
 
-    def _run(self, position: int) -> None:
-        file: _RangedFile | None = None
+    def _run(self, position: int, file: _RangedFile | None) -> None:
         try:
-            file = _RangedFile(self._source, position)
+            if file is None:
+                file = _RangedFile(self._source, position)
             while True:
                 with self._cond:
                     while not self._closed and self.buffered + self._block > self._window:
@@ -379,13 +386,16 @@ class RemoteReader:
         self._ahead: _ReadAhead | None = None
         self._peak = 0
         self.closed = False
-        info = self._call(lambda: self._fs.info(self._inner))
+        # The back-end's file knows the object's size and version (s3fs asks once, and its
+        # reads then carry the ETag they expect); elsewhere the file system is asked.
+        self._ranged = _RangedFile(self, position)
+        info = getattr(self._ranged._file, "details", None) or self._call(
+            lambda: self._fs.info(self._inner)
+        )
         if info.get("type") == "directory":
             raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
         self.size = int(info.get("size") or 0)
         self._version = _version(info)
-        if not self._read_ahead:
-            self._ranged = _RangedFile(self, position)
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""
@@ -432,12 +442,15 @@ class RemoteReader:
         return max(self._peak, 0 if self._ahead is None else self._ahead.peak)
 
     def read(self, n: int = -1) -> bytes:
-        if self._ranged is not None:
+        if not self._read_ahead:
+            if self._ranged is None:
+                raise ValueError(f"read of {self.url!r} after it was closed")
             data = self._ranged.read(n)
         else:
-            if self._ahead is None:
+            if self._ahead is None:  # the thread takes over the open file, if there is one
                 block = max(1, min(self._block_size, self._read_ahead))
-                self._ahead = _ReadAhead(self, self._position, block, self._read_ahead)
+                file, self._ranged = self._ranged, None
+                self._ahead = _ReadAhead(self, self._position, file, block, self._read_ahead)
             data = self._ahead.read(n)
         self._position += len(data)
         return data
@@ -447,9 +460,10 @@ class RemoteReader:
             position += self._position
         elif whence == 2:
             position += self.size
-        if self._ranged is not None:
-            self._ranged.seek(position)
-        elif self._ahead is not None and position != self._position:
+        if self._ahead is None:
+            if self._ranged is not None:
+                self._ranged.seek(position)
+        elif position != self._position:
             ahead = position - self._position
             if not (ahead > 0 and self._ahead.skip(ahead)):
                 self._stop_ahead()
