@@ -25,6 +25,7 @@ import uuid
 from typing import Any, BinaryIO
 
 import numpy as np
+from fsspec.spec import AbstractBufferedFile
 
 from feedline import _fs, structure
 from feedline.data.dataset import Dataset, RandomAccess
@@ -256,10 +257,9 @@ class _FileWriter:
         _snapshot_fs.remove(store._lock)
 
     def abort(self) -> None:
-        discard = getattr(self._file, "discard", None)
-        if self._store.remote and discard is not None:
+        if isinstance(self._file, AbstractBufferedFile):  # a store's upload (s3fs, gcsfs, ...)
             with _fs.translate_errors(self._temp, "cache"):
-                discard()  # an unfinished multipart upload is aborted, never shown
+                self._file.discard()  # an unfinished multipart upload is aborted, never shown
             self._file.closed = True  # closing would upload what is buffered
         else:
             self._file.close()
