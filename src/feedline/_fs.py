@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 import fsspec
 from fsspec.core import split_protocol
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
 from feedline.errors import (
@@ -193,9 +195,14 @@ class _RangedFile:
         source = self._source
 
         def open_at() -> Any:
-            file = source._fs.open(
-                source._inner, "rb", block_size=source._block_size, cache_type="none"
-            )
+            if isinstance(source._fs, MemoryFileSystem):
+                # memory:// hands every reader of an object the same file (one position for
+                # all): each reader gets a copy of its own.
+                file: Any = io.BytesIO(source._fs.cat_file(source._inner))
+            else:
+                file = source._fs.open(
+                    source._inner, "rb", block_size=source._block_size, cache_type="none"
+                )
             file.seek(self.position)
             return file
 
@@ -447,13 +454,21 @@ class RemoteReader:
                 raise ValueError(f"read of {self.url!r} after it was closed")
             data = self._ranged.read(n)
         else:
-            if self._ahead is None:  # the thread takes over the open file, if there is one
-                block = max(1, min(self._block_size, self._read_ahead))
-                file, self._ranged = self._ranged, None
-                self._ahead = _ReadAhead(self, self._position, file, block, self._read_ahead)
-            data = self._ahead.read(n)
+            data = self.start_read_ahead().read(n)
         self._position += len(data)
         return data
+
+    def start_read_ahead(self) -> _ReadAhead:
+        """Starts reading ahead from the current position now, not at the first ``read``
+        (a reader opened before it is read starts its first request early)."""
+        if self._ahead is None:
+            if not self._read_ahead or self.closed:
+                raise ValueError(f"{self.url!r} is not read ahead (read_ahead=0) or is closed")
+            # The thread takes over the open file, if there is one.
+            block = max(1, min(self._block_size, self._read_ahead))
+            file, self._ranged = self._ranged, None
+            self._ahead = _ReadAhead(self, self._position, file, block, self._read_ahead)
+        return self._ahead
 
     def seek(self, position: int, whence: int = 0) -> int:
         if whence == 1:

@@ -160,6 +160,7 @@ def open_remote(
         raw.close()
         raise _shorter(operation, filename, position, raw.size)
     raw.seek(position)
+    raw.start_read_ahead()
     return raw
 
 
