@@ -18,7 +18,8 @@ in turn, ``--rounds`` times (the fastest round counts), with fresh S3 clients ev
   ``--buffer-size`` sets the readers' ``buffer_size`` (each file read ahead by 16x it).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
-process, peak RSS over the RSS before) and the ratios: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8).
+process, peak RSS over the RSS before) and the ratios: feedline / sequential (goal >= 5x) and
+feedline / threads (goal >= 0.8).
 """
 
 from __future__ import annotations
