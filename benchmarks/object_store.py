@@ -9,7 +9,8 @@ A moto S3 server (``python -m moto.server``) runs in a process of its own on 127
 ``tests/fault_proxy.py``'s proxy (a process of its own too) that holds the first bytes of every
 request ``--latency-ms`` (20) and every 64 KiB of an answer ``--latency-per-64k-ms`` (0). This
 process writes ``--files`` TFRecord files of ``--mb`` MB each, then reads all of them, each way
-in turn, ``--rounds`` times (the fastest round counts), with fresh S3 clients every time:
+in turn, for ``--rounds`` rounds (each round times the three ways one after another, with
+fresh S3 clients every time):
 
 * ``sequential``: a plain loop, ``fsspec.open(url).read()`` of one file after another;
 * ``threads``: 8 plain readers on 8 threads, each ``fsspec.open(url).read()`` of a file;
@@ -18,8 +19,8 @@ in turn, ``--rounds`` times (the fastest round counts), with fresh S3 clients ev
   ``--buffer-size`` sets the readers' ``buffer_size`` (each file read ahead by 16x it).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
-process, peak RSS over the RSS before) and the ratios: feedline / sequential (goal >= 5x) and
-feedline / threads (goal >= 0.8).
+process, peak RSS over the RSS before; the fastest round of each) and each round's ratios with
+their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import pathlib
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -137,34 +139,30 @@ def _feedline(urls: list[str], buffer_size: int | None = None) -> int:
 
 
 def _measure(
-    name: str, run: Callable[[list[str]], int], urls: list[str], rounds: int, port_file: str
+    name: str, run: Callable[[list[str]], int], urls: list[str], port_file: str
 ) -> dict[str, Any]:
-    best: dict[str, Any] = {}
-    for _ in range(rounds):
-        _fresh_clients()
-        before = _requests(port_file)
-        got: dict[str, Any] = {}
+    """One timed read of every file one way, with fresh S3 clients."""
+    _fresh_clients()
+    before = _requests(port_file)
+    got: dict[str, Any] = {}
 
-        def timed(got: dict[str, Any] = got) -> None:
-            start, cpu = time.perf_counter(), time.process_time()
-            got["bytes"] = run(urls)
-            got["seconds"] = time.perf_counter() - start
-            got["cpu"] = time.process_time() - cpu
+    def timed() -> None:
+        start, cpu = time.perf_counter(), time.process_time()
+        got["bytes"] = run(urls)
+        got["seconds"] = time.perf_counter() - start
+        got["cpu"] = time.process_time() - cpu
 
-        memory = peak_memory_of(timed)
-        seconds = got["seconds"]
-        row = {
-            "way": name,
-            "seconds": round(seconds, 3),
-            "MB/s": round(got["bytes"] / seconds / 1e6, 1),
-            "bytes": got["bytes"],
-            "requests": _requests(port_file) - before,
-            "client_cpu_s": round(got["cpu"], 3),
-            "peak_rss_over_start_MB": round((memory["peak_rss"] - memory["rss_before"]) / 1e6, 1),
-        }
-        if not best or row["seconds"] < best["seconds"]:
-            best = row
-    return best
+    memory = peak_memory_of(timed)
+    seconds = got["seconds"]
+    return {
+        "way": name,
+        "seconds": round(seconds, 3),
+        "MB/s": round(got["bytes"] / seconds / 1e6, 1),
+        "bytes": got["bytes"],
+        "requests": _requests(port_file) - before,
+        "client_cpu_s": round(got["cpu"], 3),
+        "peak_rss_over_start_MB": round((memory["peak_rss"] - memory["rss_before"]) / 1e6, 1),
+    }
 
 
 def main() -> None:
@@ -229,25 +227,35 @@ def main() -> None:
 
         s3fs.S3FileSystem(skip_instance_cache=True).mkdir(BUCKET.removeprefix("s3://"))
         urls = _write_files(args.files, args.mb, args.record_bytes)
-        rows = [
-            _measure("sequential", _sequential, urls, args.rounds, port_file),
-            _measure("threads", _threads, urls, args.rounds, port_file),
-            _measure(
-                "feedline",
-                lambda urls: _feedline(urls, args.buffer_size),
-                urls,
-                args.rounds,
-                port_file,
-            ),
+        ways: list[tuple[str, Callable[[list[str]], int]]] = [
+            ("sequential", _sequential),
+            ("threads", _threads),
+            ("feedline", lambda urls: _feedline(urls, args.buffer_size)),
         ]
-        for row in rows:
+        # Round after round of the three ways, so that each round sees the same load; the
+        # ratios are each round's, the rows each way's fastest round.
+        best: dict[str, dict[str, Any]] = {}
+        ratios: list[tuple[float, float]] = []
+        for _ in range(args.rounds):
+            rows = {name: _measure(name, run, urls, port_file) for name, run in ways}
+            for name, row in rows.items():
+                if name not in best or row["seconds"] < best[name]["seconds"]:
+                    best[name] = row
+            rate = {name: row["MB/s"] for name, row in rows.items()}
+            ratios.append(
+                (rate["feedline"] / rate["sequential"], rate["feedline"] / rate["threads"])
+            )
+        for row in best.values():
             print(json.dumps(row))
-        rate = {row["way"]: row["MB/s"] for row in rows}
         print(
             json.dumps(
                 {
-                    "feedline/sequential": round(rate["feedline"] / rate["sequential"], 2),
-                    "feedline/threads": round(rate["feedline"] / rate["threads"], 2),
+                    "feedline/sequential": [round(r[0], 2) for r in ratios],
+                    "feedline/threads": [round(r[1], 2) for r in ratios],
+                    "median": [
+                        round(statistics.median(r[0] for r in ratios), 2),
+                        round(statistics.median(r[1] for r in ratios), 2),
+                    ],
                     "files": args.files,
                     "MB_per_file": args.mb,
                     "latency_ms_per_request": args.latency_ms,
