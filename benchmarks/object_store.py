@@ -19,7 +19,8 @@ fresh S3 clients every time):
   ``--buffer-size`` sets the readers' ``buffer_size`` (each file read ahead by 16x it).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
-process, peak RSS over the RSS before; the fastest round of each) and each round's ratios with
+process, peak RSS over the RSS before, and for feedline the most bytes its read-aheads held at
+once; the fastest round of each) and each round's ratios with
 their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8).
 """
 
@@ -33,7 +34,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -123,9 +126,45 @@ def _threads(urls: list[str]) -> int:
         return sum(pool.map(_read_one, urls))
 
 
-def _feedline(urls: list[str], buffer_size: int | None = None) -> int:
+class _ReadAheadWatch:
+    """The most bytes all of feedline's read-aheads held at once, sampled every 2 ms while a
+    run lasts (each ``_fs._ReadAhead`` is registered as it is made)."""
+
+    def __init__(self) -> None:
+        from feedline import _fs
+
+        self.peak = 0
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._done = threading.Event()
+        original = _fs._ReadAhead.__init__
+        live = self._live
+
+        def register(ahead: Any, *args: Any, **kwargs: Any) -> None:
+            original(ahead, *args, **kwargs)
+            live.add(ahead)
+
+        self._restore = lambda: setattr(_fs._ReadAhead, "__init__", original)
+        _fs._ReadAhead.__init__ = register  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._sample, name="read-ahead-watch", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, sum(a.buffered for a in list(self._live)))
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join(timeout=10)
+        self._restore()
+        return self.peak
+
+
+def _feedline(
+    urls: list[str], buffer_size: int | None = None, watch: dict[str, int] | None = None
+) -> int:
     from feedline.data import AUTOTUNE, Dataset, TFRecordDataset
 
+    watcher = _ReadAheadWatch()
     files = Dataset.list_files(f"{BUCKET}/train-*.tfrecord", shuffle=False)
     dataset = files.interleave(
         lambda name: TFRecordDataset(name, buffer_size=buffer_size),
@@ -133,8 +172,13 @@ def _feedline(urls: list[str], buffer_size: int | None = None) -> int:
         num_parallel_calls=AUTOTUNE,
     )
     total = 0
-    for record in dataset:
-        total += len(record.item()) + 16  # the record and its 16 framing bytes, as on the store
+    try:
+        for record in dataset:
+            total += len(record.item()) + 16  # the record and its 16 framing bytes, as stored
+    finally:
+        peak = watcher.stop()
+        if watch is not None:
+            watch["read_ahead_peak"] = peak
     return total
 
 
@@ -230,14 +274,16 @@ def main() -> None:
         ways: list[tuple[str, Callable[[list[str]], int]]] = [
             ("sequential", _sequential),
             ("threads", _threads),
-            ("feedline", lambda urls: _feedline(urls, args.buffer_size)),
+            ("feedline", lambda urls: _feedline(urls, args.buffer_size, watch)),
         ]
         # Round after round of the three ways, so that each round sees the same load; the
         # ratios are each round's, the rows each way's fastest round.
         best: dict[str, dict[str, Any]] = {}
+        watch: dict[str, int] = {}
         ratios: list[tuple[float, float]] = []
         for _ in range(args.rounds):
             rows = {name: _measure(name, run, urls, port_file) for name, run in ways}
+            rows["feedline"]["read_ahead_peak_MB"] = round(watch["read_ahead_peak"] / 1e6, 1)
             for name, row in rows.items():
                 if name not in best or row["seconds"] < best[name]["seconds"]:
                     best[name] = row
