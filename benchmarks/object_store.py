@@ -160,7 +160,10 @@ class _ReadAheadWatch:
 
 
 def _feedline(
-    urls: list[str], buffer_size: int | None = None, watch: dict[str, int] | None = None
+    urls: list[str],
+    buffer_size: int | None = None,
+    watch: dict[str, int] | None = None,
+    parallel: int = -1,
 ) -> int:
     from feedline.data import AUTOTUNE, Dataset, TFRecordDataset
 
@@ -169,7 +172,7 @@ def _feedline(
     dataset = files.interleave(
         lambda name: TFRecordDataset(name, buffer_size=buffer_size),
         cycle_length=8,
-        num_parallel_calls=AUTOTUNE,
+        num_parallel_calls=AUTOTUNE if parallel == -1 else parallel,
     )
     total = 0
     try:
@@ -223,6 +226,9 @@ def main() -> None:
         default=None,
         help="TFRecordDataset's buffer_size (read-ahead: 16x it per file); default 1 MiB",
     )
+    parser.add_argument(
+        "--parallel", type=int, default=-1, help="interleave's num_parallel_calls (-1: AUTOTUNE)"
+    )
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_proxy:
@@ -274,7 +280,7 @@ def main() -> None:
         ways: list[tuple[str, Callable[[list[str]], int]]] = [
             ("sequential", _sequential),
             ("threads", _threads),
-            ("feedline", lambda urls: _feedline(urls, args.buffer_size, watch)),
+            ("feedline", lambda urls: _feedline(urls, args.buffer_size, watch, args.parallel)),
         ]
         # Round after round of the three ways, so that each round sees the same load; the
         # ratios are each round's, the rows each way's fastest round.
@@ -307,6 +313,7 @@ def main() -> None:
                     "latency_ms_per_request": args.latency_ms,
                     "latency_ms_per_64k": args.latency_per_64k_ms,
                     "buffer_size": args.buffer_size,
+                    "num_parallel_calls": args.parallel,
                 }
             )
         )
