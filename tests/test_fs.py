@@ -375,3 +375,31 @@ def test_npy_parquet_and_cache_on_s3(s3_bucket: str) -> None:
     ]:
         with pytest.raises(NotFoundError, match=re.escape(missing)):
             read(missing)
+
+
+def test_a_cache_pass_stopped_early_on_s3_leaves_nothing(s3_bucket: str) -> None:
+    prefix = f"{s3_bucket}/stopped"
+    big = Dataset.range(3000).map(lambda x: np.full(64, x))  # several 1 MiB chunks uploaded
+    it = iter(big.cache(f"{prefix}/c"))
+    for _ in range(2500):
+        next(it)
+    it.close()  # the pass did not complete: its upload is aborted, its lock removed
+    assert not gfile.exists(f"{prefix}/c.data") and not gfile.exists(f"{prefix}/c.lock")
+    assert not gfile.exists(f"{prefix}/c.index")
+
+
+def test_an_npy_object_replaced_while_read_is_data_loss(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 1 MiB read-ahead (not 16), so that the 3.2 MB object takes several requests: the ones
+    # after the replacement see another ETag. (An object read whole before it was replaced is
+    # simply its first version.)
+    monkeypatch.setattr("feedline.data.readers._remote_npy.READ_AHEAD_BUFFERS", 1)
+    url = f"{s3_bucket}/replaced.npy"
+    _upload(url, lambda b: np.save(b, np.zeros((200_000, 4), np.float32)))  # 3.2 MB
+    it = iter(NpyDataset(Dataset.from_tensor_slices([url])))
+    assert next(it).tolist() == [0.0] * 4
+    _upload(url, lambda b: np.save(b, np.ones((200_000, 4), np.float32)))
+    with pytest.raises(DataLossError, match="changed while it was read"):
+        for row in it:
+            assert row.tolist() == [0.0] * 4  # never a row of the new version
