@@ -305,8 +305,16 @@ class _ReadAhead:
                 self._cond.notify_all()
         finally:
             if file is not None:
-                with contextlib.suppress(Exception):  # the read's own error is what matters
-                    file.close()
+                self._close_file(file)
+
+    def _close_file(self, file: _RangedFile) -> None:
+        try:
+            file.close()
+        except Exception as error:  # handed over like a read's, unless an error came first
+            with self._cond:
+                if self._error is None and not self._closed:
+                    self._error = error
+                self._cond.notify_all()
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (all that is left for ``n < 0``); fewer only at the end."""
