@@ -317,7 +317,9 @@ class _ReadAhead:
                 self._cond.notify_all()
 
     def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes (all that is left for ``n < 0``); fewer only at the end."""
+        """Up to ``n`` bytes (all that is left for ``n < 0``), fewer only at the end. A read
+        that reaches the error which stopped the thread raises it (never a short read, which
+        would look like the end of the object)."""
         pieces: list[memoryview] = []
         want = n if n >= 0 else float("inf")
         have = 0
@@ -336,9 +338,7 @@ class _ReadAhead:
                     self._cond.notify_all()
                 elif self._end:
                     break
-                elif self._error is not None:
-                    if have:
-                        break  # hand out what there is; the next read raises
+                elif self._error is not None:  # never a short read that looks like the end
                     error = self._error
                     raise error.with_traceback(error.__traceback__)
                 elif not self._thread.is_alive():
