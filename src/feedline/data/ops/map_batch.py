@@ -1,0 +1,232 @@
+"""``map(fn).batch(n)`` over a random-access source as one stage (TensorFlow's
+``map_and_batch`` fusion).
+
+``BatchDataset`` asks ``fusion_plan`` when it makes an iterator. The stage is fused when the batch
+reads a ``map`` (threads or inline, not worker processes) whose input has random access (range,
+from_tensor_slices, from_list, in-memory caches, zips of them) and
+``Options.experimental_optimization.map_and_batch_fusion`` is not False. Then:
+
+* where the function passes the rule of ``_vectorise`` (straight-line NumPy arithmetic that gives
+  exactly the same batch when called once on the stacked rows), each batch is one gather of the
+  input rows and one call of the function (``vectorised``);
+* otherwise an inline map is fused element by element: the function is called in a tight loop
+  over the pulled rows and the results are stacked per component once; a parallel map whose
+  function does not pass the rule is left unfused, so that it keeps its threads.
+
+What comes out is what ``map`` then ``batch`` give: the same batches, an error raised by the
+element that causes it (the elements of the batch before it are dropped and the next batch
+starts after it, as without fusion), and the same positions. The state has the shape of the
+unfused pipeline's (``{"input": <map's state>}``), so a state saved with fusion restores without
+it and the other way round.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from feedline import structure
+from feedline.data.dataset import DatasetIterator, IteratorContext
+from feedline.data.ops import _vectorise
+from feedline.data.ops._functions import Outcome
+from feedline.data.ops.map import MapDataset
+
+if TYPE_CHECKING:
+    from feedline.data.dataset import Dataset
+    from feedline.data.ops.batch import BatchDataset
+
+
+@dataclasses.dataclass(frozen=True)
+class MapBatchPlan:
+    """How a fused ``map().batch()`` computes its batches.
+
+    Attributes:
+      vectorised: the function runs once per batch on the stacked input rows.
+      layout: with ``vectorised``, the row shape and dtype of every output component.
+      treespec: with ``vectorised``, the structure of the function's output.
+    """
+
+    vectorised: bool
+    layout: tuple[tuple[tuple[int, ...], Any], ...] = ()
+    treespec: Any = None
+
+    def iterator(self, dataset: BatchDataset, ctx: IteratorContext) -> MapBatchIterator:
+        return MapBatchIterator(dataset, self, ctx)
+
+
+_PER_ELEMENT = MapBatchPlan(vectorised=False)
+
+
+def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | None:
+    """The plan of ``dataset`` (a batch) fused with the map it reads, or None: not a map over a
+    random-access source, a map on worker processes, the option off, or a parallel map whose
+    function cannot run on whole batches. Found once per input and kept."""
+    source = dataset.inputs[0]
+    if type(source) is not MapDataset or source._use_processes:
+        return None
+    if ctx.options.experimental_optimization.map_and_batch_fusion is False:
+        return None
+    origin = source.inputs[0]
+    cached = dataset.__dict__.get("_fusion_cache")
+    if cached is None or cached[0] is not source or cached[1] is not origin:
+        plan = None
+        if origin._random_access() is not None:
+            plan = _plan(source, dataset._batch_size, ctx)
+        cached = dataset.__dict__["_fusion_cache"] = (source, origin, plan)
+    plan = cached[2]
+    if plan is None or (not plan.vectorised and source._num_parallel_calls is not None):
+        return None
+    return plan
+
+
+def _plan(map_dataset: MapDataset, batch_size: int, ctx: IteratorContext) -> MapBatchPlan:
+    fn = map_dataset._fn.fn
+    origin = map_dataset.inputs[0]
+    spec = origin.element_spec
+    if not (_vectorise.screen(fn) and _vectorise.numeric_known(spec)):
+        return _PER_ELEMENT
+    layout = _vectorise.output_layout(fn, spec)
+    if layout is None:
+        return _PER_ELEMENT
+    stand_in = _vectorise.stand_in_rows(spec)
+    writable = structure.map_structure(lambda a: a.copy(), stand_in)
+    if not _vectorise.agrees(fn, writable, _vectorise.split_rows(stand_in, len_rows(stand_in))):
+        return _PER_ELEMENT
+    if not _agrees_on_first_rows(fn, origin, _vectorise.trial_rows(batch_size), ctx):
+        return _PER_ELEMENT
+    shapes, treespec = layout
+    return MapBatchPlan(True, tuple(shapes), treespec)
+
+
+def len_rows(batch: Any) -> int:
+    return int(structure.flatten(batch)[0][0].shape[0])
+
+
+def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext) -> bool:
+    """Rule 3 on the real input: its first ``n`` rows, per element and as one gathered batch."""
+    with contextlib.closing(origin._iterator(ctx)) as each:
+        rows = []
+        try:
+            for _ in range(n):
+                rows.append(each._next())
+        except StopIteration:
+            pass
+    if not rows:
+        return True
+    with contextlib.closing(origin._iterator(ctx)) as whole:
+        fast = whole._next_batch
+        batch = fast(len(rows)) if fast is not None else structure.batch_elements(rows)
+    return _vectorise.agrees(fn, batch, rows)
+
+
+class MapBatchIterator(DatasetIterator):
+    """The fused ``map().batch()``. Single-threaded.
+
+    Its state is the unfused pipeline's: ``{"input": {"input": <source>}}`` for an inline map,
+    with ``input_done`` and ``ready`` (outputs computed but not yet batched, as a parallel map
+    keeps them) for a parallel one. ``ready`` is empty in the states it saves, and is used up
+    first after restoring a state an unfused parallel map saved.
+    """
+
+    def __init__(self, dataset: BatchDataset, plan: MapBatchPlan, ctx: IteratorContext) -> None:
+        super().__init__(dataset, ctx)
+        map_dataset = dataset.inputs[0]
+        assert isinstance(map_dataset, MapDataset)
+        self._input = map_dataset.inputs[0]._iterator(ctx)
+        self._user = map_dataset._fn
+        self._fn = map_dataset._fn.fn
+        self._parallel = map_dataset._num_parallel_calls is not None
+        self._batch_size = dataset._batch_size
+        self._drop_remainder = dataset._drop_remainder
+        self._vectorised = plan.vectorised
+        self._layout = list(plan.layout)
+        self._treespec = plan.treespec
+        self._input_done = False
+        self._ready: collections.deque[Outcome] = collections.deque()
+
+    def _next(self) -> Any:
+        if self._vectorised and not self._ready and not self._input_done:
+            return self._next_vectorised()
+        return self._next_per_element()
+
+    def _next_vectorised(self) -> Any:
+        n = self._batch_size
+        source = self._input
+        saved = source.get_state()
+        fast = source._next_batch
+        try:
+            if fast is not None:
+                inputs = fast(n)
+            else:
+                inputs = structure.batch_elements(_pull(source, n))
+        except StopIteration:
+            self._input_done = self._parallel
+            raise
+        rows = len_rows(inputs)
+        if rows == n or not self._drop_remainder:
+            try:
+                out = _vectorise.accepted(
+                    _vectorise.call(self._fn, inputs), self._layout, self._treespec, rows
+                )
+            except Exception:
+                out = None  # computed again element by element: the failing one raises
+            else:
+                if out is None:
+                    self._vectorised = False  # not what the trials showed: never again
+            if out is not None:
+                return out
+        source.set_state(saved)
+        return self._next_per_element()
+
+    def _next_per_element(self) -> Any:
+        n = self._batch_size
+        ready = self._ready
+        pull = self._input._next
+        call = self._user
+        outputs = []
+        while len(outputs) < n:
+            if ready:
+                ok, value = ready.popleft()
+                if not ok:
+                    raise value
+                outputs.append(value)
+                continue
+            if self._input_done:
+                break
+            try:
+                element = pull()
+            except StopIteration:
+                self._input_done = self._parallel
+                break
+            outputs.append(call(element))
+        if not outputs or (self._drop_remainder and len(outputs) < n):
+            raise StopIteration
+        return structure.batch_elements(outputs)
+
+    def _get_state(self) -> dict[str, Any]:
+        inner: dict[str, Any] = {"input": self._input.get_state()}
+        if self._parallel:
+            inner["input_done"] = self._input_done
+            inner["ready"] = list(self._ready)
+        return {"input": inner}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        inner = state["input"]
+        self._input.set_state(inner["input"])
+        if self._parallel:
+            self._input_done = bool(inner["input_done"])
+            self._ready = collections.deque(inner["ready"])
+
+
+def _pull(source: DatasetIterator, n: int) -> list[Any]:
+    pull = source._next
+    rows: list[Any] = []
+    try:
+        for _ in range(n):
+            rows.append(pull())
+    except StopIteration:
+        if not rows:
+            raise
+    return rows
