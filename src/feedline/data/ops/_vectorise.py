@@ -44,28 +44,32 @@ import numpy as np
 from feedline import structure
 from feedline.structure import TensorSpec
 
-_DTYPE_NAMES = frozenset(
-    "bool_ int8 int16 int32 int64 uint8 uint16 uint32 uint64 intp uintp "
-    "float16 float32 float64 complex64 complex128".split()
-)
-_UFUNC_NAMES = frozenset(
-    "add subtract multiply divide true_divide floor_divide remainder mod fmod negative positive "
-    "absolute abs minimum maximum fmin fmax clip where sqrt square sign floor ceil trunc rint "
-    "equal not_equal less less_equal greater greater_equal logical_and logical_or logical_not "
-    "logical_xor bitwise_and bitwise_or bitwise_xor invert left_shift right_shift isnan isinf "
-    "isfinite".split()
-)
+# fmt: off
+_DTYPE_NAMES = frozenset((
+    "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "intp",
+    "uintp", "float16", "float32", "float64", "complex64", "complex128",
+))
+_UFUNC_NAMES = frozenset((
+    "add", "subtract", "multiply", "divide", "true_divide", "floor_divide", "remainder", "mod",
+    "fmod", "negative", "positive", "absolute", "abs", "minimum", "maximum", "fmin", "fmax",
+    "clip", "where", "sqrt", "square", "sign", "floor", "ceil", "trunc", "rint", "equal",
+    "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or",
+    "logical_not", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "invert",
+    "left_shift", "right_shift", "isnan", "isinf", "isfinite",
+))
 #: The attributes a vectorisable function may read (of numpy, of its arguments or constants).
 _NUMPY_NAMES = _DTYPE_NAMES | _UFUNC_NAMES
 _ATTRIBUTES = _NUMPY_NAMES | {"astype"}
 
-_OPCODES = frozenset(
-    """RESUME NOP CACHE EXTENDED_ARG PRECALL CALL KW_NAMES CALL_KW PUSH_NULL LOAD_FAST
-    LOAD_FAST_CHECK LOAD_FAST_LOAD_FAST STORE_FAST STORE_FAST_LOAD_FAST STORE_FAST_STORE_FAST
-    LOAD_CONST RETURN_CONST RETURN_VALUE LOAD_GLOBAL LOAD_ATTR LOAD_METHOD LOAD_DEREF
-    COPY_FREE_VARS BINARY_OP UNARY_NEGATIVE UNARY_INVERT CALL_INTRINSIC_1 COMPARE_OP BUILD_TUPLE
-    BUILD_MAP BUILD_CONST_KEY_MAP POP_TOP""".split()
-)
+_OPCODES = frozenset((
+    "RESUME", "NOP", "CACHE", "EXTENDED_ARG", "PRECALL", "CALL", "KW_NAMES", "CALL_KW",
+    "PUSH_NULL", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "STORE_FAST",
+    "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST", "LOAD_CONST", "RETURN_CONST", "RETURN_VALUE",
+    "LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF", "COPY_FREE_VARS", "BINARY_OP",
+    "UNARY_NEGATIVE", "UNARY_INVERT", "CALL_INTRINSIC_1", "COMPARE_OP", "BUILD_TUPLE",
+    "BUILD_MAP", "BUILD_CONST_KEY_MAP", "POP_TOP",
+))
+# fmt: on
 _GENERATOR_FLAGS = (
     inspect.CO_GENERATOR
     | inspect.CO_COROUTINE
@@ -163,7 +167,7 @@ def stand_in_rows(spec: Any, seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)
 
     def make(s: TensorSpec) -> np.ndarray:
-        shape = (_STAND_IN_ROWS, *s.shape)
+        shape = (_STAND_IN_ROWS, *(int(d or 0) for d in s.shape))
         if s.dtype.kind == "b":
             out = rng.integers(0, 2, shape).astype(bool)
         elif s.dtype.kind in "iu":
@@ -177,14 +181,16 @@ def stand_in_rows(spec: Any, seed: int = 0) -> Any:
     return structure.map_spec(make, spec)
 
 
-def accepted(out: Any, expected: list[tuple[tuple[int, ...], np.dtype]], treespec: Any, rows: int) -> Any:
+def accepted(
+    out: Any, expected: list[tuple[tuple[int, ...], np.dtype]], treespec: Any, rows: int
+) -> Any:
     """``out`` of a batched call as a batch of ``rows``, or None if it is not exactly one of
     the expected structure: fresh, writable arrays with the expected dtypes and row shapes
     (a leaf that shares memory with an earlier one, or is read-only, is copied)."""
     leaves, spec = structure.flatten(out)
     if spec != treespec:
         return None
-    fixed = []
+    fixed: list[np.ndarray] = []
     for leaf, (shape, dtype) in zip(leaves, expected, strict=True):
         if type(leaf) is not np.ndarray or leaf.dtype != dtype or leaf.shape != (rows, *shape):
             return None
@@ -228,7 +234,9 @@ def split_rows(batch: Any, rows: int) -> list[Any]:
     return [structure.slice_element(frozen, i) for i in range(rows)]
 
 
-def output_layout(fn: Callable[..., Any], spec: Any) -> tuple[list[tuple[tuple[int, ...], np.dtype]], Any] | None:
+def output_layout(
+    fn: Callable[..., Any], spec: Any
+) -> tuple[list[tuple[tuple[int, ...], np.dtype]], Any] | None:
     """The row shape and dtype of every output component and the output structure, from one
     call on a stand-in row, or None where an output component is not numeric."""
     try:

@@ -157,10 +157,7 @@ class MapBatchIterator(DatasetIterator):
         saved = source.get_state()
         fast = source._next_batch
         try:
-            if fast is not None:
-                inputs = fast(n)
-            else:
-                inputs = structure.batch_elements(_pull(source, n))
+            inputs = fast(n) if fast is not None else structure.batch_elements(_pull(source, n))
         except StopIteration:
             self._input_done = self._parallel
             raise
@@ -185,7 +182,7 @@ class MapBatchIterator(DatasetIterator):
         ready = self._ready
         pull = self._input._next
         call = self._user
-        outputs = []
+        outputs: list[Any] = []
         while len(outputs) < n:
             if ready:
                 ok, value = ready.popleft()
