@@ -6,7 +6,8 @@ and stacking gives, for every batch, and where calling it fewer or more times ca
 That cannot be proven of arbitrary Python, so the rule is conservative; a function passes only if
 all of these hold:
 
-1. **It is a plain function of straight-line NumPy arithmetic** (``screen``): a Python function
+1. **It is a plain function of straight-line NumPy arithmetic** (``screen``), under NumPy 2
+   (whose result dtypes do not depend on values, NEP 50): a Python function
    (no partial, method or callable object) without branches, loops, nested functions,
    comprehensions, ``yield``, imports, subscripts, in-place operators, ``@`` or ``**``, and
    without writes to anything but its own local names. Every attribute it reads is ``astype`` or
@@ -67,7 +68,8 @@ _OPCODES = frozenset((
     "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST", "LOAD_CONST", "RETURN_CONST", "RETURN_VALUE",
     "LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF", "COPY_FREE_VARS", "BINARY_OP",
     "UNARY_NEGATIVE", "UNARY_INVERT", "CALL_INTRINSIC_1", "COMPARE_OP", "BUILD_TUPLE",
-    "BUILD_MAP", "BUILD_CONST_KEY_MAP", "POP_TOP",
+    "BUILD_MAP", "BUILD_CONST_KEY_MAP", "POP_TOP", "LOAD_SMALL_INT", "LOAD_FAST_BORROW",
+    "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_CONST_IMMORTAL",
 ))
 # fmt: on
 _GENERATOR_FLAGS = (
@@ -76,6 +78,9 @@ _GENERATOR_FLAGS = (
     | inspect.CO_ITERABLE_COROUTINE
     | inspect.CO_ASYNC_GENERATOR
 )
+# NumPy 2 types results by dtype alone (NEP 50); NumPy 1 looks at the values of scalars, so a
+# scalar row and an array batch could promote differently from one batch to the next.
+_DTYPES_BY_TYPE_ALONE = int(np.__version__.split(".", 1)[0]) >= 2
 # BINARY_OP arguments: 4 is ``@``, 8 is ``**``, 13 and up are the in-place forms (``+=``).
 _MATMUL, _POWER, _FIRST_INPLACE = 4, 8, 13
 # Random stand-in rows per trial: odd and prime, so that no axis of the batch is mistaken for
@@ -101,7 +106,7 @@ def _inert(value: Any) -> bool:
 
 def screen(fn: Callable[..., Any]) -> bool:
     """Rule 1 of the module docstring: whether ``fn`` is straight-line NumPy arithmetic."""
-    if type(fn) is not types.FunctionType:
+    if type(fn) is not types.FunctionType or not _DTYPES_BY_TYPE_ALONE:
         return False
     code = fn.__code__
     if code.co_flags & _GENERATOR_FLAGS:

@@ -69,14 +69,14 @@ def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | N
     if ctx.options.experimental_optimization.map_and_batch_fusion is False:
         return None
     origin = source.inputs[0]
+    if origin._random_access() is None:  # asked each time: a cache has it once it is filled
+        return None
     cached = dataset.__dict__.get("_fusion_cache")
     if cached is None or cached[0] is not source or cached[1] is not origin:
-        plan = None
-        if origin._random_access() is not None:
-            plan = _plan(source, dataset._batch_size, ctx)
+        plan = _plan(source, dataset._batch_size, ctx)
         cached = dataset.__dict__["_fusion_cache"] = (source, origin, plan)
     plan = cached[2]
-    if plan is None or (not plan.vectorised and source._num_parallel_calls is not None):
+    if not plan.vectorised and source._num_parallel_calls is not None:
         return None
     return plan
 
@@ -179,28 +179,40 @@ class MapBatchIterator(DatasetIterator):
 
     def _next_per_element(self) -> Any:
         n = self._batch_size
-        ready = self._ready
-        pull = self._input._next
-        call = self._user
         outputs: list[Any] = []
-        while len(outputs) < n:
-            if ready:
-                ok, value = ready.popleft()
-                if not ok:
-                    raise value
-                outputs.append(value)
-                continue
-            if self._input_done:
-                break
+        ready = self._ready
+        while ready and len(outputs) < n:
+            ok, value = ready.popleft()
+            if not ok:
+                raise value
+            outputs.append(value)
+        if len(outputs) < n and not self._input_done:
+            self._map_into(outputs, n - len(outputs))
+        if not outputs or (self._drop_remainder and len(outputs) < n):
+            raise StopIteration
+        return structure.batch_elements(outputs)
+
+    def _map_into(self, outputs: list[Any], count: int) -> None:
+        """Appends the function's results on up to ``count`` more input elements: the loop of
+        map then batch, without an iterator call per element in between."""
+        pull = self._input._next
+        fn = self._fn
+        normalize = structure.normalize
+        append = outputs.append
+        for _ in range(count):
             try:
                 element = pull()
             except StopIteration:
                 self._input_done = self._parallel
-                break
-            outputs.append(call(element))
-        if not outputs or (self._drop_remainder and len(outputs) < n):
-            raise StopIteration
-        return structure.batch_elements(outputs)
+                return
+            try:
+                append(normalize(fn(*element) if type(element) is tuple else fn(element)))
+            except StopIteration as error:  # ends the batch here, as it ends map's input
+                self._user.annotate(error)
+                return
+            except Exception as error:
+                self._user.annotate(error)
+                raise
 
     def _get_state(self) -> dict[str, Any]:
         inner: dict[str, Any] = {"input": self._input.get_state()}
