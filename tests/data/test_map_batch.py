@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +163,27 @@ def test_an_error_inside_a_whole_batch_call_is_raised_by_its_element() -> None:
     for (kind, x), (_, y) in zip(fused, plain, strict=True):
         if kind == "batch":
             assert_elements_equal(x, y)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+def test_an_error_inside_a_whole_batch_call_on_the_thread_of_a_parallel_map() -> None:
+    values = np.array([1.0, 2.0, 4.0, 8.0, 5.0, 0.0, 2.0, 1.0, 3.0, 6.0], np.float32)
+    make = lambda: (  # noqa: E731
+        Dataset.from_tensor_slices(values).map(lambda v: 1 / v, num_parallel_calls=2).batch(4)
+    )
+    assert fused_iterator(make())._vectorised
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # seen by every thread
+        fused, plain = outcomes(make()), outcomes(unfused(make()))
+    assert [kind for kind, _ in fused] == ["batch", "error", "batch"]
+    assert fused[1][1][0] is RuntimeWarning
+    assert any("map(" in note for note in fused[1][1][2])
+    np.testing.assert_array_equal(fused[2][1], 1 / values[6:])
+    for (kind, x), (_, y) in zip(fused, plain, strict=True):
+        if kind == "batch":
+            assert_elements_equal(x, y)
+        else:
+            assert x == y
 
 
 def test_the_option_off_or_a_source_without_random_access_is_not_fused() -> None:

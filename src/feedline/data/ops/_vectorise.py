@@ -24,7 +24,8 @@ all of these hold:
    first rows of the real input (up to a batch of them), the batched call returns the same
    structure, dtypes, shapes and bytes as the per-element calls stacked. Random stand-ins catch
    what reads the batch as one (``x - x.mean()``, ``x[0]``, ``x.shape[0]``) even where the real
-   first rows happen to be alike.
+   first rows happen to be alike. A floating-point error or warning in a trial (division by
+   zero, overflow) counts as a difference.
 
 At run time a batched call that raises, or returns anything but the expected structure of
 arrays with the batch's rows, is thrown away and the batch is computed element by element, so
@@ -36,7 +37,6 @@ from __future__ import annotations
 import dis
 import inspect
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -222,10 +222,10 @@ def _same(a: Any, b: Any) -> bool:
 
 def agrees(fn: Callable[..., Any], batch: Any, rows: list[Any]) -> bool:
     """Rule 3 on one trial: whether ``fn`` on the stacked ``batch`` gives exactly the per-element
-    results of ``rows`` stacked. Any error or warning counts as a difference."""
+    results of ``rows`` stacked. Any error, floating-point errors included, counts as a
+    difference."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with np.errstate(all="raise"):  # (per thread: other pipelines' threads are not touched)
             each = structure.batch_elements([structure.normalize(call(fn, r)) for r in rows])
             whole = structure.normalize(call(fn, batch))
     except Exception:
@@ -245,8 +245,7 @@ def output_layout(
     """The row shape and dtype of every output component and the output structure, from one
     call on a stand-in row, or None where an output component is not numeric."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
             out = structure.normalize(call(fn, split_rows(stand_in_rows(spec), 1)[0]))
     except Exception:
         return None

@@ -9,6 +9,8 @@ from_tensor_slices, from_list, in-memory caches, zips of them) and
 * where the function passes the rule of ``_vectorise`` (straight-line NumPy arithmetic that gives
   exactly the same batch when called once on the stacked rows), each batch is one gather of the
   input rows and one call of the function (``vectorised``);
+* a parallel map's batches are computed on a background thread, up to two batches ahead of
+  the consumer (as a parallel map computes elements ahead);
 * otherwise an inline map is fused element by element: the function is called in a tight loop
   over the pulled rows and the results are stacked per component once; a parallel map whose
   function does not pass the rule is left unfused, so that it keeps its threads.
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from feedline import structure
 from feedline.data.dataset import DatasetIterator, IteratorContext
 from feedline.data.ops import _vectorise
+from feedline.data.ops._background import ELEMENT, END, ERROR, Producer
 from feedline.data.ops._functions import Outcome
 from feedline.data.ops.map import MapDataset
 
@@ -57,6 +60,8 @@ class MapBatchPlan:
 
 
 _PER_ELEMENT = MapBatchPlan(vectorised=False)
+#: Batches a fused parallel map computes ahead of its consumer.
+_AHEAD = 2
 
 
 def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | None:
@@ -122,12 +127,15 @@ def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext
 
 
 class MapBatchIterator(DatasetIterator):
-    """The fused ``map().batch()``. Single-threaded.
+    """The fused ``map().batch()``. Its API is single-threaded.
+
+    For a parallel map (``num_parallel_calls``) a background thread computes up to
+    ``_AHEAD`` batches ahead of the consumer, as the parallel map computes elements ahead.
 
     Its state is the unfused pipeline's: ``{"input": {"input": <source>}}`` for an inline map,
-    with ``input_done`` and ``ready`` (outputs computed but not yet batched, as a parallel map
-    keeps them) for a parallel one. ``ready`` is empty in the states it saves, and is used up
-    first after restoring a state an unfused parallel map saved.
+    with ``input_done`` and ``ready`` (the outputs computed but not yet handed out, element by
+    element, as a parallel map keeps them) for a parallel one; ``ready`` is used up first after
+    restoring.
     """
 
     def __init__(self, dataset: BatchDataset, plan: MapBatchPlan, ctx: IteratorContext) -> None:
@@ -145,8 +153,23 @@ class MapBatchIterator(DatasetIterator):
         self._treespec = plan.treespec
         self._input_done = False
         self._ready: collections.deque[Outcome] = collections.deque()
+        self._producer = (
+            Producer(self._compute, lambda: _AHEAD, name="feedline-map-batch")
+            if self._parallel
+            else None
+        )
 
     def _next(self) -> Any:
+        if self._producer is None:
+            return self._compute()
+        (kind, value), _ = self._producer.get()
+        if kind == END:
+            raise StopIteration
+        if kind == ERROR:
+            raise value.with_traceback(value.__traceback__)
+        return value
+
+    def _compute(self) -> Any:
         if self._vectorised and not self._ready and not self._input_done:
             return self._next_vectorised()
         return self._next_per_element()
@@ -214,19 +237,42 @@ class MapBatchIterator(DatasetIterator):
                 self._user.annotate(error)
                 raise
 
-    def _get_state(self) -> dict[str, Any]:
+    def _own_state(self) -> dict[str, Any]:
         inner: dict[str, Any] = {"input": self._input.get_state()}
         if self._parallel:
             inner["input_done"] = self._input_done
             inner["ready"] = list(self._ready)
         return {"input": inner}
 
+    def _get_state(self) -> dict[str, Any]:
+        if self._producer is None:
+            return self._own_state()
+        state, items = self._producer.capture(self._own_state)
+        ahead: list[Outcome] = []
+        for kind, value in items:
+            if kind == ELEMENT:
+                rows = len_rows(value)
+                ahead.extend((True, structure.slice_element(value, i)) for i in range(rows))
+            elif kind == ERROR:
+                ahead.append((False, value))
+        state["input"]["ready"] = ahead + state["input"]["ready"]
+        return state
+
     def _set_state(self, state: dict[str, Any]) -> None:
+        if self._producer is not None:
+            self._producer.stop()
         inner = state["input"]
         self._input.set_state(inner["input"])
         if self._parallel:
             self._input_done = bool(inner["input_done"])
             self._ready = collections.deque(inner["ready"])
+        if self._producer is not None:
+            self._producer.reset([])
+
+    def _close(self) -> None:
+        if self._producer is not None:
+            self._producer.stop()
+        self._input.close()
 
 
 def _pull(source: DatasetIterator, n: int) -> list[Any]:
