@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from feedline.data import AUTOTUNE, Dataset, Options, TensorSpec
-from feedline.data.ops import _vectorise
+from feedline.data.ops import _vectorise, map_batch
 from feedline.data.ops.map_batch import MapBatchIterator
-from tests.data.checkpoint_utils import assert_elements_equal, checkpoint_test
+from tests.data.checkpoint_utils import assert_checkpointing, assert_elements_equal, checkpoint_test
 
 X = np.random.default_rng(1).integers(0, 256, (23, 4, 3), dtype=np.uint8)
 Y = np.arange(23, dtype=np.int64) % 7
@@ -166,7 +166,12 @@ def test_an_error_inside_a_whole_batch_call_is_raised_by_its_element() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-def test_an_error_inside_a_whole_batch_call_on_the_thread_of_a_parallel_map() -> None:
+@pytest.mark.parametrize("ahead", [False, True], ids=["when_asked", "ahead"])
+def test_an_error_inside_a_whole_batch_call_of_a_parallel_map(
+    ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if ahead:
+        monkeypatch.setattr(map_batch, "_BACKGROUND_SECONDS", -1.0)
     values = np.array([1.0, 2.0, 4.0, 8.0, 5.0, 0.0, 2.0, 1.0, 3.0, 6.0], np.float32)
     make = lambda: (  # noqa: E731
         Dataset.from_tensor_slices(values).map(lambda v: 1 / v, num_parallel_calls=2).batch(4)
@@ -311,3 +316,40 @@ test_checkpointing = checkpoint_test(
     fused_per_element=CASES["branches"],
     fused_strings=CASES["strings"],
 )
+
+
+@pytest.fixture
+def background(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fused parallel map computes on its background thread from its second batch."""
+    monkeypatch.setattr(map_batch, "_BACKGROUND_SECONDS", -1.0)
+
+
+@pytest.mark.usefixtures("background")
+@pytest.mark.parametrize("name", ["parallel", "autotune", "unordered"])
+def test_batches_computed_ahead_on_a_thread(name: str) -> None:
+    make = CASES[name]
+    it = fused_iterator(make())
+    next(it)
+    assert it._producer is not None
+    it.close()
+    assert_same_outcomes(make(), unfused(make()))
+    assert_checkpointing(make)
+    assert_checkpointing(lambda: make().repeat(2))
+
+
+@pytest.mark.usefixtures("background")
+def test_states_of_batches_computed_ahead_restore_without_fusion() -> None:
+    make = CASES["parallel"]
+    expected = outcomes(make())
+    for step in range(len(expected)):
+        it = iter(make())
+        for _ in range(step):
+            next(it)
+        state = pickle.loads(pickle.dumps(it.get_state()))
+        it.close()
+        restored = iter(unfused(make()))
+        restored.set_state(state)
+        rest = list(restored)
+        assert len(rest) == len(expected) - step
+        for got, (_, want) in zip(rest, expected[step:], strict=True):
+            assert_elements_equal(got, want)

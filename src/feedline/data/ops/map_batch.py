@@ -9,11 +9,12 @@ from_tensor_slices, from_list, in-memory caches, zips of them) and
 * where the function passes the rule of ``_vectorise`` (straight-line NumPy arithmetic that gives
   exactly the same batch when called once on the stacked rows), each batch is one gather of the
   input rows and one call of the function (``vectorised``);
-* a parallel map's batches are computed on a background thread, up to two batches ahead of
-  the consumer (as a parallel map computes elements ahead);
 * otherwise an inline map is fused element by element: the function is called in a tight loop
   over the pulled rows and the results are stacked per component once; a parallel map whose
-  function does not pass the rule is left unfused, so that it keeps its threads.
+  function does not pass the rule is left unfused, so that it keeps its threads;
+* a fused parallel map whose batches take more than ``_BACKGROUND_SECONDS`` each computes them
+  on a background thread, up to two batches ahead of the consumer (as a parallel map computes
+  elements ahead); faster batches are computed when asked for. The order is the input's.
 
 What comes out is what ``map`` then ``batch`` give: the same batches, an error raised by the
 element that causes it (the elements of the batch before it are dropped and the next batch
@@ -27,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 from feedline import structure
@@ -60,8 +62,12 @@ class MapBatchPlan:
 
 
 _PER_ELEMENT = MapBatchPlan(vectorised=False)
-#: Batches a fused parallel map computes ahead of its consumer.
+#: Batches a fused parallel map computes ahead of its consumer, on a background thread.
 _AHEAD = 2
+#: A fused parallel map moves to that thread once a batch takes more CPU seconds; faster
+#: batches stay in the consumer's thread, where handing each over would cost more than it saves
+#: (about half the rate of B2's batches of 64 small images on two cores).
+_BACKGROUND_SECONDS = 0.002
 
 
 def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | None:
@@ -129,8 +135,8 @@ def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext
 class MapBatchIterator(DatasetIterator):
     """The fused ``map().batch()``. Its API is single-threaded.
 
-    For a parallel map (``num_parallel_calls``) a background thread computes up to
-    ``_AHEAD`` batches ahead of the consumer, as the parallel map computes elements ahead.
+    For a parallel map (``num_parallel_calls``) whose batches are slow a background thread
+    computes up to ``_AHEAD`` batches ahead of the consumer.
 
     Its state is the unfused pipeline's: ``{"input": {"input": <source>}}`` for an inline map,
     with ``input_done`` and ``ready`` (the outputs computed but not yet handed out, element by
@@ -153,16 +159,19 @@ class MapBatchIterator(DatasetIterator):
         self._treespec = plan.treespec
         self._input_done = False
         self._ready: collections.deque[Outcome] = collections.deque()
-        self._producer = (
-            Producer(self._compute, lambda: _AHEAD, name="feedline-map-batch")
-            if self._parallel
-            else None
-        )
+        self._producer: Producer | None = None
 
     def _next(self) -> Any:
-        if self._producer is None:
-            return self._compute()
-        (kind, value), _ = self._producer.get()
+        producer = self._producer
+        if producer is None:
+            if not self._parallel:
+                return self._compute()
+            start = time.thread_time()  # CPU time: a batch preempted on a busy machine is not slow
+            out = self._compute()
+            if time.thread_time() - start > _BACKGROUND_SECONDS:
+                self._producer = Producer(self._compute, lambda: _AHEAD, name="feedline-map-batch")
+            return out
+        (kind, value), _ = producer.get()
         if kind == END:
             raise StopIteration
         if kind == ERROR:
