@@ -166,12 +166,12 @@ def test_an_error_inside_a_whole_batch_call_is_raised_by_its_element() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-@pytest.mark.parametrize("ahead", [False, True], ids=["when_asked", "ahead"])
+@pytest.mark.parametrize("handed_over", [False, True], ids=["fused", "handed_over"])
 def test_an_error_inside_a_whole_batch_call_of_a_parallel_map(
-    ahead: bool, monkeypatch: pytest.MonkeyPatch
+    handed_over: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if ahead:
-        monkeypatch.setattr(map_batch, "_BACKGROUND_SECONDS", -1.0)
+    if handed_over:
+        monkeypatch.setattr(map_batch, "_HEAVY_ROW_SECONDS", -1.0)
     values = np.array([1.0, 2.0, 4.0, 8.0, 5.0, 0.0, 2.0, 1.0, 3.0, 6.0], np.float32)
     make = lambda: (  # noqa: E731
         Dataset.from_tensor_slices(values).map(lambda v: 1 / v, num_parallel_calls=2).batch(4)
@@ -319,37 +319,26 @@ test_checkpointing = checkpoint_test(
 
 
 @pytest.fixture
-def background(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every fused parallel map computes on its background thread from its second batch."""
-    monkeypatch.setattr(map_batch, "_BACKGROUND_SECONDS", -1.0)
+def heavy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch counts as heavy: a fused parallel map hands over after its first."""
+    monkeypatch.setattr(map_batch, "_HEAVY_ROW_SECONDS", -1.0)
 
 
-@pytest.mark.usefixtures("background")
+@pytest.mark.usefixtures("heavy")
 @pytest.mark.parametrize("name", ["parallel", "autotune", "unordered"])
-def test_batches_computed_ahead_on_a_thread(name: str) -> None:
+def test_heavy_batches_hand_over_to_the_threads_of_the_unfused_map(name: str) -> None:
     make = CASES[name]
     it = fused_iterator(make())
     next(it)
-    assert it._producer is not None
+    assert type(it._delegate).__name__ == "_BatchIterator"
     it.close()
     assert_same_outcomes(make(), unfused(make()))
     assert_checkpointing(make)
     assert_checkpointing(lambda: make().repeat(2))
 
 
-@pytest.mark.usefixtures("background")
-def test_states_of_batches_computed_ahead_restore_without_fusion() -> None:
-    make = CASES["parallel"]
-    expected = outcomes(make())
-    for step in range(len(expected)):
-        it = iter(make())
-        for _ in range(step):
-            next(it)
-        state = pickle.loads(pickle.dumps(it.get_state()))
-        it.close()
-        restored = iter(unfused(make()))
-        restored.set_state(state)
-        rest = list(restored)
-        assert len(rest) == len(expected) - step
-        for got, (_, want) in zip(rest, expected[step:], strict=True):
-            assert_elements_equal(got, want)
+def test_light_batches_stay_in_the_consumer_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(map_batch, "_HEAVY_ROW_SECONDS", 1e9)
+    it = fused_iterator(CASES["parallel"]())
+    list(it)
+    assert it._delegate is None

@@ -73,7 +73,7 @@ class BatchDataset(Dataset):
     def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
         plan = fusion_plan(self, ctx)
         if plan is not None:
-            return plan.iterator(self, ctx)
+            return plan.iterator(self, ctx, lambda: _BatchIterator(self, ctx))
         return _BatchIterator(self, ctx)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -12,9 +12,11 @@ from_tensor_slices, from_list, in-memory caches, zips of them) and
 * otherwise an inline map is fused element by element: the function is called in a tight loop
   over the pulled rows and the results are stacked per component once; a parallel map whose
   function does not pass the rule is left unfused, so that it keeps its threads;
-* a fused parallel map whose batches take more than ``_BACKGROUND_SECONDS`` each computes them
-  on a background thread, up to two batches ahead of the consumer (as a parallel map computes
-  elements ahead); faster batches are computed when asked for. The order is the input's.
+* a fused parallel map runs its batches in the consumer's thread, when asked for, as long as
+  they are light (under ``_HEAVY_ROW_SECONDS`` of CPU per row); once a batch is heavier, the
+  iterator hands its position to the unfused pipeline, whose threads then compute elements in
+  parallel and ahead of the consumer (the states of the two have the same shape). The order is
+  always the input's.
 
 What comes out is what ``map`` then ``batch`` give: the same batches, an error raised by the
 element that causes it (the elements of the batch before it are dropped and the next batch
@@ -29,12 +31,12 @@ import collections
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feedline import structure
 from feedline.data.dataset import DatasetIterator, IteratorContext
 from feedline.data.ops import _vectorise
-from feedline.data.ops._background import ELEMENT, END, ERROR, Producer
 from feedline.data.ops._functions import Outcome
 from feedline.data.ops.map import MapDataset
 
@@ -57,17 +59,21 @@ class MapBatchPlan:
     layout: tuple[tuple[tuple[int, ...], Any], ...] = ()
     treespec: Any = None
 
-    def iterator(self, dataset: BatchDataset, ctx: IteratorContext) -> MapBatchIterator:
-        return MapBatchIterator(dataset, self, ctx)
+    def iterator(
+        self,
+        dataset: BatchDataset,
+        ctx: IteratorContext,
+        unfused: Callable[[], DatasetIterator],
+    ) -> MapBatchIterator:
+        """The fused iterator; ``unfused`` makes the iterator of the unfused pipeline."""
+        return MapBatchIterator(dataset, self, ctx, unfused)
 
 
 _PER_ELEMENT = MapBatchPlan(vectorised=False)
-#: Batches a fused parallel map computes ahead of its consumer, on a background thread.
-_AHEAD = 2
-#: A fused parallel map moves to that thread once a batch takes more CPU seconds; faster
-#: batches stay in the consumer's thread, where handing each over would cost more than it saves
-#: (about half the rate of B2's batches of 64 small images on two cores).
-_BACKGROUND_SECONDS = 0.002
+#: A fused parallel map hands over to the unfused pipeline's threads once a batch takes more
+#: CPU seconds per row than this: there the per-element cost of the threads (a few µs) is small
+#: next to the function, and they compute in parallel and ahead of the consumer.
+_HEAVY_ROW_SECONDS = 20e-6
 
 
 def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | None:
@@ -135,8 +141,8 @@ def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext
 class MapBatchIterator(DatasetIterator):
     """The fused ``map().batch()``. Its API is single-threaded.
 
-    For a parallel map (``num_parallel_calls``) whose batches are slow a background thread
-    computes up to ``_AHEAD`` batches ahead of the consumer.
+    A parallel map (``num_parallel_calls``) whose batches turn out heavy hands over to the
+    unfused pipeline (made by ``unfused``), restored at its position.
 
     Its state is the unfused pipeline's: ``{"input": {"input": <source>}}`` for an inline map,
     with ``input_done`` and ``ready`` (the outputs computed but not yet handed out, element by
@@ -144,7 +150,13 @@ class MapBatchIterator(DatasetIterator):
     restoring.
     """
 
-    def __init__(self, dataset: BatchDataset, plan: MapBatchPlan, ctx: IteratorContext) -> None:
+    def __init__(
+        self,
+        dataset: BatchDataset,
+        plan: MapBatchPlan,
+        ctx: IteratorContext,
+        unfused: Callable[[], DatasetIterator],
+    ) -> None:
         super().__init__(dataset, ctx)
         map_dataset = dataset.inputs[0]
         assert isinstance(map_dataset, MapDataset)
@@ -159,24 +171,27 @@ class MapBatchIterator(DatasetIterator):
         self._treespec = plan.treespec
         self._input_done = False
         self._ready: collections.deque[Outcome] = collections.deque()
-        self._producer: Producer | None = None
+        self._unfused = unfused
+        self._delegate: DatasetIterator | None = None  # the unfused pipeline, once handed over
 
     def _next(self) -> Any:
-        producer = self._producer
-        if producer is None:
-            if not self._parallel:
-                return self._compute()
-            start = time.thread_time()  # CPU time: a batch preempted on a busy machine is not slow
-            out = self._compute()
-            if time.thread_time() - start > _BACKGROUND_SECONDS:
-                self._producer = Producer(self._compute, lambda: _AHEAD, name="feedline-map-batch")
-            return out
-        (kind, value), _ = producer.get()
-        if kind == END:
-            raise StopIteration
-        if kind == ERROR:
-            raise value.with_traceback(value.__traceback__)
-        return value
+        delegate = self._delegate
+        if delegate is not None:
+            return delegate._next()
+        if not self._parallel:
+            return self._compute()
+        start = time.thread_time()  # CPU time: a batch preempted on a busy machine is not heavy
+        out = self._compute()
+        seconds = time.thread_time() - start
+        if seconds > _HEAVY_ROW_SECONDS * len_rows(out):
+            self._hand_over()
+        return out
+
+    def _hand_over(self) -> None:
+        delegate = self._unfused()
+        delegate.set_state(self._own_state())
+        self._input.close()
+        self._delegate = delegate
 
     def _compute(self) -> Any:
         if self._vectorised and not self._ready and not self._input_done:
@@ -254,33 +269,23 @@ class MapBatchIterator(DatasetIterator):
         return {"input": inner}
 
     def _get_state(self) -> dict[str, Any]:
-        if self._producer is None:
-            return self._own_state()
-        state, items = self._producer.capture(self._own_state)
-        ahead: list[Outcome] = []
-        for kind, value in items:
-            if kind == ELEMENT:
-                rows = len_rows(value)
-                ahead.extend((True, structure.slice_element(value, i)) for i in range(rows))
-            elif kind == ERROR:
-                ahead.append((False, value))
-        state["input"]["ready"] = ahead + state["input"]["ready"]
-        return state
+        if self._delegate is not None:
+            return self._delegate.get_state()
+        return self._own_state()
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        if self._producer is not None:
-            self._producer.stop()
+        if self._delegate is not None:
+            self._delegate.set_state(state)
+            return
         inner = state["input"]
         self._input.set_state(inner["input"])
         if self._parallel:
             self._input_done = bool(inner["input_done"])
             self._ready = collections.deque(inner["ready"])
-        if self._producer is not None:
-            self._producer.reset([])
 
     def _close(self) -> None:
-        if self._producer is not None:
-            self._producer.stop()
+        if self._delegate is not None:
+            self._delegate.close()
         self._input.close()
 
 
