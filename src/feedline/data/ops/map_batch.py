@@ -13,10 +13,10 @@ from_tensor_slices, from_list, in-memory caches, zips of them) and
   over the pulled rows and the results are stacked per component once; a parallel map whose
   function does not pass the rule is left unfused, so that it keeps its threads;
 * a fused parallel map runs its batches in the consumer's thread, when asked for, as long as
-  they are light (under ``_HEAVY_ROW_SECONDS`` of CPU per row); once a batch is heavier, the
-  iterator hands its position to the unfused pipeline, whose threads then compute elements in
-  parallel and ahead of the consumer (the states of the two have the same shape). The order is
-  always the input's.
+  they are light (the cheapest of its first three batches under ``_HEAVY_ROW_SECONDS`` of CPU
+  per row); where they are heavier, the iterator hands its position to the unfused pipeline,
+  whose threads then compute elements in parallel and ahead of the consumer (the states of the
+  two have the same shape). The order is always the input's.
 
 What comes out is what ``map`` then ``batch`` give: the same batches, an error raised by the
 element that causes it (the elements of the batch before it are dropped and the next batch
@@ -33,6 +33,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from feedline import structure
 from feedline.data.dataset import DatasetIterator, IteratorContext
@@ -74,6 +76,8 @@ _PER_ELEMENT = MapBatchPlan(vectorised=False)
 #: CPU seconds per row than this: there the per-element cost of the threads (a few µs) is small
 #: next to the function, and they compute in parallel and ahead of the consumer.
 _HEAVY_ROW_SECONDS = 20e-6
+#: How many first batches are timed: the cheapest of them decides.
+_TIMED_BATCHES = 3
 
 
 def fusion_plan(dataset: BatchDataset, ctx: IteratorContext) -> MapBatchPlan | None:
@@ -118,7 +122,16 @@ def _plan(map_dataset: MapDataset, batch_size: int, ctx: IteratorContext) -> Map
 
 
 def len_rows(batch: Any) -> int:
-    return int(structure.flatten(batch)[0][0].shape[0])
+    """The number of rows of a batch (0 for one without components)."""
+    leaf = batch
+    while type(leaf) is tuple and leaf:
+        leaf = leaf[0]
+    if type(leaf) is not np.ndarray:
+        leaves = structure.flatten(batch)[0]
+        if not leaves:
+            return 0
+        leaf = leaves[0]
+    return int(leaf.shape[0])
 
 
 def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext) -> bool:
@@ -173,18 +186,25 @@ class MapBatchIterator(DatasetIterator):
         self._ready: collections.deque[Outcome] = collections.deque()
         self._unfused = unfused
         self._delegate: DatasetIterator | None = None  # the unfused pipeline, once handed over
+        # CPU seconds per row of a parallel map's first batches, while they are being timed.
+        self._timed: list[float] | None = [] if self._parallel else None
 
     def _next(self) -> Any:
         delegate = self._delegate
         if delegate is not None:
             return delegate._next()
-        if not self._parallel:
+        timed = self._timed
+        if timed is None:
             return self._compute()
-        start = time.thread_time()  # CPU time: a batch preempted on a busy machine is not heavy
+        # A parallel map's first batches are timed in CPU seconds (a batch preempted on a busy
+        # machine is not heavy; reading that clock costs µs, so only these few are timed).
+        start = time.thread_time()
         out = self._compute()
-        seconds = time.thread_time() - start
-        if seconds > _HEAVY_ROW_SECONDS * len_rows(out):
-            self._hand_over()
+        timed.append((time.thread_time() - start) / max(1, len_rows(out)))
+        if len(timed) == _TIMED_BATCHES:
+            self._timed = None
+            if min(timed) > _HEAVY_ROW_SECONDS:
+                self._hand_over()
         return out
 
     def _hand_over(self) -> None:
