@@ -35,6 +35,7 @@ an error is always raised by the element that causes it, as without fusion.
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import types
 from collections.abc import Callable
@@ -192,9 +193,14 @@ def accepted(
     """``out`` of a batched call as a batch of ``rows``, or None if it is not exactly one of
     the expected structure: fresh, writable arrays with the expected dtypes and row shapes
     (a leaf that shares memory with an earlier one, or is read-only, is copied)."""
-    leaves, spec = structure.flatten(out)
-    if spec != treespec:
-        return None
+    if type(out) is np.ndarray and treespec.is_leaf():
+        leaves: Any = (out,)
+    elif type(out) is tuple and len(out) == len(expected) and treespec == _flat_tuple(len(out)):
+        leaves = out
+    else:
+        leaves, spec = structure.flatten(out)
+        if spec != treespec:
+            return None
     fixed: list[np.ndarray] = []
     for leaf, (shape, dtype) in zip(leaves, expected, strict=True):
         if type(leaf) is not np.ndarray or leaf.dtype != dtype or leaf.shape != (rows, *shape):
@@ -202,7 +208,15 @@ def accepted(
         if not leaf.flags.writeable or any(np.may_share_memory(leaf, f) for f in fixed):
             leaf = leaf.copy()
         fixed.append(leaf)
+    if type(out) is tuple and leaves is out:
+        return tuple(fixed)
     return structure.unflatten(treespec, fixed)
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_tuple(n: int) -> Any:
+    """The structure of a flat tuple of ``n`` leaves."""
+    return structure.flatten(tuple(np.zeros(0) for _ in range(n)))[1]
 
 
 def _same(a: Any, b: Any) -> bool:
