@@ -159,7 +159,11 @@ def numeric_known(spec: Any) -> bool:
     """Rule 2: every component is a numeric or bool ``TensorSpec`` with a fully known shape."""
     leaves = structure.spec_leaves(spec)
     return bool(leaves) and all(
-        type(s) is TensorSpec and None not in s.shape and s.dtype.kind in "biufc" for s in leaves
+        type(s) is TensorSpec
+        and s.shape is not None  # (a rank that may be unknown)
+        and None not in s.shape
+        and s.dtype.kind in "biufc"
+        for s in leaves
     )
 
 
