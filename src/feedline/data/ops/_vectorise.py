@@ -177,7 +177,7 @@ def stand_in_rows(spec: Any, seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)
 
     def make(s: TensorSpec) -> np.ndarray:
-        shape = (_STAND_IN_ROWS, *(int(d or 0) for d in s.shape))
+        shape = (_STAND_IN_ROWS, *(int(d or 0) for d in s.shape or ()))
         if s.dtype.kind == "b":
             out = rng.integers(0, 2, shape).astype(bool)
         elif s.dtype.kind in "iu":
