@@ -123,10 +123,21 @@ VECTORISED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"unordered"}))
 def test_fused_outputs_equal_the_unfused_pipeline(name: str) -> None:
     make = CASES[name]
     assert_same_outcomes(make(), unfused(make()))
+
+
+def test_unordered_yields_every_element_in_batches_of_its_size() -> None:
+    # deterministic=False lets the unfused map reorder; the fused one keeps the input's order,
+    # which is one of the orders allowed.
+    make = CASES["unordered"]
+    fused = [b.tolist() for b in make()]
+    assert fused == [[3 * i for i in range(j, min(j + 8, 30))] for j in range(0, 30, 8)]
+    plain = [b.tolist() for b in unfused(make())]
+    assert [len(b) for b in plain] == [len(b) for b in fused]
+    assert sorted(x for b in plain for x in b) == [x for b in fused for x in b]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -325,7 +336,7 @@ def heavy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("heavy")
-@pytest.mark.parametrize("name", ["parallel", "autotune", "unordered"])
+@pytest.mark.parametrize("name", ["parallel", "autotune"])
 def test_heavy_batches_hand_over_to_the_threads_of_the_unfused_map(name: str) -> None:
     make = CASES[name]
     it = fused_iterator(make())
