@@ -540,6 +540,8 @@ def _is_leaf(value: Any) -> bool:
 
 
 _ARRAY_TYPES = (np.ndarray, np.generic)
+#: The NumPy scalar types of numeric and bool dtypes: leaves ``normalize`` keeps as they are.
+_PLAIN_SCALARS = frozenset(np.dtype(code).type for code in "?bhilqpBHILQPefdgFDG")
 
 
 def normalize(value: Element) -> Element:
@@ -548,14 +550,21 @@ def normalize(value: Element) -> Element:
     Lists are leaves (as in tf.data, ``[1, 2]`` is one tensor, not two); tuples, dicts and
     namedtuples are structure.
     """
-    if isinstance(value, _ARRAY_TYPES):
-        return to_array(value)
-    if type(value) is tuple:
-        # The common case, a flat tuple of numeric arrays, returns as it is (a hot path).
+    kind = type(value)
+    if kind is tuple:
+        # The common case, a flat tuple of numeric arrays and NumPy scalars, returns as it is
+        # after one set lookup per leaf (a hot path: map calls this on every result).
         for v in value:
-            if not isinstance(v, _ARRAY_TYPES) or v.dtype.kind in "SO":
+            leaf_kind = type(v)
+            if leaf_kind not in _PLAIN_SCALARS and (
+                leaf_kind is not np.ndarray or v.dtype.kind in "SOU"
+            ):
                 return tuple(normalize(v) for v in value)
         return value
+    if kind in _PLAIN_SCALARS:
+        return value
+    if isinstance(value, _ARRAY_TYPES):
+        return to_array(value)
     return optree.tree_map(_convert_leaf, value, is_leaf=_is_leaf, none_is_leaf=_NONE_IS_LEAF)
 
 

@@ -237,8 +237,8 @@ class ServiceOptions(_OptionGroup):
 @dataclasses.dataclass(eq=True)
 class OptimizationOptions(_OptionGroup):
     """TensorFlow's static graph rewrites. feedline builds no graph to rewrite: each field is
-    accepted, merged and read back, and changes nothing; where feedline already does what the
-    rewrite would, the line says so.
+    accepted, merged and read back, and changes nothing but ``map_and_batch_fusion``; where
+    feedline already does what the rewrite would, the line says so.
 
     Attributes:
       apply_default_optimizations: accepted; no effect.
@@ -246,8 +246,9 @@ class OptimizationOptions(_OptionGroup):
       filter_parallelization: accepted; no effect (``filter`` runs in the consumer's thread).
       inject_prefetch: accepted; no effect (distributed datasets and the data service
         prefetch already).
-      map_and_batch_fusion: accepted; no effect (``batch`` after a parallel ``map`` already
-        stacks whole chunks).
+      map_and_batch_fusion: acted on: ``map`` then ``batch`` over a random-access source run
+        as one stage (``data/ops/map_batch.py``: one call of the function per batch where it
+        provably gives the same batch, else a tight per-element loop); False keeps them apart.
       map_and_filter_fusion: accepted; no effect.
       map_fusion: accepted; no effect.
       map_parallelization: accepted; no effect (set ``num_parallel_calls``).

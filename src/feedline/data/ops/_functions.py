@@ -119,9 +119,13 @@ class UserFunction:
             out = fn(*element) if type(element) is tuple else fn(element)
             return structure.normalize(out)
         except Exception as error:
-            if not any("raised by the function of" in n for n in getattr(error, "__notes__", ())):
-                error.add_note(f"raised by the function of {self.description}")
+            self.annotate(error)
             raise
+
+    def annotate(self, error: BaseException) -> None:
+        """Adds the note naming this function to ``error``, once."""
+        if not any("raised by the function of" in n for n in getattr(error, "__notes__", ())):
+            error.add_note(f"raised by the function of {self.description}")
 
 
 def as_scalar_bool(fn: UserFunction, result: Any) -> bool:

@@ -13,6 +13,7 @@ from feedline.data.dataset import (
     IteratorContext,
 )
 from feedline.data.ops._checks import check_positive
+from feedline.data.ops.map_batch import fusion_plan
 
 
 def pull_up_to(iterator: DatasetIterator, n: int, drop_remainder: bool) -> list[Any]:
@@ -43,7 +44,9 @@ class BatchDataset(Dataset):
     component; ``padded_batch`` batches them.
 
     ``num_parallel_calls`` is accepted for compatibility: stacking runs in NumPy, and batches of
-    random-access sources are gathered in one call rather than element by element.
+    random-access sources are gathered in one call rather than element by element. A ``map``
+    over a random-access source followed by ``batch`` runs as one fused stage
+    (``map_batch``), unless ``Options.experimental_optimization.map_and_batch_fusion`` is False.
     """
 
     def __init__(
@@ -67,8 +70,16 @@ class BatchDataset(Dataset):
             self._inputs[0].cardinality(), self._batch_size, self._drop_remainder
         )
 
-    def _make_iterator(self, ctx: IteratorContext) -> _BatchIterator:
+    def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
+        plan = fusion_plan(self, ctx)
+        if plan is not None:
+            return plan.iterator(self, ctx, lambda: _BatchIterator(self, ctx))
         return _BatchIterator(self, ctx)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_fusion_cache", None)  # found again where the dataset is unpickled
+        return state
 
 
 class _BatchIterator(DatasetIterator):
