@@ -198,3 +198,39 @@ def test_kill_9_in_the_middle_of_an_upload_leaves_the_previous_checkpoint(
     restored = torch.zeros(4 << 20)
     Checkpoint(weight=restored).restore(latest_checkpoint(directory))
     assert bool((restored == 2).all())
+
+
+def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
+    # A server of its own: credential checks stay on for the rest of its life.
+    import s3fs
+
+    from feedline.errors import PermissionDeniedError
+    from tests.conftest import start_s3_server
+    from tests.test_fs import _reset_auth
+
+    server, endpoint = start_s3_server()
+    saved = dict(os.environ)
+    try:
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("guarded")
+        Checkpoint(step=torch.tensor(3)).save("s3://guarded/run/ckpt")
+        _reset_auth(endpoint, b"0")  # every request from now on must carry valid keys
+        s3fs.S3FileSystem.clear_instance_cache()
+        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/ckpt-2"):
+            Checkpoint(step=torch.tensor(3)).write("s3://guarded/run/ckpt-2")
+        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/ckpt-1"):
+            Checkpoint(step=torch.tensor(0)).restore("s3://guarded/run/ckpt-1")
+        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/checkpoint"):
+            latest_checkpoint("s3://guarded/run")
+    finally:
+        _reset_auth(endpoint, b"inf")  # moto's setting is per process: off again
+        os.environ.clear()
+        os.environ.update(saved)
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
