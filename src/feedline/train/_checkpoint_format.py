@@ -64,7 +64,7 @@ def read_version(path: str) -> int | None:
         as a checkpoint of this format does).
       NotFoundError: there is no file at ``path``.
     """
-    with _opened(path) as (file, size):
+    with _opened(path, block_size=64 << 10) as (file, size):  # two small reads
         head = file.read(_HEAD.size)
         file.seek(max(0, size - len(_END)))
         end = file.read()
@@ -78,15 +78,16 @@ def read_version(path: str) -> int | None:
 
 
 @contextlib.contextmanager
-def _opened(path: str) -> Iterator[tuple[Any, int]]:
+def _opened(path: str, block_size: int = 8 << 20) -> Iterator[tuple[Any, int]]:
     """``path`` open for reading, and its size: a local file, or an object of a store read in
-    ranged requests that are made again after transient failures (``feedline._fs``)."""
+    ranged requests of ``block_size`` bytes that are made again after transient failures
+    (``feedline._fs.RemoteReader``)."""
     local = _fs.local_path(path)
     if local is not None:
         with _fs.translate_errors(path, "restoring a checkpoint"), open(local, "rb") as file:
             yield file, os.fstat(file.fileno()).st_size
         return
-    reader = _fs.RemoteReader(path, 0, "restoring a checkpoint")
+    reader = _fs.RemoteReader(path, 0, "restoring a checkpoint", block_size=block_size)
     try:
         yield reader, reader.size
     finally:
