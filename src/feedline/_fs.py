@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -392,12 +393,12 @@ def file_info(path: Any, operation: str) -> dict[str, Any] | None:
     local = local_path(url)
     if local is not None:
         try:
-            stat = os.stat(local)
+            status = os.stat(local)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not os.path.isfile(local):
+        if not stat.S_ISREG(status.st_mode):
             return None
-        return {"size": stat.st_size, "version": stat.st_mtime_ns}
+        return {"size": status.st_size, "version": status.st_mtime_ns}
     fs, inner = filesystem(url)
     try:
         with translate_errors(url, operation):
