@@ -234,3 +234,30 @@ def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
         os.environ.update(saved)
         s3fs.S3FileSystem.clear_instance_cache()
         server.stop()
+
+
+def test_on_a_store_that_shows_partial_files_the_name_appears_only_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # memory:// shows a file while it is written, as some stores do: the checkpoint goes to a
+    # hidden temporary name and appears under its own only once complete.
+    from feedline.train import _checkpoint_format
+
+    directory = f"memory://partial-{uuid.uuid4().hex[:8]}"
+    seen_while_writing: list[list[str]] = []
+    dump = _checkpoint_format.dump
+
+    def looking_dump(state: object, file: object) -> None:
+        dump(state, file)  # type: ignore[arg-type]
+        seen_while_writing.append(names(directory))
+
+    monkeypatch.setattr(_checkpoint_format, "dump", looking_dump)
+    path = Checkpoint(step=torch.tensor(4)).save(f"{directory}/ckpt")
+    (listing,) = seen_while_writing
+    assert "ckpt-1" not in listing and any(
+        name.startswith(".ckpt-1.") and name.endswith(".tmp") for name in listing
+    )
+    assert names(directory) == ["checkpoint", "ckpt-1"]
+    step = torch.tensor(0)
+    Checkpoint(step=step).restore(path)
+    assert int(step) == 4
