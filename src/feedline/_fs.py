@@ -285,11 +285,17 @@ class RemoteReader:
 # -- Writes visible only when complete, and the small calls that checkpoints make ---------------
 # A local file is written under a hidden temporary name in its directory, flushed to disk and
 # renamed into place (the rename is atomic). Object stores have no atomic rename, and their file
-# objects publish what was written when they are closed, even after an error: there the data is
-# uploaded to a hidden temporary key, then copied to its key on the server (a copy is visible
-# whole or not at all) and the temporary key deleted. A writer killed before the copy leaves an
-# unfinished upload (which the store never shows) or, on a store that shows partial files, a
-# hidden ``.{name}.{random}.tmp`` object: never a partial object under the real name.
+# objects publish what was written when they are closed, even after an error. On S3 the file is
+# one multipart upload that is completed only once everything was written, and aborted
+# otherwise; the store shows an object only once its upload is completed. On other stores the
+# data is uploaded to a hidden temporary key, then copied to its key on the server (a copy is
+# visible whole or not at all) and the temporary key deleted. A writer killed before the end
+# leaves an unfinished upload (which the store never shows) or, on a store that shows partial
+# files, a hidden ``.{name}.{random}.tmp`` object: never a partial object under the real name.
+
+# The stores whose writable files complete an upload only on ``commit()`` when opened with
+# ``autocommit=False``, and abort it on ``discard()``.
+_COMMITTING_PROTOCOLS = frozenset({"s3", "s3a"})
 
 
 def local_path(path: Any) -> str | None:
@@ -320,6 +326,10 @@ def write_whole(path: Any, write: Callable[[BinaryIO], object], operation: str) 
         _write_local(local, write)
         return
     fs, inner = filesystem(url)
+    if split_protocol(url)[0] in _COMMITTING_PROTOCOLS:
+        with translate_errors(url, operation):
+            _upload_once(fs, inner, write)
+        return
     parent, _, name = inner.rstrip("/").rpartition("/")
     temporary = f"{parent}/{temporary_name(name)}" if parent else temporary_name(name)
     try:
@@ -331,6 +341,22 @@ def write_whole(path: Any, write: Callable[[BinaryIO], object], operation: str) 
         with contextlib.suppress(Exception):  # best effort: the object is hidden either way
             fs.rm_file(temporary)
         fs.invalidate_cache(parent or inner)
+
+
+def _upload_once(
+    fs: fsspec.AbstractFileSystem, inner: str, write: Callable[[BinaryIO], object]
+) -> None:
+    """One upload that the store shows only once ``commit()`` completes it."""
+    file = fs.open(inner, "wb", autocommit=False)
+    try:
+        write(file)
+        file.close()  # uploads the last part; nothing is visible yet
+    except BaseException:
+        with contextlib.suppress(Exception):  # an upload left unfinished is never shown
+            file.discard()  # aborts the multipart upload
+        file.closed = True  # a discarded file has nothing left to flush
+        raise
+    file.commit()  # completes the upload: the object appears, whole
 
 
 def _write_local(path: str, write: Callable[[BinaryIO], object]) -> None:

@@ -261,3 +261,16 @@ def test_on_a_store_that_shows_partial_files_the_name_appears_only_complete(
     step = torch.tensor(0)
     Checkpoint(step=step).restore(path)
     assert int(step) == 4
+
+
+def test_a_write_that_fails_after_parts_were_uploaded_aborts_the_upload(s3_bucket: str) -> None:
+    def fails_midway(file: object) -> None:
+        for _ in range(11):  # 55 MiB: past s3fs's 50 MiB parts, so a part is uploaded
+            file.write(bytes(5 << 20))  # type: ignore[attr-defined]
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        _fs.write_whole(f"{s3_bucket}/run/ckpt-1", fails_midway, "test")
+    fs, _ = _fs.filesystem(s3_bucket)
+    assert fs.list_multipart_uploads(s3_bucket.removeprefix("s3://")) == []  # aborted
+    assert names(s3_bucket) == []

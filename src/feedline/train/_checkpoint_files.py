@@ -7,10 +7,11 @@ them. The index file is TensorFlow's text format: ``model_checkpoint_path: "..."
 
 Every path may be a local path or a URL of the file-system layer (``feedline._fs``: ``s3://``,
 ``gs://``, ``memory://``, ``file://``, ...). Each file is published whole (``atomic_write``):
-locally through a temporary file and a rename, on an object store through a temporary key and a
-copy, so that a reader, or a process restarted after a writer was killed, sees either the whole
-new file or none of it. A checkpoint's index is written after its file, so the index never names
-a file that is not complete.
+locally through a temporary file and a rename, on S3 as one multipart upload completed at the
+end, on other object stores through a temporary key and a copy, so that a reader, or a process
+restarted after a writer was killed, sees either the whole new file or none of it. A
+checkpoint's index is written after its file, so the index never names a file that is not
+complete.
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ directory's text file ``checkpoint``, as TensorFlow does (``model_checkpoint_pat
 Every path may be a local path or a URL (``s3://bucket/run/ckpt``, ``gs://...``, ``memory://...``,
 ``file://...``), through feedline's file-system layer (fsspec; credentials and endpoints come
 from the environment, as for feedline's readers). Every file is published whole: locally it is
-written to a temporary file in the same directory, flushed and renamed into place; on an object
-store, which has no atomic rename, it is uploaded under a hidden temporary key and copied to its
-name on the server. The index is written after the checkpoint it names. So a reader never sees a
+written to a temporary file in the same directory, flushed and renamed into place; object stores
+have no atomic rename: on S3 it is one multipart upload, completed after its last byte, and on
+other stores it is uploaded under a hidden temporary key and copied to its name on the server.
+The index is written after the checkpoint it names. So a reader never sees a
 partial checkpoint, a failed save leaves nothing behind, and a process killed while it writes
 (``kill -9``) leaves the previous checkpoint the latest one, whole: at most a hidden
 ``.ckpt-3.*.tmp`` file (or an unfinished upload, which the store does not show) is left, which
