@@ -209,6 +209,7 @@ def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
     from tests.test_fs import _reset_auth
 
     server, endpoint = start_s3_server()
+    bucket = f"guarded-{uuid.uuid4().hex[:12]}"  # moto's buckets are shared by its servers
     saved = dict(os.environ)
     try:
         os.environ.update(
@@ -218,16 +219,16 @@ def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
             AWS_DEFAULT_REGION="us-east-1",
         )
         s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("guarded")
-        Checkpoint(step=torch.tensor(3)).save("s3://guarded/run/ckpt")
+        s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+        Checkpoint(step=torch.tensor(3)).save(f"s3://{bucket}/run/ckpt")
         _reset_auth(endpoint, b"0")  # every request from now on must carry valid keys
         s3fs.S3FileSystem.clear_instance_cache()
-        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/ckpt-2"):
-            Checkpoint(step=torch.tensor(3)).write("s3://guarded/run/ckpt-2")
-        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/ckpt-1"):
-            Checkpoint(step=torch.tensor(0)).restore("s3://guarded/run/ckpt-1")
-        with pytest.raises(PermissionDeniedError, match=r"s3://guarded/run/checkpoint"):
-            latest_checkpoint("s3://guarded/run")
+        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/ckpt-2"):
+            Checkpoint(step=torch.tensor(3)).write(f"s3://{bucket}/run/ckpt-2")
+        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/ckpt-1"):
+            Checkpoint(step=torch.tensor(0)).restore(f"s3://{bucket}/run/ckpt-1")
+        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/checkpoint"):
+            latest_checkpoint(f"s3://{bucket}/run")
     finally:
         _reset_auth(endpoint, b"inf")  # moto's setting is per process: off again
         os.environ.clear()
