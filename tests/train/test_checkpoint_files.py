@@ -275,3 +275,34 @@ def test_a_write_that_fails_after_parts_were_uploaded_aborts_the_upload(s3_bucke
     fs, _ = _fs.filesystem(s3_bucket)
     assert fs.list_multipart_uploads(s3_bucket.removeprefix("s3://")) == []  # aborted
     assert names(s3_bucket) == []
+
+
+def test_a_restore_through_connections_reset_mid_response_reads_every_byte_once(
+    s3_bucket: str, s3_endpoint: str
+) -> None:
+    # Checkpoints of 1 MiB restored through a proxy that resets 40% of its connections after
+    # 16 KiB of the answer: each read goes on at the byte it reached, and every checksum holds.
+    from tests.fault_proxy import FaultProxy
+    from tests.test_fs import _through
+
+    directory = f"{s3_bucket}/noisy"
+    weight = torch.zeros(1 << 18)
+    manager = CheckpointManager(Checkpoint(weight=weight), directory, max_to_keep=None)
+    for value in range(4):
+        weight.copy_(torch.arange(1 << 18, dtype=torch.float32) * value)
+        manager.save()
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with FaultProxy((host, int(port)), reset_fraction=0.4, reset_after=16384, seed=5) as proxy:
+        _through(proxy.url)
+        try:
+            restored = []
+            for path in manager.checkpoints:
+                Checkpoint(weight=weight).restore(path).assert_consumed()
+                restored.append(weight.clone())
+            latest = latest_checkpoint(directory)
+        finally:
+            _through(s3_endpoint)
+    assert proxy.resets > 0, "the proxy reset no connection: the test proved nothing"
+    assert latest == f"{directory}/ckpt-4"
+    for value, tensor in enumerate(restored):
+        assert torch.equal(tensor, torch.arange(1 << 18, dtype=torch.float32) * value)
