@@ -351,12 +351,12 @@ def _upload_once(
     try:
         write(file)
         file.close()  # uploads the last part; nothing is visible yet
+        file.commit()  # completes the upload: the object appears, whole
     except BaseException:
         with contextlib.suppress(Exception):  # an upload left unfinished is never shown
             file.discard()  # aborts the multipart upload
         file.closed = True  # a discarded file has nothing left to flush
         raise
-    file.commit()  # completes the upload: the object appears, whole
 
 
 def _write_local(path: str, write: Callable[[BinaryIO], object]) -> None:
