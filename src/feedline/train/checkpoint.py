@@ -171,7 +171,8 @@ class Checkpoint:
         ``n`` is one more than both ``save_counter`` and the highest number already on a
         ``{file_prefix}-*`` file, so a new ``Checkpoint`` never overwrites an earlier run's
         files. The index file lists only this checkpoint, as TensorFlow's ``save`` does; use a
-        ``CheckpointManager`` to keep and list several.
+        ``CheckpointManager`` to keep and list several. ``file_prefix`` may be a URL
+        (``s3://bucket/run/ckpt``); the file appears there only once it is complete.
 
         Returns:
           The path written, ``{file_prefix}-{n}``.
