@@ -13,6 +13,7 @@ from feedline import _batched_features as module
 from feedline.data.experimental import make_batched_features_dataset
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.io import FixedLenFeature, TFRecordWriter, VarLenFeature
+from feedline.structure import SparseArray, SparseTensorSpec, TensorSpec
 from feedline.train import BytesList, Example, Feature, Features, Int64List
 
 
@@ -54,7 +55,33 @@ def test_features_and_label(tmp_path: pathlib.Path) -> None:
     assert [b[0]["age"].tolist() for b in batches] == [[0, 1, 2, 10], [11, 12]]
     assert [b[1].tolist() for b in batches] == [[0, 1, 0, 0], [1, 0]]
     assert set(batches[0][0]) == {"age", "kws"}
-    assert batches[1][0]["kws"].tolist() == [b"k"] * 5  # VarLenFeature: the values, flat
+    kws = batches[1][0]["kws"]  # VarLenFeature: a SparseArray, as TF's SparseTensor
+    assert isinstance(kws, SparseArray)
+    assert kws.indices.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]]
+    assert kws.values.tolist() == [b"k"] * 5 and kws.dense_shape.tolist() == [2, 3]
+    spec = ds.element_spec
+    assert spec[0]["kws"] == SparseTensorSpec((None, None), feedline.string)
+    assert spec[0]["age"] == TensorSpec((None,), np.int64)
+    assert spec[1] == TensorSpec((None,), np.int64)
+
+
+def test_var_len_features_batch_unbatch_and_checkpoint(tmp_path: pathlib.Path) -> None:
+    pattern = _files(tmp_path)
+    ds = make_batched_features_dataset(pattern, 2, FEATURES, shuffle=False)  # repeats: full
+    assert ds.element_spec["kws"] == SparseTensorSpec((2, None), feedline.string)
+    first = next(iter(ds))["kws"]
+    assert first.to_dense().tolist() == [[b"k", b""], [b"k", b"k"]]
+    rows = list(ds.take(3).unbatch().map(lambda e: e["kws"]))
+    # a row keeps its batch's dense shape, as TensorFlow's unbatch of a SparseTensor does
+    assert [r.dense_shape.tolist() for r in rows] == [[2], [2], [3], [3], [3], [3]]
+    assert [len(r.values) for r in rows] == [1, 2, 3, 1, 2, 3]
+    assert rows[2] == SparseArray([[0], [1], [2]], np.array([b"k"] * 3, dtype=object), [3])
+    it = iter(ds)
+    next(it)
+    state = it.get_state()
+    expected = next(it)["kws"]
+    it.set_state(state)
+    assert next(it)["kws"] == expected
 
 
 def test_repeats_forever_with_full_batches_and_shuffles_with_a_seed(tmp_path: pathlib.Path) -> None:

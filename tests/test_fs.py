@@ -5,15 +5,21 @@ the URL."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import time
 import urllib.request
+import uuid
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from feedline import _fs
 from feedline.data import Dataset, TextLineDataset, TFRecordDataset
-from feedline.data.experimental import CsvDataset
+from feedline.data.experimental import CsvDataset, NpyDataset, ParquetDataset
+from feedline.data.readers._files import open_remote
 from feedline.errors import DataLossError, NotFoundError, PermissionDeniedError
 from feedline.io import TFRecordWriter, gfile
 from tests.conftest import start_s3_server
@@ -202,3 +208,198 @@ def test_an_object_replaced_while_it_is_read_is_data_loss(s3_bucket: str) -> Non
     reader._file = Broken()
     with pytest.raises(DataLossError, match="changed while it was read"):
         reader.read(14)
+
+
+# -- read-ahead ------------------------------------------------------------------------------
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.01)
+
+
+def _memory_object(size: int) -> tuple[str, bytes]:
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    url = f"memory://feedline-fs-{uuid.uuid4().hex}/object.bin"
+    with gfile.GFile(url, "wb") as f:
+        f.write(data)
+    return url, data
+
+
+def test_read_ahead_holds_at_most_its_window() -> None:
+    # A 1 MiB object read ahead in 16 KiB requests with a 64 KiB window: the thread stops when
+    # the window is full, and holds no more than it whatever the pace of the consumer.
+    url, data = _memory_object(1 << 20)
+    window = 64 << 10
+    reader = _fs.RemoteReader(url, 0, "test", block_size=16 << 10, read_ahead=window)
+    try:
+        assert reader.read(1) == data[:1]
+        _wait_until(lambda: reader.buffered == window - 1, "the window to fill")
+        assert reader.peak_buffered <= window
+        pieces = [data[:1]]
+        while piece := reader.read(5000):
+            pieces.append(piece)
+            assert reader.buffered <= window
+        assert b"".join(pieces) == data
+        assert reader.peak_buffered <= window < len(data)
+    finally:
+        reader.close()
+
+
+def test_read_ahead_seeks_within_and_past_what_it_holds() -> None:
+    url, data = _memory_object(300_000)
+    reader = _fs.RemoteReader(url, 0, "test", block_size=8192, read_ahead=32768)
+    try:
+        assert reader.read(100) == data[:100]
+        reader.seek(4000)  # most likely buffered: dropped, no new request
+        assert reader.read(10) == data[4000:4010]
+        reader.seek(200_000)  # past the window: read-ahead starts again there
+        assert reader.read(1000) == data[200_000:201_000]
+        reader.seek(-5, 2)
+        assert reader.read() == data[-5:] and reader.tell() == len(data)
+        reader.seek(50)  # backwards
+        assert reader.read(50) == data[50:100]
+    finally:
+        reader.close()
+
+
+def test_readers_hold_what_their_buffer_size_says(s3_bucket: str) -> None:
+    # TFRecordDataset(buffer_size=4096) reads a remote file ahead by 16 x 4 KiB at most.
+    url = f"{s3_bucket}/window.tfrecord"
+    with TFRecordWriter(url) as writer:
+        for j in range(64):
+            writer.write(bytes([j]) * 4000)
+    raw = open_remote(url, 0, "test", buffer_size=4096)
+    try:
+        assert raw.read(16) and raw._block_size == 32768
+        _wait_until(lambda: raw.buffered >= 65536 - 16 - 32768, "the read-ahead")
+        assert raw.peak_buffered <= 65536
+    finally:
+        raw.close()
+    assert [r.item() for r in TFRecordDataset(url, buffer_size=4096)] == [
+        bytes([j]) * 4000 for j in range(64)
+    ]
+
+
+def test_read_ahead_through_resets_and_latency_delivers_every_record_once(
+    s3_bucket: str, s3_endpoint: str
+) -> None:
+    # 3 objects of 256 KiB read ahead in 32 KiB requests (buffer_size 4 KiB) through a proxy that
+    # adds 5 ms to every request and resets 30% of connections after 8 KiB of an answer.
+    payload = [bytes([k, j]) * 2048 for k in range(3) for j in range(64)]
+    urls = []
+    for k in range(3):
+        url = f"{s3_bucket}/ahead/part-{k}.tfrecord"
+        with TFRecordWriter(url) as writer:
+            for record in payload[64 * k : 64 * (k + 1)]:
+                writer.write(record)
+        urls.append(url)
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with FaultProxy(
+        (host, int(port)), reset_fraction=0.3, reset_after=8192, request_latency=0.005, seed=5
+    ) as proxy:
+        _through(proxy.url)
+        try:
+            read = [x.item() for x in TFRecordDataset(urls, buffer_size=4096)]
+            state_run = TFRecordDataset(urls, buffer_size=4096, num_parallel_reads=2)
+            it = iter(state_run)
+            first = [next(it).item() for _ in range(70)]
+            state = it.get_state()
+            resumed = iter(TFRecordDataset(urls, buffer_size=4096, num_parallel_reads=2))
+            resumed.set_state(state)
+            rest = [x.item() for x in resumed]
+        finally:
+            _through(s3_endpoint)
+    assert read == payload
+    assert sorted(first + rest) == sorted(payload) and len(first + rest) == len(payload)
+    assert proxy.resets > 0, "the proxy reset no connection: the test proved nothing"
+    assert proxy.requests > 3 * 8, "each object was not read in several ranged requests"
+
+
+def test_an_object_replaced_while_read_ahead_is_data_loss(s3_bucket: str) -> None:
+    url = f"{s3_bucket}/replaced.bin"
+    with gfile.GFile(url, "wb") as f:
+        f.write(b"a" * 200_000)
+    reader = _fs.RemoteReader(url, 0, "test", block_size=16384, read_ahead=32768)
+    try:
+        assert reader.read(1000) == b"a" * 1000
+        with gfile.GFile(url, "wb") as f:
+            f.write(b"b" * 200_000)
+        with pytest.raises(DataLossError, match="changed while it was read"):
+            while reader.read(4096):
+                pass
+    finally:
+        reader.close()
+
+
+# -- the other readers on S3 -----------------------------------------------------------------
+
+
+def _upload(url: str, write: Callable[[io.BytesIO], object]) -> str:
+    buffer = io.BytesIO()
+    write(buffer)
+    with gfile.GFile(url, "wb") as f:
+        f.write(buffer.getvalue())
+    return url
+
+
+def test_npy_parquet_and_cache_on_s3(s3_bucket: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = [
+        _upload(f"{s3_bucket}/npy/{k}.npy", lambda b, k=k: np.save(b, np.full((3, 2), k)))
+        for k in range(2)
+    ]
+    assert [r.tolist() for r in NpyDataset(arrays)] == [[0, 0]] * 3 + [[1, 1]] * 3
+    assert_checkpointing(lambda: NpyDataset(Dataset.from_tensor_slices(arrays)))
+    table = pa.table({"x": list(range(7)), "s": [f"r{i}" for i in range(7)]})
+    tables = [
+        _upload(
+            f"{s3_bucket}/pq/{k}.parquet",
+            lambda b: pq.write_table(table, b, row_group_size=3, write_page_checksum=True),
+        )
+        for k in range(2)
+    ]
+    assert [int(r["x"]) for r in ParquetDataset(tables)] == list(range(7)) * 2
+    assert_checkpointing(lambda: ParquetDataset(tables, columns=["x"]))
+    cached = Dataset.range(9).map(lambda x: x * 2).cache(f"{s3_bucket}/cache/c")
+    assert [int(x) for x in cached] == list(range(0, 18, 2))
+    assert gfile.exists(f"{s3_bucket}/cache/c.index")
+    assert_checkpointing(lambda: cached)
+    for missing, read in [
+        (f"{s3_bucket}/npy/none.npy", NpyDataset),
+        (f"{s3_bucket}/pq/none.parquet", lambda u: list(ParquetDataset([tables[0], u]))),
+    ]:
+        with pytest.raises(NotFoundError, match=re.escape(missing)):
+            read(missing)
+
+
+def test_a_cache_pass_stopped_early_on_s3_leaves_nothing(s3_bucket: str) -> None:
+    prefix = f"{s3_bucket}/stopped"
+    big = Dataset.range(3000).map(lambda x: np.full(64, x))  # several 1 MiB chunks uploaded
+    it = iter(big.cache(f"{prefix}/c"))
+    for _ in range(2500):
+        next(it)
+    it.close()  # the pass did not complete: its upload is aborted, its lock removed
+    assert not gfile.exists(f"{prefix}/c.data") and not gfile.exists(f"{prefix}/c.lock")
+    assert not gfile.exists(f"{prefix}/c.index")
+
+
+def test_an_npy_object_replaced_while_read_is_data_loss(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 1 MiB read-ahead (not 16), so that the 3.2 MB object takes several requests: the ones
+    # after the replacement see another ETag. (An object read whole before it was replaced is
+    # simply its first version.)
+    monkeypatch.setattr("feedline.data.readers._remote_npy.READ_AHEAD_BUFFERS", 1)
+    url = f"{s3_bucket}/replaced.npy"
+    _upload(url, lambda b: np.save(b, np.zeros((200_000, 4), np.float32)))  # 3.2 MB
+    it = iter(NpyDataset(Dataset.from_tensor_slices([url])))
+    assert next(it).tolist() == [0.0] * 4
+    _upload(url, lambda b: np.save(b, np.ones((200_000, 4), np.float32)))
+    with pytest.raises(DataLossError, match="changed while it was read"):
+        for row in it:
+            assert row.tolist() == [0.0] * 4  # never a row of the new version

@@ -34,9 +34,10 @@ uint8 = _np.dtype(_np.uint8)
 string = _np.dtype(object)  # byte strings: object arrays of Python bytes, as tf .numpy() gives
 
 
-def TensorShape(dims: "list[int | None] | tuple[int | None, ...] | None") -> tuple:
-    """A shape as a tuple (``None`` for unknown dimensions), as ``tf.TensorShape`` spells it."""
-    return () if dims is None else tuple(None if d is None else int(d) for d in dims)
+def TensorShape(dims: "list[int | None] | tuple[int | None, ...] | None") -> "tuple | None":
+    """A shape as a tuple (``None`` for unknown dimensions), as ``tf.TensorShape`` spells it;
+    ``TensorShape(None)``, an unknown rank, is ``None`` (what ``TensorSpec`` takes for it)."""
+    return None if dims is None else tuple(None if d is None else int(d) for d in dims)
 
 
 __getattr__, __dir__ = _porting.lazy_attributes(

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from feedline.data.dataset import AUTOTUNE, Dataset
+from feedline.data.experimental.functions import parse_batches
 from feedline.data.readers.make_csv_dataset import file_names, shuffle_and_repeat
 from feedline.data.readers.tfrecord import TFRecordDataset
 from feedline.errors import InvalidArgumentError
 from feedline.io.features import check_features
-from feedline.io.parsing import parse_example
 
 _WHAT = "make_batched_features_dataset"
 
@@ -41,8 +41,9 @@ def make_batched_features_dataset(
     ``feedline.io.parse_example`` (tf.data's ``make_batched_features_dataset``).
 
     Each element is a dict of feature name -> a batch of its values (``features`` maps names
-    to ``FixedLenFeature`` / ``VarLenFeature``), or ``(features, label)`` where ``label_key``
-    names the label feature. The files matching ``file_pattern`` are shuffled, read
+    to ``FixedLenFeature`` / ``VarLenFeature``; a ``VarLenFeature`` gives a ``SparseArray`` of
+    dense shape ``[batch, longest]``), or ``(features, label)`` where ``label_key`` names the
+    label feature. The files matching ``file_pattern`` are shuffled, read
     ``reader_num_threads`` at a time by ``reader(filename, *reader_args)``; records are
     shuffled in a buffer of ``shuffle_buffer_size``, repeated ``num_epochs`` times (forever
     where None, and then every batch is full), batched and parsed on ``parser_num_threads``.
@@ -71,17 +72,9 @@ def make_batched_features_dataset(
     args = tuple(reader_args or ())
     threads = 1 if reader_num_threads is None else reader_num_threads
     parsers = 2 if parser_num_threads is None else parser_num_threads
-    specs = dict(features)
 
     def read(filename: Any) -> Dataset:
         return reader(filename, *args)
-
-    def parse(records: Any) -> Any:
-        parsed = parse_example(records, specs)
-        if label_key is None:
-            return parsed
-        label = parsed.pop(label_key)
-        return parsed, label
 
     files = Dataset.from_tensor_slices(names)
     if shuffle:
@@ -97,5 +90,5 @@ def make_batched_features_dataset(
         dataset = dataset.map(lambda _key, value: value)  # (key, value) readers: the values
     dataset = shuffle_and_repeat(dataset, num_epochs, shuffle, shuffle_buffer_size, shuffle_seed)
     dataset = dataset.batch(batch_size, drop_remainder=drop_final_batch or num_epochs is None)
-    dataset = dataset.map(parse, num_parallel_calls=parsers)
+    dataset = parse_batches(dataset, features, parsers, label_key=label_key)
     return dataset.prefetch(AUTOTUNE if prefetch_buffer_size is None else prefetch_buffer_size)

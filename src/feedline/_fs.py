@@ -14,10 +14,13 @@ what the back-ends raise into feedline's errors, naming the URL: ``NotFoundError
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +28,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import split_protocol
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
 from feedline.errors import (
@@ -178,12 +182,204 @@ def _version(info: Mapping[str, Any]) -> Any:
     return (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
 
 
+class _RangedFile:
+    """One open object read from a byte position by the back-end's file object (ranged GETs of
+    ``block_size`` bytes; ``cache_type="none"``, so a read of n bytes asks for n bytes), made
+    again at the offset reached after a transient failure, with the object's first version
+    checked before it is opened again."""
+
+    def __init__(self, source: RemoteReader, position: int) -> None:
+        self._source = source
+        self.position = position
+        self._file: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        source = self._source
+
+        def open_at() -> Any:
+            if isinstance(source._fs, MemoryFileSystem):
+                # memory:// hands every reader of an object the same file (one position for
+                # all): each reader gets a copy of its own.
+                file: Any = io.BytesIO(source._fs.cat_file(source._inner))
+            else:
+                file = source._fs.open(
+                    source._inner, "rb", block_size=source._block_size, cache_type="none"
+                )
+            file.seek(self.position)
+            return file
+
+        self._file = source._call(open_at)
+
+    def _reopen(self) -> None:
+        """Opens the object again at the current position, if it is still the same version."""
+        self.close()
+        self._source.check_version(self.position)
+        self._open()
+
+    def read(self, n: int) -> bytes:
+        source = self._source
+        for attempt in range(source._attempts):
+            try:
+                with translate_errors(source.url, source._operation):
+                    data = self._file.read(n)
+                self.position += len(data)
+                return bytes(data)
+            except Exception as error:
+                if not is_transient(error) or attempt == source._attempts - 1:
+                    raise
+                time.sleep(source._backoff * 2**attempt)
+                self._reopen()
+        raise AssertionError("unreachable")
+
+    def seek(self, position: int) -> None:
+        self._source._call(lambda: self._file.seek(position))
+        self.position = position
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except Exception as error:  # a broken connection may fail to close: it is dropped
+                if not is_transient(error):
+                    raise
+
+
+class _ReadAhead:
+    """A named daemon thread that reads an object ahead of its consumer, one ranged request of
+    ``block`` bytes at a time, holding at most ``window`` bytes that the consumer has not taken
+    (``buffered``; ``peak`` is the most it ever held). The thread's error (after the retries
+    of ``_RangedFile``) is raised to the consumer at the position it happened, with its
+    traceback; ``close`` stops the thread after its request in flight."""
+
+    _WAIT = 0.5  # seconds between the checks of a waiting side
+
+    def __init__(
+        self,
+        source: RemoteReader,
+        position: int,
+        file: _RangedFile | None,
+        block: int,
+        window: int,
+    ) -> None:
+        self.position = position  # the consumer's
+        self._source = source
+        self._block = block
+        self._window = window
+        self._chunks: collections.deque[memoryview] = collections.deque()
+        self.buffered = 0
+        self.peak = 0
+        self._end = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(
+            target=self._run, args=(position, file), name="feedline-read-ahead", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, position: int, file: _RangedFile | None) -> None:
+        try:
+            if file is None:
+                file = _RangedFile(self._source, position)
+            while True:
+                with self._cond:
+                    while not self._closed and self.buffered + self._block > self._window:
+                        self._cond.wait(self._WAIT)
+                    if self._closed:
+                        return
+                data = file.read(self._block)
+                with self._cond:
+                    if self._closed:
+                        return
+                    if data:
+                        self._chunks.append(memoryview(data))
+                        self.buffered += len(data)
+                        self.peak = max(self.peak, self.buffered)
+                    else:
+                        self._end = True
+                    self._cond.notify_all()
+                if not data:
+                    return
+        except BaseException as error:  # handed to the consumer, who raises it
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
+        finally:
+            if file is not None:
+                self._close_file(file)
+
+    def _close_file(self, file: _RangedFile) -> None:
+        try:
+            file.close()
+        except Exception as error:  # handed over like a read's, unless an error came first
+            with self._cond:
+                if self._error is None and not self._closed:
+                    self._error = error
+                self._cond.notify_all()
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (all that is left for ``n < 0``), fewer only at the end. A read
+        that reaches the error which stopped the thread raises it (never a short read, which
+        would look like the end of the object)."""
+        pieces: list[memoryview] = []
+        want = n if n >= 0 else float("inf")
+        have = 0
+        with self._cond:
+            while have < want:
+                if self._chunks:
+                    chunk = self._chunks[0]
+                    take = int(min(len(chunk), want - have))
+                    pieces.append(chunk[:take])
+                    if take == len(chunk):
+                        self._chunks.popleft()
+                    else:
+                        self._chunks[0] = chunk[take:]
+                    have += take
+                    self.buffered -= take
+                    self._cond.notify_all()
+                elif self._end:
+                    break
+                elif self._error is not None:  # never a short read that looks like the end
+                    error = self._error
+                    raise error.with_traceback(error.__traceback__)
+                elif not self._thread.is_alive():
+                    raise RuntimeError("the read-ahead thread stopped without an answer")
+                else:
+                    self._cond.wait(self._WAIT)
+        self.position += have
+        return b"".join(pieces)
+
+    def skip(self, n: int) -> bool:
+        """Drops the next ``n`` bytes if they are buffered already; whether they were."""
+        with self._cond:
+            if n > self.buffered:
+                return False
+        self.read(n)
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._chunks.clear()
+            self.buffered = 0
+            self._cond.notify_all()
+
+
 class RemoteReader:
     """An object of a store read from a byte position, in ranged requests of ``block_size``,
     that survives transient failures: a failed read is made again at the offset already reached
     (so no byte is read twice or skipped), after a backoff, at most ``attempts`` times. An object
     that changes between requests (another ETag) is a ``DataLossError``: never a mix of
     versions. ``size`` is the object's size when it was opened.
+
+    With ``read_ahead`` > 0 (bytes), a background thread reads the object ahead of the consumer
+    from the first ``read`` on, in requests of ``min(block_size, read_ahead)`` bytes, and holds
+    at most ``read_ahead`` bytes not yet read (``buffered``, ``peak_buffered``): memory bounded
+    by the window, not the object's size. A seek within what is buffered drops bytes; another
+    seek starts a new read-ahead there. Its API (``read``, ``seek``, ``tell``, ``close``) is
+    single-threaded, like a file's.
     """
 
     def __init__(
@@ -194,6 +390,7 @@ class RemoteReader:
         block_size: int = 8 << 20,
         attempts: int = 6,
         backoff: float = 0.05,
+        read_ahead: int = 0,
     ) -> None:
         self.url = url
         self._fs, self._inner = filesystem(url)
@@ -201,14 +398,22 @@ class RemoteReader:
         self._block_size = block_size
         self._attempts = attempts
         self._backoff = backoff
+        self._read_ahead = max(0, int(read_ahead))
         self._position = position
-        self._file: Any = None
-        info = self._call(lambda: self._fs.info(self._inner))
+        self._ranged: _RangedFile | None = None
+        self._ahead: _ReadAhead | None = None
+        self._peak = 0
+        self.closed = False
+        # The back-end's file knows the object's size and version (s3fs asks once, and its
+        # reads then carry the ETag they expect); elsewhere the file system is asked.
+        self._ranged = _RangedFile(self, position)
+        info = getattr(self._ranged._file, "details", None) or self._call(
+            lambda: self._fs.info(self._inner)
+        )
         if info.get("type") == "directory":
             raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
         self.size = int(info.get("size") or 0)
         self._version = _version(info)
-        self._open()
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""
@@ -222,23 +427,8 @@ class RemoteReader:
                     time.sleep(self._backoff * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _open(self) -> None:
-        def open_at() -> Any:
-            file = self._fs.open(self._inner, "rb", block_size=self._block_size)
-            file.seek(self._position)
-            return file
-
-        self._file = self._call(open_at)
-
-    def _reopen(self) -> None:
-        """Opens the object again at the current position, if it is still the same version."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            except Exception as error:  # a broken connection may fail to close: it is dropped
-                if not is_transient(error):
-                    raise
-        self._file = None
+    def check_version(self, position: int) -> None:
+        """Raises ``DataLossError`` if the object is no longer the version first read."""
         self._fs.invalidate_cache(self._inner)
         info = self._call(lambda: self._fs.info(self._inner))
         if _version(info) != self._version:
@@ -246,40 +436,94 @@ class RemoteReader:
                 f"{self._operation}: {self.url!r} changed while it was read (version "
                 f"{self._version!r}, now {_version(info)!r}); read it again from the start",
                 filename=self.url,
-                offset=self._position,
+                offset=position,
             )
-        self._open()
+
+    @property
+    def _file(self) -> Any:
+        """The back-end's file object (without read-ahead)."""
+        return None if self._ranged is None else self._ranged._file
+
+    @_file.setter
+    def _file(self, file: Any) -> None:
+        if self._ranged is not None:
+            self._ranged._file = file
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read ahead and not yet taken by ``read``."""
+        return 0 if self._ahead is None else self._ahead.buffered
+
+    @property
+    def peak_buffered(self) -> int:
+        """The most bytes read ahead and not yet taken at any moment (0 without read-ahead)."""
+        return max(self._peak, 0 if self._ahead is None else self._ahead.peak)
 
     def read(self, n: int = -1) -> bytes:
-        for attempt in range(self._attempts):
-            try:
-                with translate_errors(self.url, self._operation):
-                    data = self._file.read(n)
-                self._position += len(data)
-                return bytes(data)
-            except Exception as error:
-                if not is_transient(error) or attempt == self._attempts - 1:
-                    raise
-                time.sleep(self._backoff * 2**attempt)
-                self._reopen()
-        raise AssertionError("unreachable")
+        if not self._read_ahead:
+            if self._ranged is None:
+                raise ValueError(f"read of {self.url!r} after it was closed")
+            data = self._ranged.read(n)
+        else:
+            data = self.start_read_ahead().read(n)
+        self._position += len(data)
+        return data
+
+    def start_read_ahead(self) -> _ReadAhead:
+        """Starts reading ahead from the current position now, not at the first ``read``
+        (a reader opened before it is read starts its first request early)."""
+        if self._ahead is None:
+            if not self._read_ahead or self.closed:
+                raise ValueError(f"{self.url!r} is not read ahead (read_ahead=0) or is closed")
+            # The thread takes over the open file, if there is one.
+            block = max(1, min(self._block_size, self._read_ahead))
+            file, self._ranged = self._ranged, None
+            self._ahead = _ReadAhead(self, self._position, file, block, self._read_ahead)
+        return self._ahead
 
     def seek(self, position: int, whence: int = 0) -> int:
         if whence == 1:
             position += self._position
         elif whence == 2:
             position += self.size
+        if self._ahead is None:
+            if self._ranged is not None:
+                self._ranged.seek(position)
+        elif position != self._position:
+            ahead = position - self._position
+            if not (ahead > 0 and self._ahead.skip(ahead)):
+                self._stop_ahead()
+                self.check_version(position)
         self._position = position
-        self._call(lambda: self._file.seek(position))
         return position
+
+    def _stop_ahead(self) -> None:
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._peak = max(self._peak, ahead.peak)
+            ahead.close()
 
     def tell(self) -> int:
         return self._position
 
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
     def close(self) -> None:
-        if self._file is not None:
-            file, self._file = self._file, None
-            file.close()
+        self.closed = True
+        self._stop_ahead()
+        if self._ranged is not None:
+            ranged, self._ranged = self._ranged, None
+            ranged.close()
+
+    def __enter__(self) -> RemoteReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # -- Writes visible only when complete, and the small calls that checkpoints make ---------------

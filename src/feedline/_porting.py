@@ -89,13 +89,6 @@ REPLACEMENTS: dict[str, str] = {
     "compat.v1.placeholder": "pass the value as an argument: feedline runs eagerly",
     "compat.v1.colocate_with": "drop the colocation scope: replicas keep their own copies",
     # tf.data.experimental.
-    "data.experimental.prefetch_to_device": (
-        "use a strategy's distributed dataset: it prefetches to each replica's device"
-    ),
-    "data.experimental.copy_to_device": (
-        "use a strategy's distributed dataset, or move each batch with tensor.to(device) after "
-        "dataset.as_torch()"
-    ),
     "data.IteratorSpec": "use iterator.element_spec: feedline iterators are not values of a graph",
     "data.experimental.DatasetInitializer": (
         "build a Python dict from the dataset: feedline has no lookup tables (tf.lookup)"

@@ -98,11 +98,6 @@ DIFFERENCES: dict[str, str] = {
         "the initial distribution is estimated from the elements as they are read, not from "
         "extra passes over the input"
     ),
-    "data.Dataset.from_generator": (
-        "given output_types without output_shapes, the rank is taken from the first element "
-        "(its dimensions unknown) where TensorFlow leaves the rank unknown: an element of "
-        "another rank is an error"
-    ),
     "data.Dataset.ragged_batch": (
         "batches are feedline.data.RaggedArray (values + row_splits, NumPy has no ragged "
         "arrays); as_torch() turns them into torch nested tensors"
@@ -113,6 +108,15 @@ DIFFERENCES: dict[str, str] = {
     ),
     "data.Dataset.unbatch": (
         "the rows of a ragged batch are dense arrays: batch them again with ragged_batch, not batch"
+    ),
+    "data.experimental.copy_to_device": (
+        "elements become torch tensors on the device (strings stay NumPy); source_device must be "
+        "the host, where feedline pipelines run; the last transformation of the pipeline"
+    ),
+    "data.experimental.prefetch_to_device": (
+        "elements become torch tensors on the device (strings stay NumPy), copied through "
+        "reusable pinned buffers on a copy stream per device; buffer_size None means 1; the "
+        "last transformation of the pipeline"
     ),
     "data.experimental.dense_to_ragged_batch": "as Dataset.ragged_batch",
     "data.experimental.dense_to_sparse_batch": "as Dataset.sparse_batch",

@@ -77,30 +77,39 @@ BYTES = np.dtype(object)
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """The shape and dtype of one leaf of an element; ``None`` marks an unknown dimension.
+    """The shape and dtype of one leaf of an element; ``None`` marks an unknown dimension, and
+    ``shape=None`` an unknown rank (TensorFlow's ``TensorShape(None)``, shown ``<unknown>``):
+    arrays of any shape fit it, and batching or unbatching it keeps the rank unknown.
 
     Byte strings have dtype ``object`` (``BYTES``; ``np.bytes_``, ``np.str_``, ``S`` and ``U``
     dtypes given here become it, as elements hold strings as bytes), shown as ``dtype=bytes``.
+
+        >>> TensorSpec(None, np.int64), TensorSpec(None, np.int64).batched(2).rank
+        (TensorSpec(shape=<unknown>, dtype=int64), None)
     """
 
-    shape: tuple[int | None, ...]
+    shape: tuple[int | None, ...] | None
     dtype: np.dtype
     #: an optional name, as ``tf.TensorSpec(shape, dtype, name)`` takes (part of equality, as
     #: there; kept by ``most_specific_common`` where both names agree).
     name: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in self.shape))
+        if self.shape is not None:
+            shape = tuple(None if d is None else int(d) for d in self.shape)
+            object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", _spec_dtype(np.dtype(self.dtype)))
 
     def __repr__(self) -> str:
         dtype = "bytes" if self.dtype == BYTES else self.dtype.name
         name = "" if self.name is None else f", name={self.name!r}"
-        return f"TensorSpec(shape={self.shape}, dtype={dtype}{name})"
+        shape = "<unknown>" if self.shape is None else self.shape
+        return f"TensorSpec(shape={shape}, dtype={dtype}{name})"
 
     @property
-    def rank(self) -> int:
-        return len(self.shape)
+    def rank(self) -> int | None:
+        """The number of dimensions; None where the rank is unknown."""
+        return None if self.shape is None else len(self.shape)
 
     def is_compatible_with(self, other: TensorSpec | np.ndarray) -> bool:
         """Whether ``other`` (a spec or an array) fits this spec."""
@@ -108,23 +117,32 @@ class TensorSpec:
             return False
         if not isinstance(other, TensorSpec):
             other = TensorSpec(np.shape(other), np.asarray(other).dtype)
-        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+        if self.dtype != other.dtype:
             return False
-        return all(
-            a is None or b is None or a == b for a, b in zip(self.shape, other.shape, strict=True)
-        )
+        if self.shape is None or other.shape is None:
+            return True
+        return _compatible_dims(self.shape, other.shape)
 
     def most_specific_common(self, other: TensorSpec) -> TensorSpec:
-        """The narrowest spec both fit: dimensions that differ become ``None``."""
-        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+        """The narrowest spec both fit: dimensions that differ become ``None``, and the rank is
+        unknown where either rank is."""
+        if self.dtype != other.dtype or (
+            self.rank is not None and other.rank is not None and self.rank != other.rank
+        ):
             raise InvalidArgumentError(f"specs {self} and {other} have no common spec")
-        shape = tuple(a if a == b else None for a, b in zip(self.shape, other.shape, strict=True))
-        return TensorSpec(shape, self.dtype, self.name if self.name == other.name else None)
+        name = self.name if self.name == other.name else None
+        if self.shape is None or other.shape is None:
+            return TensorSpec(None, self.dtype, name)
+        return TensorSpec(_common_dims(self.shape, other.shape), self.dtype, name)
 
     def batched(self, batch_size: int | None) -> TensorSpec:
+        if self.shape is None:
+            return TensorSpec(None, self.dtype)
         return TensorSpec((batch_size, *self.shape), self.dtype)
 
     def unbatched(self) -> TensorSpec:
+        if self.shape is None:
+            return TensorSpec(None, self.dtype)
         if not self.shape:
             raise InvalidArgumentError(f"cannot unbatch a scalar component {self}")
         return TensorSpec(self.shape[1:], self.dtype)
@@ -747,12 +765,13 @@ def read_only(leaf: Any) -> Any:
 
 
 def empty_like_spec(spec: Any) -> Element:
-    """A batch of zero rows for ``spec``; unknown dimensions past the first become 0."""
+    """A batch of zero rows for ``spec``; unknown dimensions past the first become 0 (a leaf of
+    unknown rank: a vector of zero rows)."""
     return map_spec(
         lambda s: (
             s.empty()
             if isinstance(s, _COMPOSITE_SPECS)
-            else zeros((0, *(d or 0 for d in s.shape[1:])), s.dtype)
+            else zeros((0, *(d or 0 for d in (s.shape or (0,))[1:])), s.dtype)
         ),
         spec,
     )

@@ -145,7 +145,8 @@ def test_the_fields_are_tensorflows() -> None:
     options = Options()
     for group, fields in TENSORFLOW_FIELDS.items():
         declared = {f.name for f in dataclasses.fields(_owner(options, group))}  # type: ignore[arg-type]
-        declared -= {"service_timeout_ms"}  # feedline's own, for the data service
+        # feedline's own: for the data service, and for the device feed
+        declared -= {"service_timeout_ms", "pinned_buffer_count"}
         if not group:
             declared -= set(TENSORFLOW_FIELDS)
         assert declared == set(fields), group
@@ -230,3 +231,14 @@ def test_private_threadpool_size_zero_means_the_number_of_cores() -> None:
     assert cpu_budget(options) == 2
     with pytest.raises(InvalidArgumentError, match=">= 0"):
         options.threading.private_threadpool_size = -1
+
+
+def test_pinned_buffer_count_is_checked_and_merged() -> None:
+    options = Options()
+    assert options.experimental_distribute.pinned_buffer_count is None  # ahead + 2
+    options.experimental_distribute.pinned_buffer_count = 6
+    with pytest.raises(InvalidArgumentError, match="pinned_buffer_count must be an int >= 1"):
+        options.experimental_distribute.pinned_buffer_count = 0
+    with pytest.raises(TypeError, match="pinned_buffer_count must be of type int"):
+        options.experimental_distribute.pinned_buffer_count = 2.5  # type: ignore[assignment]
+    assert Options().merge(options).experimental_distribute.pinned_buffer_count == 6

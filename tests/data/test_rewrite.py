@@ -33,6 +33,7 @@ from feedline.data.experimental import (
     choose_from_datasets,
     from_list,
     group_by_reducer,
+    prefetch_to_device,
     sample_from_datasets,
 )
 from feedline.errors import InvalidArgumentError
@@ -82,6 +83,7 @@ ONE_INPUT: dict[str, Build] = {
     "map": lambda d: d.map(lambda x: x * 3),
     "map_parallel": lambda d: d.map(lambda x: x + 1, num_parallel_calls=3, deterministic=True),
     "prefetch": lambda d: d.prefetch(2),
+    "prefetch_to_device": lambda d: d.apply(prefetch_to_device("/cpu:0", 2)),
     "repeat": lambda d: d.repeat(2),
     "scan": lambda d: d.scan(np.int64(0), lambda total, x: (total + x, total)),
     "shard": lambda d: d.shard(3, 1),

@@ -87,3 +87,15 @@ test_checkpointing = checkpoint_test(
     __name__,
     sparse=lambda: Dataset.range(1, 8).map(lambda x: np.arange(x % 4)).sparse_batch(3, [None]),
 )
+
+
+def test_map_and_autotuned_prefetch_keep_sparse_and_ragged_batches() -> None:
+    # TensorFlow traces map's function on SparseTensor / RaggedTensor inputs: the specs stay
+    # composite, and an autotuned prefetch buffers them.
+    sparse = Dataset.range(1, 5).map(lambda x: np.arange(x)).sparse_batch(2, [5])
+    mapped = sparse.map(lambda s: (s, 1)).prefetch(-1)
+    assert mapped.element_spec == (SparseTensorSpec((None, 5), np.int64), TensorSpec((), np.int32))
+    assert next(iter(mapped))[0].values.tolist() == [0, 0, 1]
+    ragged = Dataset.range(1, 5).map(lambda x: np.arange(x)).ragged_batch(2)
+    assert ragged.map(lambda r: r).element_spec == ragged.element_spec
+    assert next(iter(ragged.prefetch(-1))).to_list() == [[0], [0, 1]]

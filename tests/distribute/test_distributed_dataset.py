@@ -374,3 +374,84 @@ def test_an_interleave_without_readers_shards_by_data(tmp_path: pathlib.Path) ->
         [[0, 1], [4, 5], [2, 3]],
         [[2, 3], [0, 1], [4, 5]],
     ]
+
+
+# -- replicas on GPUs, through the device feed (a stand-in backend plays CUDA) --------------------
+
+
+def _on_fake_gpus(
+    dataset: fd.Dataset, replicas: int, backend: Any, options: InputOptions | None = None
+) -> Any:
+    from feedline.distribute._devices import ReplicaDevice
+    from feedline.distribute.distributed_dataset import DistributedDataset, StepSource
+
+    source = StepSource.from_global_batches(
+        dataset, num_workers=1, worker_index=0, replicas_per_worker=replicas, options=options
+    )
+    devices = [ReplicaDevice("cuda", i) for i in range(replicas)]
+    return DistributedDataset(source, devices, options, lambda has: has, copy_backend=backend)
+
+
+def _values(step: Any) -> Any:
+    if isinstance(step, PerReplica):
+        return [_values(v) for v in step.values]
+    if isinstance(step, tuple):
+        return tuple(_values(v) for v in step)
+    return step.tolist()
+
+
+def test_gpu_replicas_get_what_cpu_replicas_get_through_reused_pinned_buffers() -> None:
+    from tests.data.fake_device import LateBackend
+
+    dataset = fd.Dataset.range(30).map(lambda x: (x, x * 0.5)).batch(4)
+    backend = LateBackend()
+    on_gpus = [_values(step) for step in _on_fake_gpus(dataset, 2, backend)]
+    on_cpus = [_values(step) for step in strategy(2).experimental_distribute_dataset(dataset)]
+    assert on_gpus == on_cpus
+    # 8 steps x 2 replicas, one copy each; 2 rings of (1 + 1 ahead) + 2 buffers, reused
+    assert backend.copies == 16 and backend.allocations == 8
+    assert backend.compute_waits == 16
+
+
+def test_pinned_buffer_count_of_a_distributed_dataset() -> None:
+    from feedline.data._device_feed import HostBackend
+
+    options = fd.Options()
+    options.experimental_distribute.pinned_buffer_count = 5
+    backend = HostBackend()
+    ds = fd.Dataset.range(40).batch(4).with_options(options)
+    assert len(list(_on_fake_gpus(ds, 2, backend))) == 10
+    assert backend.allocations == 10
+
+
+def test_gpu_replica_checkpoints_are_unchanged() -> None:
+    from feedline.data._device_feed import HostBackend
+    from tests.data.fake_device import LateBackend
+
+    dataset = fd.Dataset.range(22).shuffle(22, seed=3).batch(4)
+    options = InputOptions(experimental_per_replica_buffer_size=2)
+    expected = [_values(s) for s in _on_fake_gpus(dataset, 2, HostBackend(), options)]
+    iterator = iter(_on_fake_gpus(dataset, 2, LateBackend(), options))
+    for step in range(len(expected) + 1):
+        state = pickle.loads(pickle.dumps(iterator.get_state()))
+        assert set(state) == {"steps", "ahead", "finished"}
+        restored = iter(_on_fake_gpus(dataset, 2, LateBackend(), options))
+        restored.set_state(state)
+        assert [_values(s) for s in restored] == expected[step:], f"restored at step {step}"
+        if step < len(expected):
+            assert _values(next(iterator)) == expected[step]
+
+
+def test_a_cpu_replica_beside_gpu_replicas_stays_on_the_host() -> None:
+    from feedline.data._device_feed import HostBackend
+    from feedline.distribute._devices import ReplicaDevice
+    from feedline.distribute.distributed_dataset import DistributedDataset, StepSource
+
+    backend = HostBackend()
+    source = StepSource.from_global_batches(
+        fd.Dataset.range(8).batch(4), num_workers=1, worker_index=0, replicas_per_worker=2
+    )
+    devices = [ReplicaDevice("cuda", 0), ReplicaDevice("cpu", 0)]
+    steps = list(DistributedDataset(source, devices, None, lambda has: has, copy_backend=backend))
+    assert [_values(step) for step in steps] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert backend.copies == 2  # the GPU replica's parts only

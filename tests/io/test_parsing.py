@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import pathlib
 import random
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import feedline
+from feedline._composite import stack as sparse_stack
 from feedline.data import TFRecordDataset
 from feedline.errors import InvalidArgumentError
 from feedline.io import (
@@ -21,6 +23,7 @@ from feedline.io import (
     parsing,
 )
 from feedline.io._example_fast import Template
+from feedline.structure import SparseArray
 from feedline.train import BytesList, Example, Feature, Features, FloatList, Int64List
 from tests.io.test_example import TF_EXAMPLE
 
@@ -52,8 +55,34 @@ def test_single_example_as_tensorflow_parses_it() -> None:
     assert list(parsed) == ["a", "b", "c", "z"]
     assert parsed["a"].tolist() == [1, -2] and parsed["a"].dtype == np.int64
     assert parsed["b"].shape == () and parsed["b"] == np.float32(1.5)
-    assert parsed["c"].tolist() == [b"xy", b""]
+    assert isinstance(parsed["c"], SparseArray)  # tf.SparseTensor, rank 1
+    assert parsed["c"].indices.tolist() == [[0], [1]]
+    assert parsed["c"].values.tolist() == [b"xy", b""]
+    assert parsed["c"].dense_shape.tolist() == [2]
     assert parsed["z"] == np.float32(3.0)
+
+
+def test_var_len_features_are_sparse_as_tensorflow_gives_them() -> None:
+    # tf.io.parse_example's VarLenFeature docs: a batch of records with 1, 0 and 2 values gives
+    # SparseTensor(indices=[[0, 0], [2, 0], [2, 1]], values=[..], dense_shape=[3, 2]).
+    records = [example(v=("i", [7])), example(w=("i", [0])), example(v=("i", [8, 9]))]
+    parsed = parse_example(records, {"v": VarLenFeature(np.int64)})["v"]
+    assert isinstance(parsed, SparseArray)
+    assert parsed.indices.tolist() == [[0, 0], [2, 0], [2, 1]]
+    assert parsed.values.tolist() == [7, 8, 9] and parsed.values.dtype == np.int64
+    assert parsed.dense_shape.tolist() == [3, 2]
+    assert parsed.to_dense().tolist() == [[7, 0], [0, 0], [8, 9]]
+    # one layout (the vectorised path): indices built from the per-row counts
+    uniform = [example(v=("f", [k, k + 0.5])) for k in range(4)]
+    fast = parse_example(uniform, {"v": VarLenFeature(np.float32)})["v"]
+    assert fast.indices.tolist() == [[r, c] for r in range(4) for c in range(2)]
+    assert fast.dense_shape.tolist() == [4, 2] and fast.values.dtype == np.float32
+    single = parse_single_example(records[2], {"v": VarLenFeature(np.int64)})["v"]
+    assert single == SparseArray([[0], [1]], np.array([8, 9]), [2])
+    missing = parse_single_example(records[1], {"v": VarLenFeature(np.int64)})["v"]
+    assert missing.indices.shape == (0, 1) and missing.dense_shape.tolist() == [0]
+    empty = parse_example([], {"v": VarLenFeature(np.int64)})["v"]
+    assert empty.indices.shape == (0, 2) and empty.dense_shape.tolist() == [0, 0]
 
 
 def test_errors_name_the_key_as_tensorflow_does() -> None:
@@ -119,8 +148,7 @@ def _one_by_one(records: list[bytes], specs: dict) -> dict[str, np.ndarray]:
     out = {}
     for key, spec in specs.items():
         if isinstance(spec, VarLenFeature):
-            parts = [row[key] for row in rows if len(row[key])]
-            out[key] = np.concatenate(parts) if parts else np.zeros(0, rows[0][key].dtype)
+            out[key] = sparse_stack([row[key] for row in rows])
         else:
             out[key] = np.stack([row[key] for row in rows])
     return out
@@ -137,11 +165,15 @@ def test_batch_parse_equals_record_by_record(uniform: bool, seed: int) -> None:
     for batch in (records, as_objects, np.array(records)):
         got = parse_example(batch, _SPECS)
         for key in _SPECS:
-            assert got[key].tolist() == expected[key].tolist(), key
+            if isinstance(_SPECS[key], VarLenFeature):
+                assert got[key] == expected[key], key  # indices, values and dense_shape
+            else:
+                assert got[key].tolist() == expected[key].tolist(), key
             assert got[key].dtype == expected[key].dtype
     for key in ("img", "words"):
         assert expected[key].dtype == object
-        assert all(type(v) is bytes for v in expected[key].tolist())
+        values = expected[key].values if key == "words" else expected[key]
+        assert all(type(v) is bytes for v in values.tolist())
 
 
 def test_uniform_batches_take_the_vectorised_path() -> None:
@@ -193,10 +225,10 @@ def test_empty_examples_and_batches() -> None:
     empty = Example().SerializeToString()
     assert empty == b""
     parsed = parse_single_example(np.array(empty), {"v": VarLenFeature(np.int64)})
-    assert parsed["v"].tolist() == []
+    assert parsed["v"].values.tolist() == [] and parsed["v"].shape == (0,)
     got = parse_example(np.array([empty, empty]), {"f": FixedLenFeature([2], np.int64, [1, 2])})
     assert got["f"].tolist() == [[1, 2], [1, 2]]
-    assert parse_example([], {"v": VarLenFeature(np.int64)})["v"].tolist() == []
+    assert parse_example([], {"v": VarLenFeature(np.int64)})["v"].values.tolist() == []
 
 
 @pytest.mark.parametrize("uniform", [True, False])
@@ -219,7 +251,7 @@ def test_bytes_features_come_back_exactly(uniform: bool) -> None:
         assert got["s"].dtype == object and got["s"].shape == (4,)
         assert got["s"].tolist() == _values_of(records, "s")
         assert got["many"].dtype == object
-        assert got["many"].tolist() == _values_of(records, "many")
+        assert got["many"].values.tolist() == _values_of(records, "many")
     for record in records:
         for serialized in (record, np.array(record, dtype=object)):
             single = parse_single_example(serialized, specs)
@@ -251,7 +283,8 @@ def test_bytes_defaults_and_missing_bytes_features() -> None:
     got = parse_example(records, specs)
     assert got["s"].tolist() == [b"\x00\x00", b"a\x00"]
     assert got["t"].tolist() == [["é".encode()] * 2] * 2 and got["t"].dtype == object
-    assert got["v"].tolist() == [] and got["v"].dtype == object
+    assert got["v"].values.tolist() == [] and got["v"].dtype == object
+    assert got["v"].dense_shape.tolist() == [2, 0]
     with pytest.raises(InvalidArgumentError, match="parse_single_example takes one record"):
         parse_single_example(np.array(records, dtype=object), specs)
     with pytest.raises(InvalidArgumentError, match="holding int"):
@@ -308,3 +341,7 @@ def test_the_previous_batch_layout_is_reused_only_where_every_row_fits() -> None
     assert parse_example(first, specs)["a"].tolist() == [1, 2, 3]
     assert parse_example(longer, specs)["a"].tolist() == [300, 1, 2]
     assert parse_example(first[:2], specs)["a"].tolist() == [1, 2]
+
+
+def test_the_docstrings() -> None:
+    assert doctest.testmod(parsing).failed == 0

@@ -101,6 +101,10 @@ class ServiceProcesses:
         """What server ``name`` printed (its log is on stderr, its banner on stdout)."""
         return self._groups[name].output(name, stream)
 
+    def pid(self, name: str) -> int:
+        """The process id of server ``name``."""
+        return self._groups[name].pid(name)
+
     def alive(self, name: str) -> bool:
         return self._groups[name].poll(name) is None
 

@@ -497,14 +497,20 @@ def test_split_cursor_covers_every_unit_once(num_units: int, num_workers: int) -
     size = min(max(num_units // (16 * max(1, num_workers)), 1), 1024)
     assert all(len(s) == size for s in splits[:-1])
     files = _drain(SplitCursor.start(SplitPlan(num_units, False, None, "file"), 3, num_workers))
-    assert files == [[i] for i in range(num_units)]
+    assert [i for s in files for i in s] == list(range(num_units))
+    size = min(max(num_units // (16 * max(1, num_workers)), 1), 64)
+    assert all(len(s) == size for s in files[:-1])
 
 
 def test_split_cursor_sizes() -> None:
     assert SplitCursor.start(SplitPlan(100, False, None), 0, 2).split_size == 3
     assert SplitCursor.start(SplitPlan(10, False, None), 0, 2).split_size == 1
     assert SplitCursor.start(SplitPlan(10**7, False, None), 0, 4).split_size == 1024
-    assert SplitCursor.start(SplitPlan(10**7, False, None, "file"), 0, 4).split_size == 1
+    # Files: one to a split while there are few, then several, at most 64.
+    assert SplitCursor.start(SplitPlan(20, False, None, "file"), 0, 2).split_size == 1
+    assert SplitCursor.start(SplitPlan(100, False, None, "file"), 0, 2).split_size == 3
+    assert SplitCursor.start(SplitPlan(10_000, False, None, "file"), 0, 2).split_size == 64
+    assert SplitCursor.start(SplitPlan(10**7, False, None, "file"), 0, 4).split_size == 64
 
 
 @pytest.mark.parametrize("num_units", [2, 50, 3000])
@@ -639,8 +645,8 @@ def test_a_shuffled_split_of_ten_million_files_costs_no_memory_per_file() -> Non
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
-    assert len(set(units)) == 20 and all(0 <= u < 10**7 for u in units)
-    assert units != list(range(20))
+    assert len(set(units)) == 20 * 64 and all(0 <= u < 10**7 for u in units)
+    assert units != list(range(20 * 64))
 
 
 @pytest.mark.parametrize("num_units", [1, 2, 3, 4, 5, 17, 1000, 4097, 65_537])

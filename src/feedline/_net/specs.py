@@ -39,8 +39,8 @@ def _dtype(dtype: np.dtype) -> str:
     return _BYTES_TAG if dtype == BYTES else dtype.str
 
 
-def _shape(shape: tuple[int | None, ...]) -> list[int | None]:
-    return list(shape)
+def _shape(shape: tuple[int | None, ...] | None) -> list[int | None] | None:
+    return None if shape is None else list(shape)  # None: an unknown rank
 
 
 def _encode(spec: Any, depth: int) -> dict[str, Any]:
@@ -155,7 +155,8 @@ def _decode(node: Any, depth: int) -> Any:
         name = node.get("name")
         if name is not None and not isinstance(name, str):
             raise InvalidArgumentError(f"a TensorSpec's name must be a string, got {name!r:.40}")
-        return TensorSpec(_shape_of(node), _dtype_of(node.get("dtype")), name)
+        shape = None if node.get("shape", ()) is None else _shape_of(node)  # unknown rank
+        return TensorSpec(shape, _dtype_of(node.get("dtype")), name)
     if kind == "ragged":
         rank = _int_or_none(node.get("ragged_rank"), "ragged_rank")
         splits = _dtype_of(node.get("splits"))

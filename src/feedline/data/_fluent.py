@@ -41,6 +41,7 @@ from feedline.data.ops.load import LoadDataset
 from feedline.data.ops.map import MapDataset
 from feedline.data.ops.padded_batch import PaddedBatchDataset
 from feedline.data.ops.prefetch import PrefetchDataset
+from feedline.data.ops.prefetch_to_device import PrefetchToDeviceDataset
 from feedline.data.ops.ragged_batch import RaggedBatchDataset
 from feedline.data.ops.random import RandomDataset
 from feedline.data.ops.range import RangeDataset
@@ -369,11 +370,13 @@ def bucket_by_sequence_length(
     )
 
 
-def as_torch(self: Dataset) -> FeedlineIterableDataset:
+def as_torch(self: Dataset, device: Any = None) -> FeedlineIterableDataset:
     # The one way into torch from feedline.data: imported here, when asked for, never at import.
     from feedline.data.torch_loader import FeedlineIterableDataset
 
-    return FeedlineIterableDataset(self)
+    if device is None:
+        return FeedlineIterableDataset(self)
+    return FeedlineIterableDataset(PrefetchToDeviceDataset(self, device, None))
 
 
 def apply(self: Dataset, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:

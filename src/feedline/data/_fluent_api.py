@@ -90,7 +90,7 @@ class FluentAPI:
         Args:
           generator: a callable that returns an iterable; called once per pass.
           output_types: the dtypes of the elements (tf.data's older form; with
-            ``output_shapes`` or alone, then the first element fixes the ranks).
+            ``output_shapes`` or alone, then every component has unknown rank).
           output_shapes: the shapes that go with ``output_types``.
           args: the arguments ``generator`` is called with.
           output_signature: a structure of ``TensorSpec`` the elements must fit.
@@ -812,12 +812,14 @@ class FluentAPI:
         """
         _not_attached("bucket_by_sequence_length")
 
-    def as_torch(self) -> FeedlineIterableDataset:
+    def as_torch(self, device: Any = None) -> FeedlineIterableDataset:
         """This dataset as a ``torch.utils.data.IterableDataset`` of torch tensors.
 
         The tensors share memory with the NumPy elements; the result has ``state_dict`` and
         ``load_state_dict``, for a plain loop or ``DataLoader(ds.as_torch(), batch_size=None)``.
-        See ``feedline.data.torch_loader``.
+        With ``device`` (``"cuda:0"``, ``"/gpu:0"``) they arrive on that device, copied one
+        batch ahead through reusable pinned buffers on a copy stream of the device's own (as
+        ``feedline.data.experimental.prefetch_to_device``). See ``feedline.data.torch_loader``.
 
         Example:
           >>> from feedline.data import Dataset

@@ -50,10 +50,17 @@ def ram_budget(options: Options) -> int:
 
 
 def element_nbytes(element: Any) -> int:
-    """The bytes an element holds, counting the payload of byte strings."""
+    """The bytes an element holds, counting the payload of byte strings and the arrays that
+    make up a ``SparseArray`` or ``RaggedArray``."""
     leaves, _ = structure.flatten(element)
     total = 0
     for leaf in leaves:
+        if isinstance(leaf, structure.SparseArray):
+            leaves.extend((leaf.indices, leaf.values, leaf.dense_shape))
+            continue
+        if isinstance(leaf, structure.RaggedArray):
+            leaves.extend((leaf.flat_values, *leaf.nested_row_splits))
+            continue
         array = np.asarray(leaf)
         if array.dtype == object:
             total += sum(len(item) for item in array.flat)

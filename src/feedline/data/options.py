@@ -206,11 +206,19 @@ class DistributeOptions(_OptionGroup):
         ``feedline.service.distribute``) waits for an unreachable dispatcher, or for a job that
         no worker serves, before it raises ``UnavailableError`` (default 300000, 5 minutes).
         Set it on the dataset that is iterated, after ``distribute``. feedline's own.
+      pinned_buffer_count: page-locked host buffers in each CUDA device's ring, through which
+        elements are copied to the device (a distributed dataset's replicas,
+        ``prefetch_to_device``, ``as_torch(device=...)``). A buffer is reused once the copy
+        that read it has finished. Default: the elements kept ahead on the device plus 2,
+        which keeps the host from waiting on a copy; more only costs pinned memory. Each
+        buffer holds one element (sized from the element spec, or the largest element seen).
+        feedline's own.
     """
 
     auto_shard_policy: AutoShardPolicy | None = None
     num_devices: int | None = None
     service_timeout_ms: int | None = None
+    pinned_buffer_count: int | None = None
 
 
 @dataclasses.dataclass(eq=True)

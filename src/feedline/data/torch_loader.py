@@ -21,6 +21,13 @@ torchdata's ``StatefulDataLoader``            the same; its ``state_dict`` saves
                                               position through this object's ``state_dict``
 ============================================  =================================================
 
+**On a GPU.** ``as_torch(device="cuda:0")`` yields every element already on the device: each
+batch is copied through a ring of reusable pinned host buffers on a copy stream of the device's
+own, one batch ahead of the loop, and the loop's stream waits only for its own batch: the pass
+reads ``dataset.apply(prefetch_to_device(device))`` (``feedline.data.ops.prefetch_to_device``).
+Give the loop the tensors as they come, without ``.to(device)``; ``DataLoader(...,
+pin_memory=True)`` has nothing left to do.
+
 **DataLoader workers.** ``num_workers`` must be 0: under ``num_workers=N`` every worker process
 would run the whole pipeline (N times the work for the same data, and unseeded shuffles that
 differ between the copies), so iterating in a worker raises ``InvalidArgumentError``. The

@@ -152,7 +152,7 @@ class SplitBatchesDataset(Dataset):
     ) -> None:
         super().__init__((batches,))
         leaves = structure.spec_leaves(batches.element_spec)
-        if num_slices > 1 and any(not leaf.shape for leaf in leaves):
+        if num_slices > 1 and any(leaf.shape == () for leaf in leaves):  # unknown rank: may be
             raise InvalidArgumentError(
                 f"the dataset's elements are not batched ({batches.element_spec}), so they cannot "
                 f"be split over {num_slices} replicas; call dataset.batch(global_batch_size) "

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from feedline import structure
+from feedline.data._device_feed import CopyBackend, DeviceFeed, Placed, on_host
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
 from feedline.data.torch_loader import FeedlineIterableDataset
 from feedline.distribute import _iterator_state
@@ -145,8 +146,10 @@ class DistributedDataset:
         agree: Agree,
         gather: Gather | None = None,
         always_wrap: bool = False,
+        copy_backend: CopyBackend | None = None,
     ) -> None:
         self._source = source
+        self._copy_backend = copy_backend  # None: CUDA's, when a step first goes to a GPU
         # TensorFlow wraps every step in PerReplica (and the spec in PerReplicaSpec) whenever
         # the strategy is in multi-worker mode, even with one local replica.
         self._always_wrap = always_wrap or len(source.replica_specs) > 1
@@ -197,6 +200,7 @@ class DistributedIterator:
         self._to_device = dataset._options.fetch_to_device
         self._depth = dataset._options.experimental_per_replica_buffer_size
         self._ahead: collections.deque[tuple[tuple[Any, ...], Any]] = collections.deque()
+        self._feed: DeviceFeed | None = None
         self._last_real: Any = None  # empty batches take its trailing shape and dtype
         self._finished = False
         # Agreeing on the end costs a collective per step; where every worker knows it has the
@@ -224,7 +228,7 @@ class DistributedIterator:
             if not self._ahead:
                 raise StopIteration
             _, placed = self._ahead.popleft()
-            return placed
+            return placed.ready()
         step = self._host_step()
         if step is None:
             raise StopIteration
@@ -275,7 +279,9 @@ class DistributedIterator:
         return self._to_device and any(d.kind == "cuda" for d in self._devices)
 
     def _place(self, step: tuple[Any, ...]) -> Any:
-        if not self._uses_cuda and all(_is_flat_numeric(part) for part in step):
+        if self._uses_cuda:
+            return self._place_on_devices(step)
+        if all(_is_flat_numeric(part) for part in step):
             # The common case on CPU replicas, without the general structure walk.
             if not self._dataset._always_wrap:
                 return tuple(_host_tensor(a) for a in step[0])
@@ -283,11 +289,27 @@ class DistributedIterator:
                 PerReplica(tuple(_host_tensor(a) for a in leaves))
                 for leaves in zip(*step, strict=True)
             )
+        parts = [structure.map_structure(_to_tensor, part) for part in step]
+        return regroup(parts, always_wrap=self._dataset._always_wrap)
+
+    def _place_on_devices(self, step: tuple[Any, ...]) -> Placed:
+        """Queues the copies of each replica's part to its device (``DeviceFeed``); the result's
+        ``ready()`` gives the step once each replica's compute stream waits for its copy."""
+        if self._feed is None:
+            options = self._dataset._source.steps.options().experimental_distribute
+            self._feed = DeviceFeed(
+                buffer_count=options.pinned_buffer_count,
+                depth=self._depth + 1,
+                spec=self._dataset._source.replica_specs[0],
+                backend=self._dataset._copy_backend,
+            )
         parts = [
-            structure.map_structure(lambda a, d=device: _to_tensor(a, d, self._to_device), part)
+            self._feed.put(part, device.torch_device) if device.kind == "cuda" else on_host(part)
             for part, device in zip(step, self._devices, strict=True)
         ]
-        return regroup(parts, always_wrap=self._dataset._always_wrap)
+        return Placed.join(
+            parts, lambda each: regroup(each, always_wrap=self._dataset._always_wrap)
+        )
 
     # -- checkpoints -----------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -331,6 +353,8 @@ class DistributedIterator:
     def close(self) -> None:
         self._steps.close()
         self._ahead.clear()
+        if self._feed is not None:
+            self._feed.close()
 
 
 def _is_flat_numeric(part: Any) -> bool:
@@ -343,13 +367,10 @@ def _host_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def _to_tensor(array: Any, device: ReplicaDevice, to_device: bool) -> Any:
-    """A NumPy leaf as a torch tensor (zero-copy on the host where the layout allows); on CUDA
-    through pinned memory with a non-blocking copy. Strings stay NumPy arrays."""
+def _to_tensor(array: Any) -> Any:
+    """A NumPy leaf as a host torch tensor (zero-copy where torch may write the memory).
+    Strings stay NumPy arrays."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
         return array
-    tensor = _host_tensor(array)  # zero-copy unless torch may not write the memory
-    if not to_device or device.kind == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device.torch_device, non_blocking=True)
+    return _host_tensor(array)

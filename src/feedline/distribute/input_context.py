@@ -64,8 +64,10 @@ class InputOptions:
     """How distributed input reaches the replicas.
 
     Attributes:
-      experimental_fetch_to_device: move each replica's batch to its device (pinned memory and
-        non-blocking copies on CUDA, prefetched ahead of the step); False keeps it on the host.
+      experimental_fetch_to_device: move each replica's batch to its device (on CUDA through
+        the device's ring of reusable pinned buffers and a copy stream of its own, prefetched
+        ahead of the step; ``Options.experimental_distribute.pinned_buffer_count`` sizes the
+        ring); False keeps it on the host.
       experimental_replication_mode: an ``InputReplicationMode`` or its name (``"PER_REPLICA"``);
         PER_REPLICA only for ``distribute_datasets_from_function``.
       experimental_place_dataset_on_device: accepted for compatibility; feedline's pipelines

@@ -77,7 +77,9 @@ class FixedLenFeature:
 
 @dataclasses.dataclass(frozen=True)
 class VarLenFeature:
-    """A feature with any number of values, parsed into a 1-d array (no sparse tensors)."""
+    """A feature with any number of values, parsed into a ``SparseArray`` as TensorFlow parses
+    it into a ``SparseTensor``: ``dense_shape [n]`` for one record, ``[batch, longest]`` for a
+    batch; ``.values`` holds the values themselves."""
 
     dtype: Any
 

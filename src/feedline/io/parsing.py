@@ -1,11 +1,12 @@
 """Parsing ``Example`` protos into arrays: ``parse_single_example``, ``parse_example``.
 
 Feature specs are ``FixedLenFeature(shape, dtype, default_value)`` (a dense array of that shape)
-and ``VarLenFeature(dtype)``. feedline has no sparse tensors: a ``VarLenFeature`` gives a 1-d
-array of the feature's values (for a batch, the values of all records one after another, what
-tf.data's ``SparseTensor.values`` holds). dtypes are ``float32``, ``int64`` and bytes
-(``feedline.string``): bytes features come back as object arrays of exact Python ``bytes``, as
-TensorFlow's ``.numpy()`` gives string tensors.
+and ``VarLenFeature(dtype)``, which parses to a ``SparseArray`` (feedline's ``tf.SparseTensor``)
+as in TensorFlow: of ``dense_shape [n]`` for one record, ``[batch, longest]`` with indices
+``[row, position]`` for a batch; its ``.values`` are the values of every record one after
+another. dtypes are ``float32``, ``int64`` and bytes (``feedline.string``): bytes features come
+back as object arrays of exact Python ``bytes``, as TensorFlow's ``.numpy()`` gives string
+tensors.
 
 Records are ``bytes``, or object arrays of them: a 0-d one (a ``TFRecordDataset`` element) for
 ``parse_single_example``, a 1-d one (a batch of them) for ``parse_example``. NumPy ``S`` arrays
@@ -44,9 +45,16 @@ from feedline.io.features import (
     kind_of,
 )
 from feedline.structure import BYTES as OBJECT
-from feedline.structure import bytes_array, bytes_scalar, zeros
+from feedline.structure import (
+    SparseArray,
+    SparseTensorSpec,
+    TensorSpec,
+    bytes_array,
+    bytes_scalar,
+    zeros,
+)
 
-__all__ = ["parse_example", "parse_single_example"]
+__all__ = ["parse_example", "parse_single_example", "parsed_spec"]
 
 
 def _to_bytes(serialized: Any) -> tuple[bytes, bool]:
@@ -157,7 +165,7 @@ def _shaped(key: str, spec: Spec, kind: str, values: Any, where: str) -> np.ndar
     return array if isinstance(spec, VarLenFeature) else array.reshape(spec.shape)
 
 
-def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, np.ndarray]:
+def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, Any]:
     """One serialized ``Example`` parsed into ``{name: array}`` as ``features`` describe.
 
     Args:
@@ -165,16 +173,27 @@ def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[
         ``TFRecordDataset`` element).
       features: ``{name: FixedLenFeature | VarLenFeature}``.
 
+    Returns:
+      For a ``FixedLenFeature(shape)``, an array of ``shape``; for a ``VarLenFeature``, a
+      ``SparseArray`` of ``dense_shape [n]`` holding the record's ``n`` values.
+
     Raises:
       InvalidArgumentError: the record does not parse, a required feature is missing, or a
         feature has another type or number of values than its spec (the key is named).
     """
     check_features(features)
     raw, fuzzy = _to_bytes(serialized)
-    return _feature_values(_parse_proto(raw, fuzzy, ""), features, "")
+    out = _feature_values(_parse_proto(raw, fuzzy, ""), features, "")
+    for key, spec in features.items():
+        if isinstance(spec, VarLenFeature):
+            flat = out[key]
+            out[key] = SparseArray(
+                np.arange(len(flat), dtype=np.int64)[:, None], flat, (len(flat),), False
+            )
+    return out
 
 
-def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, np.ndarray]:
+def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, Any]:
     """A batch of serialized ``Example`` protos parsed into ``{name: array}``.
 
     Args:
@@ -184,7 +203,8 @@ def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, np
 
     Returns:
       For a ``FixedLenFeature(shape)``, an array of shape ``(batch, *shape)``; for a
-      ``VarLenFeature``, the values of every record concatenated in order (1-d).
+      ``VarLenFeature``, a ``SparseArray`` of ``dense_shape [batch, longest]`` whose indices are
+      ``[row, position]`` (``.values``: the values of every record concatenated in order).
 
     Example:
       >>> from feedline.train import Example, Features, Feature, FloatList
@@ -192,6 +212,9 @@ def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, np
       ...     value=[v, v + 1]))})).SerializeToString() for v in (1.0, 5.0)]
       >>> parse_example(rows, {"x": FixedLenFeature([2], np.float32)})["x"].tolist()
       [[1.0, 2.0], [5.0, 6.0]]
+      >>> parse_example(rows, {"x": VarLenFeature(np.float32)})["x"]
+      SparseArray(indices=[[0, 0], [0, 1], [1, 0], [1, 1]], values=[1.0, 2.0, 5.0, 6.0], \
+dense_shape=[2, 2])
     """
     check_features(features)
     if isinstance(serialized, np.ndarray) and serialized.ndim == 0:
@@ -309,6 +332,36 @@ def _missing_rows(spec: Spec, n: int) -> np.ndarray:
     return np.broadcast_to(spec.default_value, (n, *spec.shape))
 
 
+def parsed_spec(features: Mapping[str, Spec], batch: int | None) -> dict[str, Any]:
+    """The spec of what ``parse_example`` gives for a batch of ``batch`` records (None where
+    the batch size is unknown), as TensorFlow's ``parse_example_dataset`` declares it: a
+    ``TensorSpec((batch, *shape))`` for a ``FixedLenFeature``, a
+    ``SparseTensorSpec((batch, None))`` for a ``VarLenFeature``.
+
+    Example:
+      >>> parsed_spec({"ids": VarLenFeature(np.int64)}, None)
+      {'ids': SparseTensorSpec(shape=(None, None), dtype=int64)}
+    """
+    check_features(features)
+    return {
+        key: SparseTensorSpec((batch, None), spec.dtype)
+        if isinstance(spec, VarLenFeature)
+        else TensorSpec((batch, *spec.shape), spec.dtype)
+        for key, spec in features.items()
+    }
+
+
+def _sparse_rows(values: np.ndarray, counts: np.ndarray) -> SparseArray:
+    """``values`` cut into rows of ``counts[i]`` values, as a ``SparseArray`` of dense shape
+    ``[len(counts), max(counts)]`` with indices ``[row, position]`` (built with NumPy)."""
+    n = len(counts)
+    rows = np.repeat(np.arange(n, dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    positions = np.arange(len(rows), dtype=np.int64) - np.repeat(starts, counts)
+    width = int(counts.max()) if n else 0
+    return SparseArray(np.stack([rows, positions], axis=1), values, (n, width), False)
+
+
 def _assemble(
     key: str,
     spec: Spec,
@@ -316,21 +369,24 @@ def _assemble(
     fast: np.ndarray | None,
     matched: np.ndarray | None,
     slow: dict[int, dict[str, Any]],
-) -> np.ndarray:
+) -> np.ndarray | SparseArray:
     if fast is not None and not slow:
         if isinstance(spec, VarLenFeature):
-            return fast.reshape(-1)
+            counts = np.full(n, fast.shape[1], dtype=np.int64)
+            return _sparse_rows(fast.reshape(-1), counts)
         return np.ascontiguousarray(fast)
     rows: list[Any] = [None] * n
     if fast is not None and matched is not None:  # fast rows come with their mask
         # ``fast[k, ...]``: a row of a 1-d object array as a 0-d array, not a bare ``bytes``.
         for k, i in enumerate(np.flatnonzero(matched).tolist()):
             rows[i] = fast[k, ...]
-    for i, values in slow.items():
-        rows[i] = values[key]
+    for i, parsed in slow.items():
+        rows[i] = parsed[key]
     if isinstance(spec, VarLenFeature):
+        counts = np.array([len(r) for r in rows], dtype=np.int64)
         parts = [r for r in rows if len(r)]
-        return np.concatenate(parts) if parts else _missing(key, spec, "")
+        values = np.concatenate(parts) if parts else _missing(key, spec, "")
+        return _sparse_rows(values, counts)
     if not rows:
         return zeros((0, *spec.shape), spec.dtype)
     return np.stack(rows)

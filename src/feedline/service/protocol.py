@@ -42,6 +42,7 @@ __all__ = [
     "GetSplitReply",
     "GetSplitRequest",
     "HeartbeatReply",
+    "InputWait",
     "JobView",
     "JoinReply",
     "RegisterDatasetReply",
@@ -49,6 +50,7 @@ __all__ = [
     "ReleaseClientRequest",
     "StreamView",
     "TaskDef",
+    "TaskLoad",
     "TaskView",
     "WorkerHeartbeatReply",
     "WorkerHeartbeatRequest",
@@ -159,6 +161,127 @@ def _worker_address(header: dict[str, Any]) -> str:
             f"got {address!r}"
         )
     return address
+
+
+def _number(value: Any) -> bool:
+    """Whether ``value`` is a finite, non-negative int or float (not a bool)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 <= value < float("inf")
+    )
+
+
+#: The most pipeline stages a task's load names, and the longest name kept.
+_MAX_STAGES = 64
+_MAX_STAGE_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskLoad:
+    """What a worker's task did since it started (cumulative), for the dispatcher's estimate of
+    the workers the jobs need (``dispatcher.demand``) and for ``feedline diagnose``.
+
+    On the wire ``[task_id, produced, busy_s, wall_s, fill, {stage: seconds}]``.
+
+    Attributes:
+      task_id: the task.
+      produced: elements its producer put into the buffer.
+      busy_s: seconds its producer spent making them (not waiting for room in the buffer).
+      wall_s: seconds since it started (until its input ended).
+      fill: how full its buffer is now, 0..1.
+      stages: seconds spent in each stage of its pipeline, by the stage's name (its own time,
+        without its inputs'), where the worker measures them.
+
+    Example:
+      >>> TaskLoad.from_wire([7, 10, 0.5, 1.0, 0.25, {"map": 0.4}]).busy_s
+      0.5
+    """
+
+    task_id: int
+    produced: int
+    busy_s: float
+    wall_s: float
+    fill: float
+    stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, row: Any) -> TaskLoad:
+        """The load in ``row``.
+
+        Raises:
+          InvalidArgumentError: ``row`` is not such a list.
+        """
+        if (
+            not isinstance(row, list)
+            or len(row) != 6
+            or type(row[0]) is not int
+            or not is_int64(row[0])
+            or type(row[1]) is not int
+            or not all(_number(v) for v in row[1:5])
+            or not isinstance(row[5], dict)
+            or len(row[5]) > _MAX_STAGES
+            or not all(
+                isinstance(k, str) and len(k) <= _MAX_STAGE_CHARS and _number(v)
+                for k, v in row[5].items()
+            )
+        ):
+            raise InvalidArgumentError(
+                "malformed request: a task_load item is [task_id, produced, busy_s, wall_s, "
+                f"fill, {{stage: seconds}}] of non-negative numbers, got {row!r:.200}"
+            )
+        return cls(row[0], row[1], float(row[2]), float(row[3]), float(row[4]), dict(row[5]))
+
+    def to_wire(self) -> list[Any]:
+        """The load as a heartbeat carries it."""
+        return [
+            self.task_id, self.produced, self.busy_s, self.wall_s, self.fill, dict(self.stages)
+        ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class InputWait:
+    """How long a consumer's training steps waited for input, since it started reading
+    (cumulative). On the wire ``[steps, waited_s, wall_s]``.
+
+    Attributes:
+      steps: elements it took (each a training step's input).
+      waited_s: seconds its steps spent waiting for them.
+      wall_s: seconds since its first step asked for input.
+
+    Example:
+      >>> InputWait.from_wire([100, 2.5, 10.0])
+      InputWait(steps=100, waited_s=2.5, wall_s=10.0)
+    """
+
+    steps: int
+    waited_s: float
+    wall_s: float
+
+    @classmethod
+    def from_wire(cls, row: Any) -> InputWait | None:
+        """The report in ``row`` (None: none).
+
+        Raises:
+          InvalidArgumentError: ``row`` is not such a list.
+        """
+        if row is None:
+            return None
+        if (
+            not isinstance(row, list)
+            or len(row) != 3
+            or type(row[0]) is not int
+            or not all(_number(v) for v in row)
+        ):
+            raise InvalidArgumentError(
+                "malformed request: input_wait is [steps, waited_s, wall_s] of non-negative "
+                f"numbers, got {row!r:.200}"
+            )
+        return cls(row[0], float(row[1]), float(row[2]))
+
+    def to_wire(self) -> list[Any]:
+        """The report as a heartbeat carries it."""
+        return [self.steps, self.waited_s, self.wall_s]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,6 +454,7 @@ class ClientHeartbeatRequest:
       holding: (exactly-once jobs) the keys of the splits it holds elements of.
       closed: (exactly-once jobs) the lost tasks it takes nothing more from; checked as
         ``received``.
+      input_wait: how long its steps waited for input so far (None: not measured).
     """
 
     client_id: int
@@ -339,6 +463,7 @@ class ClientHeartbeatRequest:
     received: Any = dataclasses.field(default_factory=list)
     holding: list[Any] = dataclasses.field(default_factory=list)
     closed: Any = dataclasses.field(default_factory=list)
+    input_wait: InputWait | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -356,6 +481,7 @@ class ClientHeartbeatRequest:
             header.get("received", []),
             field(header, "holding", list, []),
             header.get("closed", []),
+            InputWait.from_wire(header.get("input_wait")),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -368,6 +494,8 @@ class ClientHeartbeatRequest:
         }
         if self.received or self.holding or self.closed:
             header.update(received=self.received, holding=self.holding, closed=self.closed)
+        if self.input_wait is not None:
+            header["input_wait"] = self.input_wait.to_wire()
         return header
 
 
@@ -385,6 +513,8 @@ class WorkerHeartbeatRequest:
       leaving: it leaves now.
       wait_ms: how long the dispatcher may wait for news before answering.
       task_stats: what each task served (``[task_id, elements, bytes]``), for the status page.
+      task_load: what each task's producer did (``TaskLoad``), for the dispatcher's estimate
+        of the workers the jobs need and for ``feedline diagnose``.
     """
 
     address: str
@@ -396,6 +526,7 @@ class WorkerHeartbeatRequest:
     leaving: bool = False
     wait_ms: int = 0
     task_stats: Any = None
+    task_load: tuple[TaskLoad, ...] = ()
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -433,11 +564,12 @@ class WorkerHeartbeatRequest:
             field(header, "leaving", bool, False),
             field(header, "wait_ms", int, 0),
             header.get("task_stats"),
+            tuple(TaskLoad.from_wire(row) for row in field(header, "task_load", list, [])),
         )
 
     def to_header(self) -> dict[str, Any]:
         """The header that carries this request."""
-        return {
+        header: dict[str, Any] = {
             "address": self.address,
             "tags": list(self.tags),
             "current_tasks": list(self.current_tasks),
@@ -448,6 +580,9 @@ class WorkerHeartbeatRequest:
             "wait_ms": self.wait_ms,
             "task_stats": self.task_stats,
         }
+        if self.task_load:
+            header["task_load"] = [load.to_wire() for load in self.task_load]
+        return header
 
 
 @dataclasses.dataclass(frozen=True)

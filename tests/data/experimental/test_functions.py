@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import feedline as tf
+from feedline import structure
 from feedline.data import Dataset, TensorSpec, TFRecordDataset
 from feedline.data.experimental import (
     at,
@@ -132,6 +133,18 @@ def test_parse_example_dataset(tmp_path) -> None:  # type: ignore[no-untyped-def
         [[2.0, 2.5], [3.0, 3.5]],
         [[4.0, 4.5]],
     ]
+    ids = [b["ids"] for b in parsed]  # VarLenFeature: SparseArray, rows of 0, 1, 2, 0, 1 ids
+    assert [i.indices.tolist() for i in ids] == [[[1, 0]], [[0, 0], [0, 1]], [[0, 0]]]
+    assert [i.dense_shape.tolist() for i in ids] == [[2, 1], [2, 2], [1, 1]]
+    assert [i.values.tolist() for i in ids] == [[0], [0, 1], [0]]
+    spec = TFRecordDataset(path).batch(2).apply(parse_example_dataset(features)).element_spec
+    assert spec == {
+        "x": structure.TensorSpec((None, 2), np.float32),
+        "ids": structure.SparseTensorSpec((None, None), np.int64),
+    }
+    full = TFRecordDataset(path).batch(2, drop_remainder=True)
+    full = full.apply(parse_example_dataset(features))
+    assert full.element_spec["ids"] == structure.SparseTensorSpec((2, None), np.int64)
     with pytest.raises(InvalidArgumentError, match="vectors of serialized records"):
         TFRecordDataset(path).apply(parse_example_dataset(features))
 

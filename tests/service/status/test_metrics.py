@@ -201,3 +201,36 @@ def test_without_a_status_port_there_is_no_status_server(make_cluster) -> None:
     cluster = make_cluster(num_workers=1)
     assert cluster.dispatcher.status_url is None
     assert cluster.workers[0].status_url is None
+
+
+def test_worker_gauges_say_how_many_workers_the_jobs_need(make_cluster) -> None:
+    """``feedline_dispatcher_workers`` counts the live workers and
+    ``feedline_dispatcher_desired_workers`` the workers the running jobs need: none while no
+    job runs, at least one while one does, more while its consumer waits for elements that
+    a slow map makes."""
+    cluster = status_cluster(make_cluster, workers=1)
+    samples = scrape(cluster.dispatcher.status_url)
+    assert value(samples, "feedline_dispatcher_workers") == 1
+    assert value(samples, "feedline_dispatcher_desired_workers") == 0
+
+    def slow(x):
+        time.sleep(0.02)  # the worker makes at most 50 elements/s; the consumer takes more
+        return x
+
+    dataset = (
+        Dataset.range(10**9)
+        .map(slow)
+        .apply(service.distribute("distributed_epoch", cluster.target))
+    )
+    iterator = iter(dataset)
+    try:
+
+        def desired() -> float:
+            next(iterator)
+            return value(
+                scrape(cluster.dispatcher.status_url), "feedline_dispatcher_desired_workers"
+            )
+
+        wait_for(lambda: desired() >= 2, "the dispatcher asks for more workers")
+    finally:
+        iterator.close()

@@ -44,6 +44,7 @@ from feedline.data.experimental.transformations import (
 from feedline.data.ops.from_list import from_list
 from feedline.data.ops.get_single_element import get_single_element
 from feedline.data.ops.group_by_reducer import Reducer
+from feedline.data.ops.prefetch_to_device import copy_to_device, prefetch_to_device
 from feedline.data.ops.random import RandomDataset
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.data.options import (
@@ -91,6 +92,7 @@ __all__ = [
     "bucket_by_sequence_length",
     "cardinality",
     "choose_from_datasets",
+    "copy_to_device",
     "dense_to_ragged_batch",
     "dense_to_sparse_batch",
     "enable_debug_mode",
@@ -109,6 +111,7 @@ __all__ = [
     "pad_to_cardinality",
     "parallel_interleave",
     "parse_example_dataset",
+    "prefetch_to_device",
     "rejection_resample",
     "sample_from_datasets",
     "save",

@@ -112,7 +112,9 @@ def parse_example_dataset(
 ) -> Callable[[Dataset], Dataset]:
     """Parses a dataset of batches of serialized ``tf.train.Example`` records into dicts of
     arrays: ``ds.apply(parse_example_dataset(f))`` is
-    ``ds.map(lambda s: feedline.io.parse_example(s, f))``.
+    ``ds.map(lambda s: feedline.io.parse_example(s, f))``, whose element spec is TensorFlow's:
+    ``TensorSpec((batch, *shape))`` for a ``FixedLenFeature``, ``SparseTensorSpec((batch,
+    None))`` for a ``VarLenFeature`` (its elements are ``SparseArray``).
 
     Args:
       features: ``{name: FixedLenFeature | VarLenFeature}``, as for ``parse_example``.
@@ -128,9 +130,6 @@ def parse_example_dataset(
             f"parse_example_dataset: features must be a non-empty dict, got {features!r}"
         )
 
-    # Loaded here: feedline.data itself stays free of the protobuf-based feedline.io.
-    from feedline.io.parsing import parse_example
-
     def _apply_fn(dataset: Dataset) -> Dataset:
         spec = dataset.element_spec
         if not (
@@ -144,13 +143,42 @@ def parse_example_dataset(
                 f"records (batch them first, e.g. TFRecordDataset(files).batch(32)); got "
                 f"element_spec {spec}"
             )
-        return dataset.map(
-            lambda serialized: parse_example(serialized, features),
-            num_parallel_calls=num_parallel_calls,
-            deterministic=deterministic,
-        )
+        return parse_batches(dataset, features, num_parallel_calls, deterministic)
 
     return _apply_fn
+
+
+def parse_batches(
+    dataset: Dataset,
+    features: Mapping[str, FixedLenFeature | VarLenFeature],
+    num_parallel_calls: int | None = None,
+    deterministic: bool | None = None,
+    label_key: str | None = None,
+) -> Dataset:
+    """``dataset`` (of vectors of serialized ``Example`` records) mapped through
+    ``parse_example``, with the element spec TensorFlow's ``parse_example_dataset`` declares
+    (``parsed_spec``: ``SparseTensorSpec((batch, None))`` for a ``VarLenFeature``), where
+    learning it from the function would see one batch's sizes. With ``label_key``, elements
+    are ``(features, label)``."""
+    # Loaded here: feedline.data itself stays free of the protobuf-based feedline.io.
+    from feedline.io.parsing import parse_example, parsed_spec
+
+    specs = dict(features)
+    batch = dataset.element_spec.shape[0]
+
+    def parse(records: Any) -> Any:
+        parsed = parse_example(records, specs)
+        if label_key is None:
+            return parsed
+        label = parsed.pop(label_key)
+        return parsed, label
+
+    out = dataset.map(parse, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+    spec: Any = parsed_spec(specs, batch)
+    if label_key is not None:
+        spec = (spec, spec.pop(label_key))
+    out._element_spec = spec  # declared, as TensorFlow's parsing op declares it
+    return out
 
 
 def pad_to_cardinality(cardinality: int, mask_key: str = "valid") -> Callable[[Dataset], Dataset]:

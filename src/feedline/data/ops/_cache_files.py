@@ -8,18 +8,29 @@ strings (the rows' shape) and their bytes concatenated in order (uint8), which r
 is written last, so that its presence
 means a complete cache; ``{filename}.lock`` (holding the writer's pid) keeps a second writer out.
 Writers write ``{filename}.data.tmp`` and rename it when the pass completes.
+
+``filename`` may be a URL of the file-system layer (``s3://bucket/cache/train``): the data is
+then one upload to ``{filename}.data``, which the store shows only once the writer closes it,
+and the index one upload after it (no rename, which object stores lack); a pass that stops
+early discards its upload. The lock is an object written after checking that none exists, so
+on a store it keeps out a writer that starts later, not one that starts in the same instant.
+Readers read the data in ranged requests, ahead of the reader in the background.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any, BinaryIO
 
 import numpy as np
+from fsspec.spec import AbstractBufferedFile
 
-from feedline import structure
+from feedline import _fs, structure
 from feedline.data.dataset import Dataset, RandomAccess
+from feedline.data.ops import _snapshot_fs
+from feedline.data.readers._files import open_remote
 from feedline.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
 
 _FORMAT = "feedline-cache-2"
@@ -33,6 +44,9 @@ class FileStore:
 
     def __init__(self, filename: str, dataset: Dataset) -> None:
         self._dataset = dataset
+        if filename.startswith("file://"):
+            filename = _fs.filesystem(filename)[1]
+        self.remote = not _fs.is_local(filename)
         self._data = filename + ".data"
         self._index = filename + ".index"
         self._lock = filename + ".lock"
@@ -46,7 +60,7 @@ class FileStore:
         return self._dataset.element_spec
 
     def complete(self) -> bool:
-        return os.path.exists(self._index)
+        return _snapshot_fs.exists(self._index)
 
     def remember_seed(self, seed: int) -> None:
         if self.pending_seed is None and not self.complete():
@@ -57,8 +71,7 @@ class FileStore:
 
     def read_index(self) -> dict[str, Any]:
         """The index: element count and the seed of the pass that wrote the files."""
-        with open(self._index, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(_snapshot_fs.read_bytes(self._index).decode("utf-8"))
         if meta.get("format") != _FORMAT:
             raise InvalidArgumentError(
                 f"cache: {self._index} is in format {meta.get('format')!r}, but this version of "
@@ -84,22 +97,38 @@ class FileStore:
             "cache() in memory keeps them, or map them to dense arrays (r.to_tensor(), "
             "s.to_dense(), or their component arrays) before the cache",
         )
-        os.makedirs(os.path.dirname(self._lock) or ".", exist_ok=True)
-        try:
-            fd = os.open(self._lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            raise FailedPreconditionError(
-                f"cache: another iterator is writing this cache: the lock file {self._lock} "
-                "exists. Read the dataset from one iterator at a time until its first pass "
-                "completes, use another filename, or delete the lock file if no process is "
-                "writing (one may have crashed)"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        if self.remote:
+            self._lock_remote()
+        else:
+            os.makedirs(os.path.dirname(self._lock) or ".", exist_ok=True)
+            try:
+                fd = os.open(self._lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                raise self._locked() from None
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
         if self.complete():
-            os.remove(self._lock)
+            _snapshot_fs.remove(self._lock)
             return None
         return _FileWriter(self, seed)
+
+    def _lock_remote(self) -> None:
+        """Writes the lock object where none exists, and reads it back: a writer that raced
+        this one and wrote last keeps the lock."""
+        if _snapshot_fs.exists(self._lock):
+            raise self._locked()
+        token = f"{os.getpid()} {uuid.uuid4().hex}".encode()
+        _snapshot_fs.write_atomic(self._lock, token)
+        if _snapshot_fs.read_bytes(self._lock) != token:
+            raise self._locked()
+
+    def _locked(self) -> FailedPreconditionError:
+        return FailedPreconditionError(
+            f"cache: another iterator is writing this cache: the lock file {self._lock} "
+            "exists. Read the dataset from one iterator at a time until its first pass "
+            "completes, use another filename, or delete the lock file if no process is "
+            "writing (one may have crashed)"
+        )
 
 
 class _FileReader:
@@ -114,8 +143,12 @@ class _FileReader:
         self._num_leaves = len(leaves)
         self._bytes_leaves = [spec.dtype == structure.BYTES for spec in leaves]
         self._single = self._treespec.num_nodes == 1
-        self._file: BinaryIO = open(store._data, "rb")  # noqa: SIM115 - closed by close()
-        self._file.seek(offset)
+        self._file: Any
+        if store.remote:
+            self._file = open_remote(store._data, offset, "cache")
+        else:
+            self._file = open(store._data, "rb")  # noqa: SIM115 - closed by close()
+            self._file.seek(offset)
         self.offset = offset
         self.position = position
         self._columns: list[np.ndarray] = []
@@ -171,8 +204,15 @@ class _FileWriter:
     def __init__(self, store: FileStore, seed: int) -> None:
         self._store = store
         self._seed = seed
-        self._temp = store._data + ".tmp"
-        self._file: BinaryIO = open(self._temp, "wb")  # noqa: SIM115 - closed by commit/abort
+        self._file: Any
+        if store.remote:  # one upload, completed (so shown) at commit
+            self._temp = store._data
+            fs, inner = _fs.filesystem(self._temp)
+            with _fs.translate_errors(self._temp, "cache"):
+                self._file = fs.open(inner, "wb")
+        else:
+            self._temp = store._data + ".tmp"
+            self._file = open(self._temp, "wb")  # noqa: SIM115 - closed by commit/abort
         self._count = 0
         self._rows: list[list[np.ndarray]] = []
         self._kind: list[tuple[tuple[int, ...], np.dtype]] = []
@@ -203,24 +243,28 @@ class _FileWriter:
         store = self._store
         if self._rows:
             self._flush()
-        self._file.close()
-        os.replace(self._temp, store._data)
+        with _fs.translate_errors(self._temp, "cache"):
+            self._file.close()
+        if not store.remote:
+            os.replace(self._temp, store._data)
         meta = {
             "format": _FORMAT,
             "elements": self._count,
             "seed": self._seed,
             "spec": repr(store._spec),
         }
-        with open(store._index + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(meta, f)
-        os.replace(store._index + ".tmp", store._index)
-        os.remove(store._lock)
+        _snapshot_fs.write_atomic(store._index, json.dumps(meta).encode("utf-8"))
+        _snapshot_fs.remove(store._lock)
 
     def abort(self) -> None:
-        self._file.close()
+        if isinstance(self._file, AbstractBufferedFile):  # a store's upload (s3fs, gcsfs, ...)
+            with _fs.translate_errors(self._temp, "cache"):
+                self._file.discard()  # an unfinished multipart upload is aborted, never shown
+            self._file.closed = True  # closing would upload what is buffered
+        else:
+            self._file.close()
         for path in (self._temp, self._store._lock):
-            if os.path.exists(path):
-                os.remove(path)
+            _snapshot_fs.remove(path)
 
 
 def _nbytes(leaf: np.ndarray) -> int:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from feedline.data.dataset import AUTOTUNE
@@ -66,3 +67,33 @@ def check_seed(seed: Any, operation: str) -> int | None:
     if seed is not None and (isinstance(seed, bool) or not hasattr(seed, "__index__")):
         raise TypeError(f"{operation}: seed must be an int or None, got {seed!r}")
     return seed if seed is None else int(seed)
+
+
+_DEVICE = re.compile(
+    r"^(?:/job:[^/]+(?:/replica:\d+)?(?:/task:\d+)?)?/?(?:device:)?(?P<kind>cpu|gpu|cuda)"
+    r"(?::(?P<index>\d+))?$",
+    re.IGNORECASE,
+)
+
+
+def canonical_device(name: Any) -> str:
+    """``"cpu"`` or ``"cuda:N"`` for a PyTorch or TensorFlow device name (``"/gpu:0"``,
+    ``"GPU:1"``, ``"/job:localhost/replica:0/task:0/device:GPU:0"``, ``"cuda"``, ``"/cpu:0"``)
+    or a ``torch.device``.
+
+    Example:
+      >>> canonical_device("/gpu:1"), canonical_device("cuda"), canonical_device("/cpu:0")
+      ('cuda:1', 'cuda:0', 'cpu')
+
+    Raises:
+      InvalidArgumentError: not the name of a CPU or CUDA device.
+    """
+    text = str(name) if type(name).__name__ == "device" else name
+    match = _DEVICE.match(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArgumentError(
+            f"unknown device {name!r}; use 'cuda:N', '/gpu:N', 'GPU:N' or '/cpu:0'"
+        )
+    if match["kind"].lower() == "cpu":
+        return "cpu"
+    return f"cuda:{int(match['index'] or 0)}"

@@ -4,6 +4,7 @@ and chunks of calls as the parallel map's threads and worker processes make them
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import dis
 import functools
 import itertools
@@ -163,12 +164,21 @@ def dummy_element(spec: Any, unknown: int, fill: int = 0) -> Any:
     """An element of ``spec`` filled with ``fill``, ``unknown`` in place of unknown dimensions;
     a component that is a dataset (``DatasetSpec``) gets ``unknown`` such elements."""
 
-    def make(s: TensorSpec | DatasetSpec) -> Any:
+    def make(s: Any) -> Any:
         if isinstance(s, DatasetSpec):
             return ElementsDataset(
                 [dummy_element(s.element_spec, unknown, fill)] * unknown, s.element_spec
             )
-        shape = tuple(unknown if d is None else d for d in s.shape)
+        if s.shape is None:  # unknown rank: a rank that differs between the samples
+            shape: tuple[int, ...] = (unknown,) * unknown
+        else:
+            shape = tuple(unknown if d is None else d for d in s.shape)
+        if isinstance(s, structure.SparseTensorSpec | structure.RaggedTensorSpec):
+            dense = make(TensorSpec(shape, s.dtype))
+            if isinstance(s, structure.SparseTensorSpec):  # every position holds ``fill``
+                where = np.argwhere(np.ones(shape, bool))
+                return structure.SparseArray(where, dense.ravel(), shape)
+            return structure.RaggedArray.from_tensor(dense, s.ragged_rank or 1, s.row_splits_dtype)
         if s.dtype.kind == "U":
             return np.full(shape, str(fill))
         if s.dtype == structure.BYTES:  # byte strings: an object array of bytes such as b"0"
@@ -190,10 +200,20 @@ def _merge_leaf(a: Any, b: Any) -> Any:
     return a.most_specific_common(b)
 
 
-def _merge_samples(a: Any, b: Any) -> Any:
+def _merge_ranks(a: Any, b: Any) -> Any:
+    """As ``_merge_leaf``, but outputs of different ranks have unknown rank (for an input of
+    unknown rank, whose samples differ in rank)."""
+    if isinstance(a, TensorSpec) and isinstance(b, TensorSpec) and a.rank != b.rank:
+        if a.dtype != b.dtype:
+            raise InvalidArgumentError(f"outputs of dtypes {a.dtype} and {b.dtype}")
+        return TensorSpec(None, a.dtype)
+    return _merge_leaf(a, b)
+
+
+def _merge_samples(a: Any, b: Any, merge: Callable[[Any, Any], Any] = _merge_leaf) -> Any:
     if not structure.same_structure(a, b):
         raise InvalidArgumentError("outputs have different structures")
-    return structure.map_spec(_merge_leaf, a, b)
+    return structure.map_spec(merge, a, b)
 
 
 def _relax_batch_dim(spec: Any, input_dataset: Dataset, element: Any) -> Any:
@@ -206,7 +226,12 @@ def _relax_batch_dim(spec: Any, input_dataset: Dataset, element: Any) -> Any:
         return spec
     size = structure.leading_dim(element)
     return structure.map_spec(
-        lambda s: TensorSpec((None, *s.shape[1:]), s.dtype) if s.shape[:1] == (size,) else s, spec
+        lambda s: (
+            dataclasses.replace(s, shape=(None, *s.shape[1:]))  # a sparse or ragged spec too
+            if getattr(s, "shape", ())[:1] == (size,)
+            else s
+        ),
+        spec,
     )
 
 
@@ -218,10 +243,12 @@ _MAX_REAL_SAMPLES = 100
 def infer_output_spec(fn: Callable[[Any], Any], input_dataset: Dataset) -> Any:
     """The output spec of ``fn``, found the way tf.data traces a function: by running it.
 
-    It runs on inputs filled with zeros and with ones, with unknown dimensions of size 1 and 2;
-    output dimensions that differ between the runs are unknown (so shapes that depend on values
-    or on unknown input sizes come out as ``None``). Where the function cannot run on such
-    samples, the spec is that of its first output on a real input element that it accepts.
+    It runs on inputs filled with zeros and with ones, with unknown dimensions of size 1 and 2
+    (and components of unknown rank of rank 1 and 2); output dimensions that differ between the
+    runs are unknown (so shapes that depend on values or on unknown input sizes come out as
+    ``None``, and ranks that follow an input of unknown rank come out unknown). Where the
+    function cannot run on such samples, the spec is that of its first output on a real input
+    element that it accepts.
     """
     specs = []
     for fill, unknown in _SAMPLES:
@@ -233,7 +260,12 @@ def infer_output_spec(fn: Callable[[Any], Any], input_dataset: Dataset) -> Any:
             continue
     try:
         if specs:
-            return functools.reduce(_merge_samples, specs)
+            unknown_rank = any(
+                isinstance(s, TensorSpec) and s.shape is None
+                for s in structure.spec_leaves(input_dataset.element_spec)
+            )
+            merge = _merge_ranks if unknown_rank else _merge_leaf
+            return functools.reduce(functools.partial(_merge_samples, merge=merge), specs)
     except (InvalidArgumentError, ValueError):
         pass  # outputs of different dtypes or structures on samples: real elements decide
     failure: Exception | None = None

@@ -118,7 +118,8 @@ def spec_to_json(spec: Any) -> Any:
     """``spec`` (a nested structure of ``TensorSpec``) as plain JSON values."""
     if isinstance(spec, TensorSpec):
         dtype = {"O": "bytes", "U": "str"}.get(spec.dtype.kind, spec.dtype.str)
-        return {"spec": {"shape": list(spec.shape), "dtype": dtype}}
+        shape = None if spec.shape is None else list(spec.shape)
+        return {"spec": {"shape": shape, "dtype": dtype}}
     if spec is None:
         return {"none": None}
     if isinstance(spec, tuple) and hasattr(spec, "_fields"):
@@ -143,7 +144,8 @@ def spec_from_json(value: Any) -> Any:
     ((kind, body),) = value.items()
     if kind == "spec":
         dtype = {"bytes": structure.BYTES, "str": np.dtype("U")}.get(body["dtype"], body["dtype"])
-        return TensorSpec(tuple(body["shape"]), dtype)
+        shape = body["shape"]
+        return TensorSpec(None if shape is None else tuple(shape), dtype)
     if kind == "none":
         return None
     if kind == "tuple":

@@ -49,7 +49,9 @@ class CacheDataset(Dataset):
     pickle; byte strings as their lengths and their concatenated bytes, so they read back
     exactly) and ``{filename}.index``, written when the pass completes; any later pass, in any
     process, reads them. ``{filename}.lock`` keeps a second writer out: it is an error to
-    write the same cache from two iterators at once.
+    write the same cache from two iterators at once. ``filename`` may be a URL
+    (``s3://bucket/cache/train``): the data is then one upload the store shows once the pass
+    completes, and later passes read it in ranged requests, ahead of the reader.
 
     Example:
       >>> from feedline.data import Dataset

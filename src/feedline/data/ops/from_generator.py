@@ -22,15 +22,17 @@ def _is_shape(value: Any) -> bool:
     )
 
 
+def _is_dtype(value: Any) -> bool:
+    return isinstance(value, np.dtype)
+
+
 def _is_type_leaf(value: Any) -> bool:
     return not isinstance(value, tuple | dict)
 
 
 def _signature(output_signature: Any, output_types: Any, output_shapes: Any) -> Any:
-    """The element spec from ``output_signature``, or from ``output_types``/``output_shapes``.
-
-    Returns None where the shapes are not given: the first element then fixes the rank.
-    """
+    """The element spec from ``output_signature``, or from ``output_types``/``output_shapes``:
+    where the shapes are not given, every component has unknown rank, as in TensorFlow."""
     if output_signature is not None:
         if output_types is not None or output_shapes is not None:
             raise TypeError(
@@ -46,19 +48,21 @@ def _signature(output_signature: Any, output_types: Any, output_shapes: Any) -> 
         raise TypeError("from_generator needs output_signature (or output_types)")
     types = optree.tree_map(np.dtype, output_types, is_leaf=_is_type_leaf)
     if output_shapes is None:
-        return None
+        return optree.tree_map(lambda t: TensorSpec(None, t), types, is_leaf=_is_dtype)
     return optree.tree_map(
-        lambda t, shape: TensorSpec(tuple(shape or ()), t),
+        lambda t, shape: TensorSpec(None if shape is None else tuple(shape), t),
         types,
         output_shapes,
-        is_leaf=lambda v: isinstance(v, np.dtype) or _is_shape(v),
+        is_leaf=lambda v: _is_dtype(v) or _is_shape(v),
     )
 
 
 class GeneratorDataset(Dataset):
     """Elements produced by ``generator(*args)``, a callable returning an iterable.
 
-    Each element is converted to the dtypes of the signature and checked against its shapes. The
+    Each element is converted to the dtypes of the signature and checked against its shapes;
+    given ``output_types`` alone, the components have unknown rank (``TensorSpec(None, dtype)``)
+    and elements of any shape, one rank or another, are accepted, as in TensorFlow. The
     iterator's state is the number of elements produced: restoring calls the generator again and
     skips that many, so it restores exactly when the generator is deterministic.
     """
@@ -78,17 +82,7 @@ class GeneratorDataset(Dataset):
             )
         self._generator = generator
         self._args = tuple(structure.normalize(a) for a in (args or ()))
-        self._types = output_types
         self._element_spec = _signature(output_signature, output_types, output_shapes)
-
-    def _compute_element_spec(self) -> Any:
-        # Only the types were given: the first element fixes the ranks, dimensions unknown.
-        first = structure.normalize(next(iter(self._generator(*self._args))))
-        return structure.map_spec(
-            lambda s, t: TensorSpec((None,) * s.rank, t),
-            structure.spec_of(first),
-            optree.tree_map(np.dtype, self._types, is_leaf=_is_type_leaf),
-        )
 
     def _make_iterator(self, ctx: IteratorContext) -> _GeneratorIterator:
         return _GeneratorIterator(self, ctx)

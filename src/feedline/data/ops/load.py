@@ -126,13 +126,21 @@ def default_reader(finished: Finished, options: Any) -> Callable[[Dataset], Data
     return reader_func
 
 
+def _narrower(stored: tuple[int | None, ...] | None, given: tuple[int | None, ...]) -> bool:
+    """Whether every shape ``stored`` allows fits ``given`` (unknown rank fits only unknown)."""
+    return (
+        stored is not None
+        and len(stored) == len(given)
+        and all(a is None or a == b for a, b in zip(given, stored, strict=True))
+    )
+
+
 def _check_spec(given: Any, stored: Any, path: str) -> Any:
     """``given`` where the stored elements fit it, else an error naming both."""
     fits = structure.same_structure(given, stored) and all(
         isinstance(g, structure.TensorSpec)
         and g.dtype == s.dtype
-        and g.rank == s.rank
-        and all(a is None or a == b for a, b in zip(g.shape, s.shape, strict=True))
+        and (g.shape is None or _narrower(s.shape, g.shape))
         for g, s in zip(structure.spec_leaves(given), structure.spec_leaves(stored), strict=True)
     )
     if not fits:

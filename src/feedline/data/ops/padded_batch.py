@@ -22,6 +22,12 @@ def _parse_shape(spec: TensorSpec, shape: Any, name: str) -> Shape:
     """``shape``: None, an int (a vector's length), or a list/tuple of ints with None or -1
     for "the longest in the batch"."""
     if shape is None:
+        if spec.shape is None:
+            raise InvalidArgumentError(
+                f"padded_batch: {name} has unknown rank ({spec}): give its padded_shapes, as "
+                "TensorFlow requires for components of unknown rank, or give the source its "
+                "shapes (from_generator's output_shapes or output_signature)"
+            )
         return spec.shape
     if isinstance(shape, np.ndarray):
         shape = shape.tolist()
@@ -36,9 +42,15 @@ def _parse_shape(spec: TensorSpec, shape: Any, name: str) -> Shape:
             f"or -1 for the batch's longest), got {shape!r}"
         )
     dims = tuple(None if d is None or d == -1 else int(d) for d in dims)
-    if len(dims) != spec.rank or any(
-        p is not None and (p < 0 or (s is not None and p < s))
-        for p, s in zip(dims, spec.shape, strict=True)
+    if any(p is not None and p < 0 for p in dims):
+        raise InvalidArgumentError(
+            f"padded_batch: the padded shape {shape!r} of {name} has a negative dimension"
+        )
+    if spec.shape is not None and (
+        len(dims) != spec.rank
+        or any(
+            p is not None and s is not None and p < s for p, s in zip(dims, spec.shape, strict=True)
+        )
     ):
         raise InvalidArgumentError(
             f"padded_batch: the padded shape {shape!r} of {name} is not compatible with its "

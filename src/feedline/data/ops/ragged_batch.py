@@ -19,7 +19,15 @@ def _ragged_rank(spec: Any) -> int:
     """How many ragged dimensions a batch of ``spec`` gets: 0 for a component batched as
     ``batch`` does (a fully known shape, or already ragged or sparse), else up to the last
     unknown dimension, as tf.data does."""
-    if not isinstance(spec, TensorSpec) or None not in spec.shape:
+    if not isinstance(spec, TensorSpec):
+        return 0
+    if spec.shape is None:
+        raise InvalidArgumentError(
+            f"ragged_batch: a component has unknown rank ({spec}); give the source its shapes "
+            "(from_generator's output_shapes or output_signature), or use padded_batch with "
+            "padded_shapes"
+        )
+    if None not in spec.shape:
         return 0
     return max(i for i, d in enumerate(spec.shape) if d is None) + 1
 

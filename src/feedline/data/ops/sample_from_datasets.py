@@ -77,6 +77,7 @@ class SampleFromDatasetsDataset(Dataset):
             spec = weights.element_spec
             if not (
                 isinstance(spec, structure.TensorSpec)
+                and spec.shape is not None
                 and spec.rank == 1
                 and spec.shape[0] in (None, count)
                 and spec.dtype.kind in "fiu"

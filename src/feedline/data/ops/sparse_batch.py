@@ -37,8 +37,11 @@ def _row_shape(row_shape: Any, spec: TensorSpec) -> tuple[int | None, ...]:
                 f"sparse_batch: row_shape must be a list of ints >= 0 (None or -1 for the "
                 f"batch's largest), got {row_shape!r}"
             )
-    if len(dims) != spec.rank or any(
-        r is not None and s is not None and s > r for r, s in zip(dims, spec.shape, strict=True)
+    if spec.shape is not None and (
+        len(dims) != spec.rank
+        or any(
+            r is not None and s is not None and s > r for r, s in zip(dims, spec.shape, strict=True)
+        )
     ):
         raise InvalidArgumentError(
             f"sparse_batch: row_shape {list(row_shape)} does not fit the elements' shape "

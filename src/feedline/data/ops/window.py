@@ -200,7 +200,7 @@ def batched_window_plan(
     """
     spec = window.inputs[0].element_spec
     leaf_specs = structure.spec_leaves(spec)
-    if any(not isinstance(s, TensorSpec) or None in s.shape for s in leaf_specs):
+    if any(not isinstance(s, TensorSpec) or s.shape is None or None in s.shape for s in leaf_specs):
         return None
     probes = structure.map_spec(lambda s: ElementsDataset([], s), spec)
     try:
@@ -229,7 +229,7 @@ class _Rows:
     def __init__(self, input_iterator: DatasetIterator, leaf_specs: list[TensorSpec]) -> None:
         self._input = input_iterator
         self._empty = [
-            structure.zeros((0, *(int(d or 0) for d in s.shape)), s.dtype) for s in leaf_specs
+            structure.zeros((0, *(int(d or 0) for d in s.shape or ())), s.dtype) for s in leaf_specs
         ]
         self.leaves = list(self._empty)
         self.count = 0

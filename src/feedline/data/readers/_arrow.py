@@ -9,22 +9,44 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feedline import structure
-from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
+from feedline import _fs, structure
+from feedline.errors import DataLossError, FeedlineError, InvalidArgumentError, NotFoundError
 
 
 def open_parquet(filename: str) -> pq.ParquetFile:
-    """``filename`` as a ``ParquetFile`` whose pages are checked against their CRC-32 checksums
-    where the file has them (``write_page_checksum=True``); NotFoundError or DataLossError
-    where it cannot be opened."""
-    if not os.path.exists(filename):
+    """``filename`` (a local path or a URL, ``s3://...``) as a ``ParquetFile`` whose pages are
+    checked against their CRC-32 checksums where the file has them (``write_page_checksum=True``);
+    NotFoundError or DataLossError where it cannot be opened. A remote file is read through
+    ``_fs.RemoteReader``: each of pyarrow's reads (the footer, a column chunk) is one ranged
+    request, made again at the offset reached after a transient failure, and an object that
+    changes meanwhile is a DataLossError. ``close_parquet`` closes it."""
+    source: Any = filename
+    if not _fs.is_local(filename):
+        source = _fs.RemoteReader(filename, 0, "ParquetDataset")
+    elif filename.startswith("file://"):
+        filename = source = _fs.filesystem(filename)[1]
+    if isinstance(source, str) and not os.path.exists(source):
         raise NotFoundError(
             f"ParquetDataset: file {filename!r} does not exist; check the path", name=filename
         )
     try:
-        return pq.ParquetFile(filename, page_checksum_verification=True)
+        return pq.ParquetFile(source, page_checksum_verification=True)
+    except FeedlineError:
+        close_source(source)
+        raise
     except (pa.ArrowException, OSError) as error:
+        close_source(source)
         raise damaged_parquet(filename, error) from error
+
+
+def close_source(source: Any) -> None:
+    if isinstance(source, _fs.RemoteReader):
+        source.close()
+
+
+def close_parquet(parquet: pq.ParquetFile) -> None:
+    """Closes what ``open_parquet`` opened (a remote file's reader too)."""
+    parquet.close(force=True)
 
 
 def damaged_parquet(filename: str, error: BaseException, row: int | None = None) -> DataLossError:

@@ -134,20 +134,69 @@ def match_files(pattern: str, operation: str) -> list[str]:
         return [_fs.unstrip(fs, name, pattern) for name in fs.glob(inner)]
 
 
-# Remote files (object stores) are read in ranged requests of this many bytes.
-_REMOTE_BLOCK = 8 << 20
+# Remote files (object stores) are read ahead of the reader in the background: at most
+# READ_AHEAD_BUFFERS x buffer_size bytes (16 MiB for the default buffer_size of 1 MiB), in
+# ranged requests of half that window, at most REMOTE_BLOCK bytes each.
+READ_AHEAD_BUFFERS = 16
+REMOTE_BLOCK = 8 << 20
 
 
-def open_stream(filename: str, compression: str, position: int, operation: str) -> Any:
+def open_remote(
+    filename: str, position: int, operation: str, buffer_size: int = DEFAULT_BUFFER_SIZE
+) -> _fs.RemoteReader:
+    """A remote file (object store, or any non-local file system) opened at ``position`` and
+    read ahead in the background: ``READ_AHEAD_BUFFERS x buffer_size`` bytes at most, each
+    request made again at the offset reached after a transient failure (``_fs.RemoteReader``).
+
+    Raises:
+      NotFoundError: the object does not exist (naming the URL).
+      DataLossError: the object is shorter than ``position``.
+    """
+    window = READ_AHEAD_BUFFERS * buffer_size
+    raw = _fs.RemoteReader(
+        filename, 0, operation, block_size=min(REMOTE_BLOCK, window // 2), read_ahead=window
+    )
+    if position > raw.size:
+        raw.close()
+        raise _shorter(operation, filename, position, raw.size)
+    raw.seek(position)
+    raw.start_read_ahead()
+    return raw
+
+
+def open_stream(
+    filename: str,
+    compression: str,
+    position: int,
+    operation: str,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+) -> Any:
     """``filename`` (a local path or any URL of the file-system layer, ``s3://...``) opened for
-    reading at ``position`` (a position in the decompressed bytes).
+    reading at ``position`` (a position in the decompressed bytes). A remote file is read
+    ahead in the background (``open_remote``).
 
     Raises:
       NotFoundError: the file does not exist.
       DataLossError: the file is shorter than ``position`` (it changed since a checkpoint).
     """
     if not _fs.is_local(filename):
-        return _open_remote(filename, compression, position, operation)
+        if not compression:
+            return open_remote(filename, position, operation, buffer_size)
+        raw: Any = open_remote(filename, 0, operation, buffer_size)
+    else:
+        raw = _open_local(filename, compression, position, operation)
+        if not compression:
+            return raw
+    stream = InflateStream(raw, filename, compression, operation)
+    skipped = stream.skip(position)
+    if skipped < position:
+        stream.close()
+        raise _shorter(operation, filename, position, skipped)
+    return stream
+
+
+def _open_local(filename: str, compression: str, position: int, operation: str) -> BinaryIO:
+    """A local file, opened at ``position`` if it is not compressed (else at 0)."""
     if filename.startswith("file://"):
         filename = _fs.filesystem(filename)[1]
     try:
@@ -168,36 +217,7 @@ def open_stream(filename: str, compression: str, position: int, operation: str) 
             raw.close()
             raise _shorter(operation, filename, position, size)
         raw.seek(position)
-        return raw
-    stream = InflateStream(raw, filename, compression, operation)
-    skipped = stream.skip(position)
-    if skipped < position:
-        stream.close()
-        raise _shorter(operation, filename, position, skipped)
-    return stream
-
-
-def _open_remote(filename: str, compression: str, position: int, operation: str) -> Any:
-    """A file of an object store (or any non-local file system): read in large ranges, each
-    made again at the offset reached after a transient failure (``_fs.RemoteReader``)."""
-    if not compression:
-        raw = _fs.RemoteReader(filename, 0, operation, block_size=_REMOTE_BLOCK)
-        if position > raw.size:
-            raw.close()
-            raise _shorter(operation, filename, position, raw.size)
-        raw.seek(position)
-        return raw
-    stream = InflateStream(
-        _fs.RemoteReader(filename, 0, operation, block_size=_REMOTE_BLOCK),
-        filename,
-        compression,
-        operation,
-    )
-    skipped = stream.skip(position)
-    if skipped < position:
-        stream.close()
-        raise _shorter(operation, filename, position, skipped)
-    return stream
+    return raw
 
 
 def _shorter(operation: str, filename: str, position: int, size: int) -> DataLossError:

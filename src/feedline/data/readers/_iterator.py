@@ -22,11 +22,12 @@ user and the next call goes on with the record after it, as TensorFlow's CSV rea
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Protocol
 
 import numpy as np
 
-from feedline import structure
+from feedline import _fs, structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._background import END, ERROR, Producer
 from feedline.data.readers._blocks import Block, RecordError
@@ -67,8 +68,17 @@ class _Slot:
         self.dataset: Any = None
         self.threaded = False
 
-    def open(self, dataset: Any, name: str, position: int, threaded: bool) -> None:
-        self.reader = dataset._open_file(name, position)
+    def open(
+        self,
+        dataset: Any,
+        name: str,
+        position: int,
+        threaded: bool,
+        early: _EarlyOpen | None = None,
+    ) -> None:
+        """Opens ``name`` at ``position`` (taking the reader ``early`` opened, where it did)."""
+        reader = early.take(name, position) if early is not None else None
+        self.reader = reader if reader is not None else dataset._open_file(name, position)
         self.dataset, self.threaded = dataset, threaded
         self.name = name
         self.position = position
@@ -129,6 +139,61 @@ def _pull_block(reader: FileReader) -> Block:
     if block is None:
         raise StopIteration
     return block
+
+
+class _EarlyOpen:
+    """Opens a remote file on a daemon thread as soon as the iterator exists, so that its first
+    requests (and its read-ahead) start before the first element is asked for: the datasets an
+    ``interleave`` opens for its cycle all start fetching at once, whatever its parallelism.
+    ``take`` hands over the reader (or raises the error of opening it) when the file is opened
+    at position 0; a reader never taken is closed."""
+
+    _WAIT = 1.0
+
+    def __init__(self, dataset: Any, name: str) -> None:
+        self.name = name
+        self._dataset = dataset
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._reader: FileReader | None = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+        threading.Thread(target=self._run, name="feedline-early-open", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            reader = self._dataset._open_file(self.name, 0)
+        except BaseException as error:  # raised by ``take``, where the file is opened
+            self._error = error
+            self._done.set()
+            return
+        with self._lock:
+            self._reader = reader
+            abandoned = self._abandoned
+            self._done.set()
+        if abandoned:
+            reader.close()
+
+    def take(self, name: str, position: int) -> FileReader | None:
+        """The reader opened early, if it is of ``name`` at ``position``; None otherwise (and
+        whatever was opened early is closed)."""
+        if name != self.name or position != 0:
+            self.close()
+            return None
+        while not self._done.wait(self._WAIT):  # bounded by the open's retries and timeouts
+            pass
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error.with_traceback(error.__traceback__)
+        reader, self._reader = self._reader, None
+        return reader
+
+    def close(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
 
 class _Names:
@@ -192,6 +257,10 @@ class FilesIterator(DatasetIterator):
         self._slots = [_Slot() for _ in range(cycle_length)]
         self._threaded = cycle_length > 1
         self._cycle = 0
+        self._early: _EarlyOpen | None = None
+        names = getattr(dataset, "_filenames", None)
+        if names and not _fs.is_local(names[0]):
+            self._early = _EarlyOpen(dataset, names[0])
         if self._threaded:
             self._next = self._next_round_robin  # type: ignore[method-assign]
             if records:
@@ -220,7 +289,7 @@ class FilesIterator(DatasetIterator):
             if name is None:
                 self._names_done = True
                 return False
-            slot.open(self._dataset, name, 0, self._threaded)
+            slot.open(self._dataset, name, 0, self._threaded, self._take_early())
 
     def _next_batch_sequential(self, n: int) -> Any:
         slot = self._slots[0]
@@ -273,7 +342,7 @@ class FilesIterator(DatasetIterator):
                 continue
             name = None if self._names_done else self._names.next()
             if name is not None:
-                slot.open(self._dataset, name, 0, True)
+                slot.open(self._dataset, name, 0, True, self._take_early())
                 continue
             self._names_done = True
             if all(s.name is None for s in slots):
@@ -296,7 +365,15 @@ class FilesIterator(DatasetIterator):
             "positions": [slot.consumed_position() if slot.name else 0 for slot in self._slots],
         }
 
+    def _take_early(self) -> _EarlyOpen | None:
+        """The early opener, once: only the first file opened may be what it opened."""
+        early, self._early = self._early, None
+        return early
+
     def _set_state(self, state: dict[str, Any]) -> None:
+        early = self._take_early()
+        if early is not None:
+            early.close()
         for slot in self._slots:
             slot.close()
         self._names.set_state(state["names"])
@@ -313,6 +390,9 @@ class FilesIterator(DatasetIterator):
                 slot.open(self._dataset, name, int(position), self._threaded)
 
     def _close(self) -> None:
+        early = self._take_early()
+        if early is not None:
+            early.close()
         for slot in self._slots:
             slot.close()
         self._names.close()

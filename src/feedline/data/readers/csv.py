@@ -36,7 +36,8 @@ class CsvDataset(FileReaderMixin, Dataset):
         bytes, or a NumPy scalar of one of those dtypes), used where the field is empty or
         ``na_value``.
       compression_type: None or "" (none), "GZIP" or "ZLIB".
-      buffer_size: the size in bytes of each read (None: 1 MiB).
+      buffer_size: the size in bytes of each read (None: 1 MiB); a remote file is read ahead
+        in the background, 16 x buffer_size at most (docs/object_storage.md, "Readers").
       header: whether the first line of every file is a header, to skip.
       field_delim: the one-character field separator.
       use_quote_delim: whether ``"`` quotes fields (RFC 4180: a quoted field may hold the

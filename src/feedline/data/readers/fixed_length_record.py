@@ -34,7 +34,8 @@ class FixedLengthRecordDataset(ByteStreamReaderMixin, Dataset):
       record_bytes: the size of each record, >= 1.
       header_bytes: bytes to skip at the start of each file (default 0).
       footer_bytes: bytes to skip at the end of each file (default 0).
-      buffer_size: the size in bytes of each read (None: 1 MiB).
+      buffer_size: the size in bytes of each read (None: 1 MiB); a remote file is read ahead
+        in the background, 16 x buffer_size at most (docs/object_storage.md, "Readers").
       compression_type: None or "" (none), "GZIP" or "ZLIB".
       num_parallel_reads: None or 1 reads the files one after another; n > 1 (or AUTOTUNE)
         reads n files at once, in the order of ``interleave(cycle_length=n, block_length=1)``.
@@ -96,7 +97,9 @@ class RecordReader:
         header_bytes: int,
         footer_bytes: int,
     ) -> None:
-        self._stream = open_stream(filename, compression, position, "FixedLengthRecordDataset")
+        self._stream = open_stream(
+            filename, compression, position, "FixedLengthRecordDataset", buffer_size
+        )
         self._filename = filename
         self._position = position  # of the first byte of ``_pending`` in the file
         self._record = record_bytes

@@ -1,4 +1,5 @@
-"""``NpyDataset``: the rows of ``.npy`` files along their first dimension, memory-mapped."""
+"""``NpyDataset``: the rows of ``.npy`` files along their first dimension, memory-mapped (local
+files) or read by ranges (remote ones, ``s3://...``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Literal
 
 import numpy as np
 
+from feedline import _fs
 from feedline.data.dataset import (
     UNKNOWN_CARDINALITY,
     Dataset,
@@ -14,10 +16,12 @@ from feedline.data.dataset import (
 )
 from feedline.data.readers._files import FileNames, FileReaderMixin, first_file_name
 from feedline.data.readers._iterator import FilesIterator
+from feedline.data.readers._remote_npy import RemoteNpy
 from feedline.errors import DataLossError, InvalidArgumentError, NotFoundError
 from feedline.structure import TensorSpec
 
 _BLOCK_ROWS = 4096
+_REMOTE_BLOCK_BYTES = 1 << 20  # a remote file's rows are handed out about this many at once
 MmapMode = Literal["r", "c"]
 _MMAP_MODES = (None, "r", "c")
 
@@ -26,9 +30,13 @@ class NpyDataset(FileReaderMixin, Dataset):
     """Row ``i`` of the dataset is row ``i`` of the concatenated ``.npy`` files.
 
     Args:
-      filenames: a file name, a list of them, or a Dataset of scalar file names.
-      mmap_mode: "r" (default) memory-maps each file read-only, so only the rows read are
-        loaded; "c" maps copy-on-write; None loads each file whole when it is opened.
+      filenames: a file name, a list of them, or a Dataset of scalar file names; local paths
+        or URLs (``s3://bucket/x.npy``, docs/object_storage.md).
+      mmap_mode: "r" (default) memory-maps each local file read-only, so only the rows read
+        are loaded; "c" maps copy-on-write; None loads each file whole when it is opened.
+        A remote file is never loaded whole: its header is read, then its rows by ranged
+        requests (read ahead in the background when the rows are read in order; a gather of
+        random rows asks for each run of consecutive rows). Remote files must be C-ordered.
 
     Every file must hold an array of at least one dimension, and all files the same dtype and
     the same shape past the first dimension (``InvalidArgumentError`` naming both files and
@@ -60,7 +68,7 @@ class NpyDataset(FileReaderMixin, Dataset):
         self._mmap_mode = mmap_mode
         self._reader_args = {"mmap_mode": mmap_mode}
         self._spec_file = first_file_name(self, "NpyDataset", "read the dtype and shape from")
-        first = load_array(self._spec_file, "r")
+        first = load_array(self._spec_file, "r", header_only=True)
         if first.ndim == 0:
             raise InvalidArgumentError(
                 f"NpyDataset: {self._spec_file!r} holds a 0-d array; its rows are along the first "
@@ -70,11 +78,12 @@ class NpyDataset(FileReaderMixin, Dataset):
         self._rows: tuple[int, ...] | None = None
         if self._filenames is not None:
             self._rows = tuple(
-                self.check_array(load_array(name, "r"), name).shape[0] for name in self._filenames
+                self.check_array(load_array(name, "r", header_only=True), name).shape[0]
+                for name in self._filenames
             )
         self._element_spec = TensorSpec(self._row_shape, self._dtype)
 
-    def check_array(self, array: np.ndarray, filename: str) -> np.ndarray:
+    def check_array(self, array: _Array, filename: str) -> _Array:
         """``array`` if it has the dtype and row shape of the first file, else an error."""
         if array.ndim == 0 or array.dtype != self._dtype or array.shape[1:] != self._row_shape:
             raise InvalidArgumentError(
@@ -97,8 +106,10 @@ class NpyDataset(FileReaderMixin, Dataset):
         return FilesIterator(self, ctx)
 
     def _open_file(self, filename: str, position: int) -> _NpyReader:
-        array = self.check_array(load_array(filename, self._mmap_mode), filename)
+        array = self.check_array(load_array(filename, self._mmap_mode, stream=True), filename)
         if position > len(array):
+            if isinstance(array, RemoteNpy):
+                array.close()
             raise DataLossError(
                 f"NpyDataset: {filename!r} has {len(array)} rows, fewer than the saved position "
                 f"{position}; the file changed since the state was saved",
@@ -108,8 +119,22 @@ class NpyDataset(FileReaderMixin, Dataset):
         return _NpyReader(array, position)
 
 
-def load_array(filename: str, mmap_mode: MmapMode | None) -> np.ndarray:
-    """The array in a ``.npy`` file (memory-mapped unless ``mmap_mode`` is None)."""
+_Array = np.ndarray | RemoteNpy
+
+
+def load_array(
+    filename: str, mmap_mode: MmapMode | None, stream: bool = False, header_only: bool = False
+) -> _Array:
+    """The array in a ``.npy`` file: memory-mapped unless ``mmap_mode`` is None, or, for a
+    remote file, a ``RemoteNpy`` that reads rows by ranges (read ahead if ``stream``; only its
+    header is read and it is closed already if ``header_only``)."""
+    if not _fs.is_local(filename):
+        remote = RemoteNpy(filename, stream=stream)
+        if header_only:
+            remote.close()
+        return remote
+    if filename.startswith("file://"):
+        filename = _fs.filesystem(filename)[1]
     try:
         return np.load(filename, mmap_mode=mmap_mode, allow_pickle=False)
     except FileNotFoundError:
@@ -124,24 +149,25 @@ def load_array(filename: str, mmap_mode: MmapMode | None) -> np.ndarray:
 
 
 class _RowsBlock:
-    __slots__ = ("_array", "_stop", "start")
+    """Rows of a file from row ``start`` (``rows``: a view of the mapped file, or read)."""
 
-    def __init__(self, array: np.ndarray, start: int, stop: int) -> None:
-        self._array = array
+    __slots__ = ("_rows", "start")
+
+    def __init__(self, rows: np.ndarray, start: int) -> None:
+        self._rows = rows
         self.start = start
-        self._stop = stop
 
     def __len__(self) -> int:
-        return self._stop - self.start
+        return len(self._rows)
 
     def end(self, i: int) -> int:
         return self.start + i + 1
 
     def element(self, i: int) -> np.ndarray:
-        return _rows(self._array[self.start + i])
+        return _rows(self._rows[i])
 
     def batch(self, lo: int, hi: int) -> np.ndarray:
-        return _rows(self._array[self.start + lo : self.start + hi])
+        return _rows(self._rows[lo:hi])
 
 
 def _rows(rows: np.ndarray | np.generic) -> np.ndarray:
@@ -151,21 +177,29 @@ def _rows(rows: np.ndarray | np.generic) -> np.ndarray:
 
 
 class _NpyReader:
-    def __init__(self, array: np.ndarray, position: int) -> None:
-        self._array: np.ndarray | None = array
+    def __init__(self, array: _Array, position: int) -> None:
+        self._array: _Array | None = array
         self._row = position
+        self._step = _BLOCK_ROWS
+        if isinstance(array, RemoteNpy):
+            self._step = max(1, _REMOTE_BLOCK_BYTES // max(1, array.row_bytes))
 
     def read_block(self) -> _RowsBlock | None:
         array = self._array
         if array is None or self._row >= len(array):
             return None
-        stop = min(len(array), self._row + _BLOCK_ROWS)
-        block = _RowsBlock(array, self._row, stop)
+        stop = min(len(array), self._row + self._step)
+        if isinstance(array, RemoteNpy):
+            block = _RowsBlock(array.read(self._row, stop), self._row)
+        else:
+            block = _RowsBlock(array[self._row : stop], self._row)
         self._row = stop
         return block
 
     def close(self) -> None:
-        self._array = None
+        array, self._array = self._array, None
+        if isinstance(array, RemoteNpy):
+            array.close()
 
 
 class _NpyAccess:
@@ -175,12 +209,12 @@ class _NpyAccess:
         self._dataset = dataset
         self._names = names
         self._offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-        self._arrays: list[np.ndarray | None] = [None] * len(self._names)
+        self._arrays: list[_Array | None] = [None] * len(self._names)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
-    def _array(self, f: int) -> np.ndarray:
+    def _array(self, f: int) -> _Array:
         array = self._arrays[f]
         if array is None:
             name = self._names[f]
@@ -192,7 +226,10 @@ class _NpyAccess:
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} is outside [0, {len(self)})")
         f = int(np.searchsorted(self._offsets, index, side="right")) - 1
-        return _rows(self._array(f)[index - int(self._offsets[f])])
+        array, row = self._array(f), index - int(self._offsets[f])
+        if isinstance(array, RemoteNpy):
+            return _rows(array.read(row, row + 1)[0])
+        return _rows(array[row])
 
     def gather(self, indices: np.ndarray | slice) -> np.ndarray:
         if isinstance(indices, slice):
@@ -201,12 +238,18 @@ class _NpyAccess:
         files = np.searchsorted(self._offsets, indices, side="right") - 1
         local = indices - self._offsets[files]
         if len(files) and (files == files[0]).all():
-            return _taken(np.take(self._array(int(files[0])), local, axis=0))
+            return _taken(self._take(int(files[0]), local))
         out = np.empty((len(indices), *self._dataset._row_shape), self._dataset._dtype)
         for f in np.unique(files).tolist():
             mask = files == f
-            out[mask] = np.take(self._array(f), local[mask], axis=0)
+            out[mask] = self._take(f, local[mask])
         return _taken(out)
+
+    def _take(self, f: int, rows: np.ndarray) -> np.ndarray:
+        array = self._array(f)
+        if isinstance(array, RemoteNpy):
+            return array.take(rows)
+        return np.take(array, rows, axis=0)
 
 
 def _taken(rows: np.ndarray) -> np.ndarray:

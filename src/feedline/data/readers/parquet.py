@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from feedline.data.dataset import (
     UNKNOWN_CARDINALITY,
@@ -17,13 +16,14 @@ from feedline.data.dataset import (
 from feedline.data.ops._checks import check_positive
 from feedline.data.readers._arrow import (
     ArrowColumn,
+    close_parquet,
     columns_block,
     damaged_parquet,
     open_parquet,
 )
 from feedline.data.readers._files import FileNames, FileReaderMixin, first_file_name
 from feedline.data.readers._iterator import FilesIterator
-from feedline.errors import DataLossError, InvalidArgumentError
+from feedline.errors import DataLossError, FeedlineError, InvalidArgumentError
 from feedline.structure import TensorSpec
 
 _BLOCK_ROWS = 8192
@@ -33,7 +33,9 @@ class ParquetDataset(FileReaderMixin, Dataset):
     """The rows of Parquet files as dicts ``column name -> array``, file after file.
 
     Args:
-      filenames: a file name, a list of them, or a Dataset of scalar file names.
+      filenames: a file name, a list of them, or a Dataset of scalar file names; local paths
+        or URLs (``s3://bucket/x.parquet``: the footer, then each column chunk read, is one
+        ranged request; docs/object_storage.md).
       columns: the columns to read, in this order (default: all, in the file's order).
       batch_size: None yields one row at a time (0-d arrays, or fixed-size arrays for
         fixed-size list columns); n yields batches of n consecutive rows of a file as arrays
@@ -75,7 +77,9 @@ class ParquetDataset(FileReaderMixin, Dataset):
             columns = [columns]
         self._reader_args = {"columns": columns, "batch_size": self._batch_size}
         self._schema_file = first_file_name(self, "ParquetDataset", "read the columns from")
-        schema = open_parquet(self._schema_file).schema_arrow
+        parquet = open_parquet(self._schema_file)
+        schema = parquet.schema_arrow
+        close_parquet(parquet)
         names = list(schema.names) if columns is None else [str(c) for c in columns]
         for name in names:
             if schema.get_field_index(name) < 0:
@@ -90,10 +94,14 @@ class ParquetDataset(FileReaderMixin, Dataset):
     def _cardinality(self) -> int:
         if self._filenames is None:
             return UNKNOWN_CARDINALITY
-        try:
-            rows = [pq.read_metadata(name).num_rows for name in self._filenames]
-        except (OSError, pa.ArrowException):
-            return UNKNOWN_CARDINALITY
+        rows = []
+        for name in self._filenames:
+            try:
+                parquet = open_parquet(name)
+            except (OSError, pa.ArrowException):  # the error comes when the file is read
+                return UNKNOWN_CARDINALITY
+            rows.append(parquet.metadata.num_rows)
+            close_parquet(parquet)
         if self._batch_size is None:
             return sum(rows)
         return sum(-(-n // self._batch_size) for n in rows)
@@ -111,7 +119,15 @@ class _ParquetReader:
     def __init__(self, dataset: ParquetDataset, filename: str, position: int) -> None:
         self._dataset = dataset
         self._filename = filename
-        parquet = open_parquet(filename)
+        parquet = self._parquet = open_parquet(filename)
+        try:
+            self._start(dataset, filename, position)
+        except BaseException:
+            close_parquet(parquet)
+            raise
+
+    def _start(self, dataset: ParquetDataset, filename: str, position: int) -> None:
+        parquet = self._parquet
         schema = parquet.schema_arrow
         for field in dataset._fields:
             index = schema.get_field_index(field.name)
@@ -155,6 +171,8 @@ class _ParquetReader:
         while self._pending_rows < self._target and not self._exhausted:
             try:
                 batch = next(self._batches, None)
+            except FeedlineError:  # a remote file's (NotFoundError, changed object: DataLoss)
+                raise
             except (pa.ArrowException, OSError) as error:
                 raise damaged_parquet(self._filename, error, self._row) from error
             if batch is None:
@@ -186,3 +204,4 @@ class _ParquetReader:
 
     def close(self) -> None:
         self._batches = iter(())
+        close_parquet(self._parquet)

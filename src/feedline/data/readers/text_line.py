@@ -24,7 +24,8 @@ class TextLineDataset(ByteStreamReaderMixin, Dataset):
     Args:
       filenames: a file name, a list of them, or a Dataset of scalar file names.
       compression_type: None or "" (none), "GZIP" or "ZLIB".
-      buffer_size: the size in bytes of each read (None: 1 MiB).
+      buffer_size: the size in bytes of each read (None: 1 MiB); a remote file is read ahead
+        in the background, 16 x buffer_size at most (docs/object_storage.md, "Readers").
       num_parallel_reads: None or 1 reads the files one after another; n > 1 (or AUTOTUNE)
         reads n files at once on background threads, in the order of
         ``interleave(cycle_length=n, block_length=1)``.
@@ -61,7 +62,7 @@ class LineReader:
         operation: str,
         strip_cr: bool = True,
     ) -> None:
-        self._stream = open_stream(filename, compression, position, operation)
+        self._stream = open_stream(filename, compression, position, operation, buffer_size)
         self.filename = filename
         self._carry = b""
         self._base = position

@@ -27,7 +27,8 @@ class TFRecordDataset(ByteStreamReaderMixin, Dataset):
         ``Dataset.list_files`` gives), so that ``TFRecordDataset(Dataset.list_files(pattern))``
         and ``Dataset.list_files(pattern).interleave(TFRecordDataset, cycle_length=4)`` both work.
       compression_type: None or "" (none), "GZIP" or "ZLIB".
-      buffer_size: the size in bytes of each read (None: 1 MiB).
+      buffer_size: the size in bytes of each read (None: 1 MiB); a remote file is read ahead
+        in the background, 16 x buffer_size at most (docs/object_storage.md, "Readers").
       num_parallel_reads: None or 1 reads the files one after another; n > 1 (or AUTOTUNE)
         reads n files at once on background threads and hands out their records in the order of
         ``interleave(cycle_length=n, block_length=1)``, the same on every run.
@@ -68,7 +69,7 @@ class _RecordReader:
     """
 
     def __init__(self, filename: str, compression: str, position: int, buffer_size: int) -> None:
-        self._stream = open_stream(filename, compression, position, "TFRecordDataset")
+        self._stream = open_stream(filename, compression, position, "TFRecordDataset", buffer_size)
         self._filename = filename
         self._buffer = b""
         self._pos = 0

@@ -47,6 +47,7 @@ from feedline.service.protocol import (
     ClientHeartbeatRequest,
     GetOrCreateJobRequest,
     HeartbeatReply,
+    InputWait,
     JobView,
     JoinReply,
     ReleaseClientRequest,
@@ -77,6 +78,32 @@ _HEARTBEAT_S = 1.0
 # The longest time between the reports of a consumer of an exactly-once job (what it received:
 # a split is done, and the job can end, only once its elements are reported).
 _REPORT_S = 0.1
+
+
+class StepWaits:
+    """How long a consumer's steps waited for input: each ``next`` call is a step, and the
+    time from the first call on is the consumer's; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._first: float | None = None
+        self._steps = 0
+        self._waited = 0.0
+
+    def step(self, started: float, ended: float) -> None:
+        """A step asked for input at ``started`` and had it (or an error) at ``ended``."""
+        with self._lock:
+            if self._first is None:
+                self._first = started
+            self._steps += 1
+            self._waited += ended - started
+
+    def report(self) -> InputWait | None:
+        """The waits so far, None before the first step."""
+        with self._lock:
+            if self._first is None:
+                return None
+            return InputWait(self._steps, self._waited, time.monotonic() - self._first)
 
 
 class _JobReader:
@@ -132,6 +159,8 @@ class _JobReader:
         self._streams: dict[int, StreamView] = {}  # per task: what a position saves
         self._split_cursor: dict[str, Any] | None = None  # what split keys mean
         self._released = False
+        # How long the training steps waited for input (the heartbeats report it).
+        self._input_wait = StepWaits()
         joined = self._join(dataset, iteration)
         self._client_id = joined.client_id
         self._job_id = joined.job_id
@@ -201,7 +230,9 @@ class _JobReader:
             with self._lock:
                 version = self._version
             wait_ms = int(interval * 1000)
-            request = ClientHeartbeatRequest(self._client_id, version, wait_ms)
+            request = ClientHeartbeatRequest(
+                self._client_id, version, wait_ms, input_wait=self._input_wait.report()
+            )
             if self._splits is not None:  # what it received, and the lost tasks it closed
                 request = dataclasses.replace(request, **self._splits.report(wait_ms))
             try:
@@ -350,6 +381,13 @@ class _JobReader:
         return None
 
     def next(self) -> Any:
+        started = time.monotonic()
+        try:
+            return self._next()
+        finally:  # how long this training step waited for its input
+            self._input_wait.step(started, time.monotonic())
+
+    def _next(self) -> Any:
         while True:
             try:
                 # A failed job raises at every call, even where a reply that was on its way

@@ -5,10 +5,10 @@
 the lock every part works under; the wake-ups of waiting heartbeats and the versions of the jobs'
 views; the incarnation; and the volatile liveness that several parts read and write (when each
 worker and consumer was last heard from, which of them wait here now, since when a named job has
-no consumer, when each dataset was last used). The parts of the dispatcher (``datasets``,
-``jobs``, ``workers``, ``split_handout``, ``long_poll``, ``gc``, ``durability``) each receive the
-core, and the other parts they call, in their constructors: a core with no server and no journal
-is enough to drive them in a test.
+no consumer, when each dataset was last used, the load they report). The parts of the
+dispatcher (``datasets``, ``jobs``, ``workers``, ``split_handout``, ``long_poll``, ``gc``,
+``durability``) each receive the core, and the other parts they call, in their constructors: a
+core with no server and no journal is enough to drive them in a test.
 
 A heartbeat waits here for news of its own job or worker only: ``apply`` wakes the heartbeats an
 update concerns (``("job", job_id)`` or ``("worker", address)``), never all of them.
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from feedline.errors import FailedPreconditionError, NotFoundError
 from feedline.service.config import DispatcherConfig
+from feedline.service.dispatcher.demand import Load
 from feedline.service.dispatcher.state import (
     AcquireClient,
     CreateTask,
@@ -101,6 +102,8 @@ class DispatcherCore:
         self.dataset_used: dict[str, float] = {}
         #: Workers and consumers whose heartbeat is waiting here right now: alive by definition.
         self.waiting: collections.Counter[str | int] = collections.Counter()
+        #: What workers and consumers report of their load (volatile; thread-safe on its own).
+        self.load = Load(clock)
 
     def address(self) -> str:
         """The dispatcher's ``host:port``, as error messages name it (any thread)."""

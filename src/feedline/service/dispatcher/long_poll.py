@@ -101,6 +101,7 @@ class LongPoll:
         with core.lock:
             job = core.consumer(client_id)
             done = self._take_report(client_id, job, request)
+            core.load.consumer_report(client_id, request.input_wait)
             while True:
                 client = core.state.clients.get(client_id)
                 if client is None or client.released:  # None: collected with its job

@@ -77,6 +77,7 @@ from feedline.errors import FailedPreconditionError, InvalidArgumentError, Unava
 from feedline.service.config import DispatcherConfig
 from feedline.service.dispatcher.core import DispatcherCore
 from feedline.service.dispatcher.datasets import Datasets
+from feedline.service.dispatcher.demand import desired_workers
 from feedline.service.dispatcher.durability import Durability
 from feedline.service.dispatcher.gc import Collector
 from feedline.service.dispatcher.jobs import Jobs
@@ -286,6 +287,9 @@ class DispatchServer:
         """What the status page and the metrics' gauges show, copied under the lock."""
         core = self._core
         with core.lock:
+            state = core.state
+            core.load.keep_only(state.tasks, state.clients)
+            loads = core.load.jobs(state, self._workers.available())
             return DispatcherSnapshot.capture(
                 target=self.target,
                 state=core.state,
@@ -295,6 +299,8 @@ class DispatchServer:
                 waiting=core.waiting,
                 draining=self._workers.draining,
                 telemetry=self._telemetry,
+                loads=loads,
+                desired_workers=desired_workers(loads),
             )
 
     def __enter__(self) -> DispatchServer:

@@ -98,13 +98,14 @@ class Workers:
                     self._finish_job_if_done(state.jobs[task.job_id])
             for report in request.failed_tasks:
                 self._fail_job(address, report)
-            # For the status page: the tasks it issued to this worker only.
-            self._telemetry.worker_report(
-                request.task_stats,
-                lambda t: (
-                    (task := state.tasks.get(t)) is not None and task.worker_address == address
-                ),
-            )
+            # For the status page and the estimate of the workers needed: the tasks it issued
+            # to this worker only.
+            def issued(task_id: int) -> bool:
+                task = state.tasks.get(task_id)
+                return task is not None and task.worker_address == address
+
+            self._telemetry.worker_report(request.task_stats, issued)
+            core.load.worker_report(request.task_load, issued)
             if request.leaving:
                 self.remove_worker(address, "it left")
                 return WorkerHeartbeatReply(core.incarnation).to_header(), ()

@@ -17,6 +17,8 @@ dispatcher_heartbeats_missed_total          counter    workers dropped / consume
 dispatcher_job_failures_total               counter    jobs ended by a task's error, by ``type``
                                                         (not those its consumers left first)
 dispatcher_workers, _datasets, _consumers   gauge      registered workers, datasets, consumers
+dispatcher_desired_workers                  gauge      workers the running jobs need
+                                                        (``dispatcher.demand``; 0: none runs)
 dispatcher_jobs, dispatcher_tasks           gauge      by ``state``
 worker_elements_served_total                counter    elements handed to consumers
 worker_bytes_served_total                   counter    their bytes (array bytes, uncompressed)
@@ -275,6 +277,12 @@ class DispatcherTelemetry(_Telemetry):
     def _gauges(self) -> Iterator[tuple[str, str, dict[tuple[str, ...], float]]]:
         snap = self._snapshot()
         yield "feedline_dispatcher_workers", "Registered workers.", {(): len(snap.workers)}
+        yield (
+            "feedline_dispatcher_desired_workers",
+            "Workers the running jobs need, estimated from the consumers' wait for input and "
+            "the workers' busy time (0: no job runs).",
+            {(): snap.desired_workers},
+        )
         yield "feedline_dispatcher_datasets", "Registered datasets.", {(): len(snap.datasets)}
         active = sum(1 for c in snap.consumers if not c["released"])
         yield "feedline_dispatcher_consumers", "Consumers of the jobs.", {(): active}

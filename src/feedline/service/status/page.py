@@ -50,6 +50,12 @@ class DispatcherSnapshot:
     jobs: list[dict[str, Any]]
     consumers: list[dict[str, Any]]
     errors: list[tuple[str, str]]
+    #: The workers that do not drain.
+    live_workers: int = 0
+    #: The workers the running jobs need (``dispatcher.demand``).
+    desired_workers: int = 0
+    #: Each running job's load (``dispatcher.demand.JobLoad``).
+    loads: list[Any] = dataclasses.field(default_factory=list)
 
     @classmethod
     def capture(
@@ -63,6 +69,8 @@ class DispatcherSnapshot:
         waiting: Any,
         draining: set[str],
         telemetry: Any,
+        loads: Sequence[Any] = (),
+        desired_workers: int = 0,
     ) -> DispatcherSnapshot:
         """The snapshot of a dispatcher whose lock the caller holds.
 
@@ -74,6 +82,8 @@ class DispatcherSnapshot:
           waiting: the workers and consumers whose heartbeat waits at the dispatcher now.
           draining: the workers that drain.
           telemetry: its ``DispatcherTelemetry`` (served counts and rates, recent errors).
+          loads: each running job's load (``dispatcher.demand.JobLoad``).
+          desired_workers: the workers the running jobs need.
         """
         now = time.monotonic()
 
@@ -174,6 +184,9 @@ class DispatcherSnapshot:
             jobs=jobs,
             consumers=consumers,
             errors=telemetry.errors.list(),
+            live_workers=len(set(state.workers) - draining),
+            desired_workers=desired_workers,
+            loads=list(loads),
         )
 
 

@@ -98,6 +98,12 @@ class TaskBuffer:
         self._ended = False
         self._drained = False  # ended because the worker drains, not because the input did
         self._draining = False
+        # The producer's load (``load``): when it started and ended, the elements it put, and
+        # the seconds it waited for room (or paused) instead of making elements.
+        self._started_at = time.monotonic()
+        self._ended_at: float | None = None
+        self._put_count = 0
+        self._idle_s = 0.0
         self._report: dict[str, Any] | None = None  # the task's error, as consumers get it
         self._stopped = False
         # Round robin: the elements of each round cut and not taken by every consumer yet.
@@ -110,17 +116,23 @@ class TaskBuffer:
         """Adds an element (its ``leaves``, ``size`` bytes, its ``tag``), waiting for room;
         False once stopped (the element is dropped)."""
         with self.cond:
+            waited_from: float | None = None
             while not self._stopped:
                 if self._elements and (
                     self._bytes + size > self.max_bytes or len(self._elements) >= self.max_elements
                 ):
+                    waited_from = waited_from or time.monotonic()
                     self.cond.wait()  # its own bound: a take here notifies
                 elif self._memory is None or self._memory.take(size, alone=not self._elements):
                     break
                 else:  # the worker's bound: other tasks' buffers free memory
+                    waited_from = waited_from or time.monotonic()
                     self.cond.wait(_SHARED_POLL_S)
+            if waited_from is not None:
+                self._idle_s += time.monotonic() - waited_from
             if self._stopped:
                 return False
+            self._put_count += 1
             self._elements.append((leaves, size, tag))
             self._bytes += size
             if tag is not None:
@@ -158,6 +170,7 @@ class TaskBuffer:
         with self.cond:
             self._drained = self._drained or drained
             self._ended = True
+            self._ended_at = self._ended_at or time.monotonic()
             self.cond.notify_all()
 
     def pause(self, seconds: float) -> bool:
@@ -165,7 +178,9 @@ class TaskBuffer:
         with self.cond:
             if self._stopped:
                 return False
+            started = time.monotonic()
             self.cond.wait(seconds)
+            self._idle_s += time.monotonic() - started
         return True
 
     @property
@@ -202,6 +217,15 @@ class TaskBuffer:
         """Whether the task produces nothing more and has handed out what it had."""
         with self.cond:
             return (self._ended or self._stopped) and not self._elements
+
+    def load(self) -> tuple[int, float, float, float]:
+        """``(elements put, busy seconds, seconds since the producer started, fill)``: the
+        producer was busy while it did not wait for room (nor pause); its time stops when it
+        ends. Fill is the fuller of the element and byte bounds, 0..1."""
+        with self.cond:
+            wall = (self._ended_at or time.monotonic()) - self._started_at
+            fill = max(len(self._elements) / self.max_elements, self._bytes / self.max_bytes)
+            return self._put_count, max(0.0, wall - self._idle_s), wall, min(1.0, fill)
 
     def __len__(self) -> int:
         """The elements buffered."""

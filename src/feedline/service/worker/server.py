@@ -428,6 +428,8 @@ class WorkerServer:
             stats = [
                 [t, task.served_elements, task.served_bytes] for t, task in self._tasks.items()
             ]
+            # What each producer did: the dispatcher's estimate of the workers needed.
+            loads = tuple(task.load() for task in self._tasks.values())
         request = WorkerHeartbeatRequest(
             self.worker_address,
             tags=tuple(self._config.worker_tags),
@@ -438,6 +440,7 @@ class WorkerServer:
             leaving=leaving,
             wait_ms=int(wait_s * 1000),
             task_stats=stats,
+            task_load=loads,
         )
         reply, _ = self._dispatcher.call(
             "WorkerHeartbeat",

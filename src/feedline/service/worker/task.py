@@ -23,7 +23,14 @@ from feedline.data.options import AutoShardPolicy
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.ledger import contains
-from feedline.service.protocol import GetElementsRequest, GetSplitReply, GetSplitRequest, TaskDef
+from feedline.service.protocol import (
+    GetElementsRequest,
+    GetSplitReply,
+    GetSplitRequest,
+    TaskDef,
+    TaskLoad,
+)
+from feedline.service.stages import StageClock, timed
 from feedline.service.worker.buffer import TaskBuffer
 from feedline.service.worker.host import TaskHost
 from feedline.service.worker.replay import SplitRunner
@@ -157,6 +164,8 @@ class Task:
             self.task_id, self._buffer, host, definition.num_consumers, definition.shared
         )
         self._splits = _DispatcherSplits(host, definition.job_id, self.task_id)
+        # Seconds per stage of the task's pipeline (``TaskLoad.stages``).
+        self._stages = StageClock()
         self._thread = threading.Thread(
             target=self._produce, name=f"feedline-task-{self.task_id}", daemon=True
         )
@@ -196,6 +205,12 @@ class Task:
     def drained_out(self) -> bool:
         """Whether the task produces nothing more and has handed out what it had."""
         return self._buffer.drained_out()
+
+    def load(self) -> TaskLoad:
+        """What the task's producer did so far (for the dispatcher's estimate of the workers
+        the jobs need, and ``feedline diagnose``)."""
+        produced, busy_s, wall_s, fill = self._buffer.load()
+        return TaskLoad(self.task_id, produced, busy_s, wall_s, fill, self._stages.seconds())
 
     def buffered(self) -> int:
         """The elements buffered."""
@@ -249,7 +264,7 @@ class Task:
             )
             if definition.skip:  # a consumer resumed the job: it had these from this stream
                 shaped = shaped.skip(definition.skip)
-            iterator = iter(shaped)
+            iterator = iter(timed(shaped, self._stages))
             for index, element in enumerate(raw_elements(iterator)):
                 if not self._put(element, index, expected, None):
                     return

@@ -1,0 +1,255 @@
+"""How many workers the jobs need, from what heartbeats report.
+
+Workers report, per task, how long its producer was busy making elements (not waiting for room
+in a full buffer) and how full its buffer is (``protocol.TaskLoad``); consumers report how long
+their training steps waited for input (``protocol.InputWait``). Both are cumulative counters;
+``Load`` keeps the last few reports of each and reads rates over that window.
+
+The estimate. Over a window, task ``t`` was busy a fraction ``u_t`` of the time and the
+consumers of its job waited a fraction ``f_j`` of theirs. A worker busy a fraction ``u`` does
+``u`` workers' worth of work; a consumer that waits a fraction ``f`` of its time would go
+``1 / (1 - f)`` times as fast were its input never late. So a job needs::
+
+    L_j = sum(u_t for t in tasks of j) / (1 - f_j)      workers, at full speed each
+
+(``f_j`` is capped at ``_MAX_WAIT_FRACTION``: one estimate at most quadruples the work). The
+dispatcher wants ``ceil(sum(L_j) * (1 + HEADROOM))`` workers, and at least the workers that run
+tasks of jobs that cannot move (static sharding, round robin: they keep the workers they were
+made with), and one while any job runs. A trainer that never waits (``f = 0``) with workers that
+are idle half the time (``u = 0.5``) needs half the workers it has; one that waits half its time
+with workers busy all the time needs twice as many.
+
+=========================================  ====  ====  ======================
+situation (4 workers)                      u     f     desired (headroom 10%)
+=========================================  ====  ====  ======================
+trainer-bound, workers a quarter busy      0.25  0     2
+just enough workers                        0.9   0.01  4
+input-bound: steps wait half the time      1.0   0.5   9
+no job running                             --    --    0
+=========================================  ====  ====  ======================
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from feedline.service.config import ShardingPolicy
+from feedline.service.protocol import InputWait, TaskLoad
+
+__all__ = ["HEADROOM", "JobLoad", "Load", "desired_workers"]
+
+#: The spare capacity the estimate adds: a worker count that is just enough leaves the
+#: consumers waiting now and then.
+HEADROOM = 0.1
+# Reports kept per task and consumer: rates are read from the oldest to the newest.
+_KEPT = 4
+# A consumer waiting more than this fraction counts as this: one estimate at most quadruples.
+_MAX_WAIT_FRACTION = 0.75
+# A report older than this (seconds) counts for nothing (its worker or consumer is gone).
+_STALE_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLoad:
+    """What one running job asks of its workers over the last reports.
+
+    Attributes:
+      job_id: the job.
+      busy: the sum of its tasks' busy fractions (workers' worth of work being done).
+      wait: the mean fraction of time its consumers' steps waited for input (None: no report).
+      fill: the mean fill of its tasks' buffers, 0..1 (None: no report).
+      elements_per_s: the elements its tasks made per second.
+      workers: the workers that run its tasks.
+      movable: whether more workers help it (OFF or DYNAMIC, first come, first served).
+      stages: its tasks' busy seconds per pipeline stage over the window, summed.
+      measured: whether any of its tasks reported a window yet.
+    """
+
+    job_id: int
+    busy: float
+    wait: float | None
+    fill: float | None
+    elements_per_s: float
+    workers: tuple[str, ...]
+    movable: bool
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)
+    measured: bool = True
+
+    @property
+    def needed(self) -> float:
+        """Workers at full speed that the job needs (``L_j``)."""
+        wait = min(self.wait or 0.0, _MAX_WAIT_FRACTION)
+        return self.busy / (1.0 - wait)
+
+
+class _Series:
+    """The last ``_KEPT`` cumulative reports of one task or consumer: ``(time, values)``."""
+
+    def __init__(self) -> None:
+        self.samples: collections.deque[tuple[float, tuple[float, ...]]] = collections.deque(
+            maxlen=_KEPT
+        )
+        self.extra: dict[str, float] = {}
+
+    def add(self, now: float, values: tuple[float, ...]) -> None:
+        last = self.samples[-1][1] if self.samples else values
+        if any(v < old for v, old in zip(values, last, strict=True)):
+            self.samples.clear()  # a counter went back: the reporter started again
+        self.samples.append((now, values))
+
+    def delta(self, now: float) -> tuple[float, ...] | None:
+        """The values' growth over the window; None with fewer than two fresh reports."""
+        if len(self.samples) < 2 or now - self.samples[-1][0] > _STALE_S:
+            return None
+        (_, first), (_, last) = self.samples[0], self.samples[-1]
+        return tuple(b - a for a, b in zip(first, last, strict=True))
+
+
+class Load:
+    """The load reports of a dispatcher's workers and consumers (volatile); thread-safe.
+
+    Args:
+      clock: the time reports are stamped with (``time.monotonic``).
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tasks: dict[int, _Series] = {}
+        self._stages: dict[int, collections.deque[dict[str, float]]] = {}
+        self._consumers: dict[int, _Series] = {}
+
+    def worker_report(self, loads: Iterable[TaskLoad], issued: Callable[[int], bool]) -> None:
+        """A worker's ``task_load``; tasks for which ``issued`` is false are ignored."""
+        now = self._clock()
+        with self._lock:
+            for load in loads:
+                if not issued(load.task_id):
+                    continue
+                series = self._tasks.setdefault(load.task_id, _Series())
+                series.add(now, (load.produced, load.busy_s, load.wall_s))
+                series.extra["fill"] = load.fill
+                stages = self._stages.setdefault(load.task_id, collections.deque(maxlen=_KEPT))
+                stages.append(dict(load.stages))
+
+    def consumer_report(self, client_id: int, wait: InputWait | None) -> None:
+        """A consumer's ``input_wait`` (None: it sent none)."""
+        if wait is None:
+            return
+        now = self._clock()
+        with self._lock:
+            series = self._consumers.setdefault(client_id, _Series())
+            series.add(now, (wait.steps, wait.waited_s, wait.wall_s))
+
+    def keep_only(self, task_ids: Iterable[int], client_ids: Iterable[int]) -> None:
+        """Forgets the tasks and consumers not listed (collected ones)."""
+        tasks, clients = set(task_ids), set(client_ids)
+        with self._lock:
+            for task_id in [t for t in self._tasks if t not in tasks]:
+                del self._tasks[task_id]
+                self._stages.pop(task_id, None)
+            for client_id in [c for c in self._consumers if c not in clients]:
+                del self._consumers[client_id]
+
+    def task(self, task_id: int) -> tuple[float, float, float, dict[str, float]] | None:
+        """``(busy fraction, elements/s, buffer fill, stage seconds)`` of a task over the
+        window, None without two fresh reports."""
+        now = self._clock()
+        with self._lock:
+            series = self._tasks.get(task_id)
+            delta = None if series is None else series.delta(now)
+            if series is None or delta is None:
+                return None
+            produced, busy, wall = delta
+            stages = self._stages.get(task_id) or collections.deque()
+            first, last = (stages[0], stages[-1]) if stages else ({}, {})
+            spent = {name: max(0.0, last[name] - first.get(name, 0.0)) for name in last}
+            if wall <= 0:
+                return None
+            return min(1.0, busy / wall), produced / wall, series.extra.get("fill", 0.0), spent
+
+    def consumer(self, client_id: int) -> tuple[float, float] | None:
+        """``(fraction of time waited for input, steps/s)`` of a consumer over the window."""
+        now = self._clock()
+        with self._lock:
+            series = self._consumers.get(client_id)
+            delta = None if series is None else series.delta(now)
+        if delta is None:
+            return None
+        steps, waited, wall = delta
+        if wall <= 0:
+            return None
+        return min(1.0, waited / wall), steps / wall
+
+    def jobs(self, state: Any, live: Iterable[str]) -> list[JobLoad]:
+        """The load of every running job of ``state`` (a ``DispatcherState``; under the
+        dispatcher's lock), counting the tasks on the ``live`` workers."""
+        live = set(live)
+        loads = []
+        for job in state.jobs.values():
+            if job.finished:
+                continue
+            busy = rate = 0.0
+            fills: list[float] = []
+            stages: collections.Counter[str] = collections.Counter()
+            workers = set()
+            measured_any = False
+            for task in state.job_tasks(job.job_id):
+                if task.finished or task.worker_address not in live:
+                    continue
+                workers.add(task.worker_address)
+                measured = self.task(task.task_id)
+                if measured is None:
+                    continue
+                measured_any = True
+                busy += measured[0]
+                rate += measured[1]
+                fills.append(measured[2])
+                stages.update(measured[3])  # adds the seconds
+            waits = [
+                waited[0]
+                for client_id in state.active_clients(job.job_id)
+                if (waited := self.consumer(client_id)) is not None
+            ]
+            movable = job.num_consumers is None and not ShardingPolicy(job.mode).is_static
+            loads.append(
+                JobLoad(
+                    job_id=job.job_id,
+                    busy=busy,
+                    wait=sum(waits) / len(waits) if waits else None,
+                    fill=sum(fills) / len(fills) if fills else None,
+                    elements_per_s=rate,
+                    workers=tuple(sorted(workers)),
+                    movable=movable,
+                    stages=dict(stages),
+                    measured=measured_any,
+                )
+            )
+        return loads
+
+
+def desired_workers(jobs: Iterable[JobLoad], headroom: float = HEADROOM) -> int:
+    """The workers that ``jobs`` need (the module's docstring gives the rule).
+
+    Example:
+      >>> job = JobLoad(1, busy=4.0, wait=0.5, fill=0.0, elements_per_s=400.0,
+      ...               workers=("a", "b", "c", "d"), movable=True)
+      >>> desired_workers([job])
+      9
+      >>> desired_workers([])
+      0
+    """
+    jobs = list(jobs)
+    if not jobs:
+        return 0
+    needed = sum(job.needed for job in jobs if job.movable)
+    fixed = {worker for job in jobs if not job.movable for worker in job.workers}
+    # A job whose tasks have not reported yet keeps the workers it has.
+    unmeasured = {worker for job in jobs if not job.measured for worker in job.workers}
+    estimate = math.ceil(needed * (1.0 + headroom) - 1e-9)
+    return max(1, estimate, len(fixed), len(unmeasured))
