@@ -306,3 +306,35 @@ def test_a_restore_through_connections_reset_mid_response_reads_every_byte_once(
     assert latest == f"{directory}/ckpt-4"
     for value, tensor in enumerate(restored):
         assert torch.equal(tensor, torch.arange(1 << 18, dtype=torch.float32) * value)
+
+
+def test_an_index_replaced_while_it_is_read_is_read_again(s3_bucket: str) -> None:
+    # A sidecar polls the index while training replaces it at every save: each read gives a
+    # whole index, never an error for the object that changed between two of its requests.
+    import threading
+
+    from feedline.train._checkpoint_files import read_index, write_index
+
+    directory = f"{s3_bucket}/polled"
+    write_index(directory, f"{directory}/ckpt-0", [f"{directory}/ckpt-0"])
+    stop = threading.Event()
+    written = [0]
+
+    def save_again_and_again() -> None:
+        while not stop.is_set():
+            written[0] += 1
+            path = f"{directory}/ckpt-{written[0]}"
+            write_index(directory, path, [path])
+
+    saver = threading.Thread(target=save_again_and_again, name="index-saver", daemon=True)
+    saver.start()
+    try:
+        seen = [read_index(directory) for _ in range(100)]
+    finally:
+        stop.set()
+        saver.join(timeout=30)
+    assert written[0] > 10, "the index was hardly replaced: the test proved nothing"
+    for index in seen:
+        assert index is not None and index[0] is not None and index[1] == [index[0]]
+    numbers = [int(str(index[0]).rsplit("-", 1)[1]) for index in seen if index is not None]
+    assert numbers == sorted(numbers)  # each read saw the index as it was then, or later
