@@ -18,10 +18,13 @@ import collections
 import contextlib
 import io
 import os
+import shutil
+import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import split_protocol
@@ -521,3 +524,201 @@ class RemoteReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# -- Writes visible only when complete, and the small calls that checkpoints make ---------------
+# A local file is written under a hidden temporary name in its directory, flushed to disk and
+# renamed into place (the rename is atomic). Object stores have no atomic rename, and their file
+# objects publish what was written when they are closed, even after an error. On S3 the file is
+# one multipart upload that is completed only once everything was written, and aborted
+# otherwise; the store shows an object only once its upload is completed. On other stores the
+# data is uploaded to a hidden temporary key, then copied to its key on the server (a copy is
+# visible whole or not at all) and the temporary key deleted. A writer killed before the end
+# leaves an unfinished upload (which the store never shows) or, on a store that shows partial
+# files, a hidden ``.{name}.{random}.tmp`` object: never a partial object under the real name.
+
+# The stores whose writable files complete an upload only on ``commit()`` when opened with
+# ``autocommit=False``, and abort it on ``discard()``.
+_COMMITTING_PROTOCOLS = frozenset({"s3", "s3a"})
+
+
+def local_path(path: Any) -> str | None:
+    """The operating system's path for a plain local path or a ``file://`` URL; else None."""
+    url = as_url(path)
+    if not is_local(url):
+        return None
+    if "://" not in url:
+        return url
+    return str(filesystem(url)[1])
+
+
+def temporary_name(name: str) -> str:
+    """A hidden temporary name beside ``name`` (a base name): ``.{name}.{random}.tmp``."""
+    return f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def write_whole(path: Any, write: Callable[[BinaryIO], object], operation: str) -> None:
+    """Calls ``write(file)`` and publishes what it wrote at ``path`` only once it is complete,
+    replacing what was there; if ``write`` raises, nothing changes at ``path``.
+
+    Raises:
+      NotFoundError, PermissionDeniedError: as the store answers, naming ``path``.
+    """
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        _write_local(local, write)
+        return
+    fs, inner = filesystem(url)
+    if split_protocol(url)[0] in _COMMITTING_PROTOCOLS:
+        with translate_errors(url, operation):
+            _upload_once(fs, inner, write)
+        return
+    parent, _, name = inner.rstrip("/").rpartition("/")
+    temporary = f"{parent}/{temporary_name(name)}" if parent else temporary_name(name)
+    try:
+        with translate_errors(url, operation):
+            with fs.open(temporary, "wb") as file:
+                write(file)
+            fs.copy(temporary, inner)
+    finally:
+        with contextlib.suppress(Exception):  # best effort: the object is hidden either way
+            fs.rm_file(temporary)
+        fs.invalidate_cache(parent or inner)
+
+
+def _upload_once(
+    fs: fsspec.AbstractFileSystem, inner: str, write: Callable[[BinaryIO], object]
+) -> None:
+    """One upload that the store shows only once ``commit()`` completes it."""
+    file = fs.open(inner, "wb", autocommit=False)
+    try:
+        write(file)
+        file.close()  # uploads the last part; nothing is visible yet
+        file.commit()  # completes the upload: the object appears, whole
+    except BaseException:
+        with contextlib.suppress(Exception):  # an upload left unfinished is never shown
+            file.discard()  # aborts the multipart upload
+        file.closed = True  # a discarded file has nothing left to flush
+        raise
+
+
+def _write_local(path: str, write: Callable[[BinaryIO], object]) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, temporary_name(os.path.basename(path)))
+    try:
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise
+
+
+def read_bytes(path: Any, operation: str) -> bytes:
+    """The whole file or object at ``path``, read again after transient failures.
+
+    Raises:
+      NotFoundError: it does not exist (naming ``path``).
+      DataLossError: the object changed while it was read.
+    """
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        with translate_errors(url, operation), open(local, "rb") as file:
+            return file.read()
+    reader = RemoteReader(url, 0, operation)
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def list_names(path: Any, operation: str) -> list[str]:
+    """The names (not paths) in directory ``path``, sorted; empty where it does not exist."""
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        try:
+            return sorted(os.listdir(local or "."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs, inner = filesystem(url)
+    try:
+        with translate_errors(url, operation):
+            entries = fs.ls(inner, detail=False, refresh=True)
+    except FileNotFoundError:
+        return []
+    return sorted({str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries} - {""})
+
+
+def file_info(path: Any, operation: str) -> dict[str, Any] | None:
+    """``{"size", "version"}`` of the file at ``path`` (its modification time locally, its ETag
+    or generation on a store); None where there is no file (nothing, or a directory)."""
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        try:
+            status = os.stat(local)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        return {"size": status.st_size, "version": status.st_mtime_ns}
+    fs, inner = filesystem(url)
+    try:
+        with translate_errors(url, operation):
+            fs.invalidate_cache(inner)
+            info = fs.info(inner)
+    except FileNotFoundError:
+        return None
+    if info.get("type") != "file":
+        return None
+    return {"size": int(info.get("size") or 0), "version": _version(info)}
+
+
+def remove_file(path: Any, operation: str) -> None:
+    """Deletes the file at ``path``; nothing where there is none."""
+    url = as_url(path)
+    local = local_path(url)
+    try:
+        if local is not None:
+            os.remove(local)
+            return
+        fs, inner = filesystem(url)
+        with translate_errors(url, operation):
+            fs.rm_file(inner)
+    except FileNotFoundError:
+        return
+
+
+def make_dirs(path: Any, operation: str) -> None:
+    """Makes the directory ``path`` and its parents where they are missing (on an object store
+    a directory is a key prefix: nothing needs to be made, but a missing bucket is)."""
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        os.makedirs(local or ".", exist_ok=True)
+        return
+    fs, inner = filesystem(url)
+    with translate_errors(url, operation):
+        fs.makedirs(inner, exist_ok=True)
+
+
+def remove_tree(path: Any, operation: str) -> None:
+    """Deletes the directory ``path`` and everything under it; nothing where it is missing."""
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        shutil.rmtree(local, ignore_errors=True)
+        return
+    fs, inner = filesystem(url)
+    try:
+        with translate_errors(url, operation):
+            fs.rm(inner, recursive=True)
+    except FileNotFoundError:
+        return

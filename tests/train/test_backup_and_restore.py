@@ -173,3 +173,26 @@ def test_a_backup_of_another_model_or_optimizer_names_what_differs(
         "checkpoint has shape (2, 3)"
         in str(raised.value)
     )
+
+
+def test_backups_on_s3_resume_a_run_and_are_deleted_at_the_end(s3_bucket: str) -> None:
+    from feedline import _fs
+
+    backup_dir = f"{s3_bucket}/backup"
+    strategy = fdist.MirroredStrategy(["cpu:0"])
+    job = Job(strategy)
+    backup = BackupAndRestore(job.checkpoint, backup_dir, save_freq=4)
+    for _ in range(10):
+        backup.run(job.step, next(job.iterator))
+    assert _fs.list_names(backup_dir, "test") == ["checkpoint", "ckpt-8"]
+    # A restarted process resumes from step 8 on the store, input position included.
+    job = Job(strategy)
+    with BackupAndRestore(job.checkpoint, backup_dir, 4) as backup:
+        assert backup.total_run_calls == 8
+        for _ in range(backup.total_run_calls, 12):
+            backup.run(job.step, next(job.iterator))
+    assert _fs.list_names(s3_bucket, "test") == []  # the backup is deleted, index first
+    one = Job(strategy)
+    for _ in range(12):
+        one.step(next(one.iterator))
+    assert one.weights() == job.weights()

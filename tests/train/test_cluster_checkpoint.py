@@ -439,3 +439,51 @@ def test_a_write_that_fails_on_the_chief_raises_on_every_worker(tmp_path: pathli
     )
     assert chief["counter"] == worker["counter"] == 0
     assert chief["listing"] == worker["listing"] == []  # no file, no index, no temporary folder
+
+
+_ON_S3 = """
+import sys
+import torch
+import feedline.distribute as fdist
+from feedline import _fs
+from feedline.train import BackupAndRestore, Checkpoint, CheckpointManager, latest_checkpoint
+from tests.launcher import report
+
+directory = sys.argv[1]
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=60))
+rank = strategy.extended.worker_index
+torch.manual_seed(rank)                    # different initialisations: the chief's wins
+model = torch.nn.Linear(2, 1)
+own = model.weight.tolist()
+manager = CheckpointManager(Checkpoint(model=model), f"{directory}/run", max_to_keep=2)
+paths = [manager.save() for _ in range(3)]
+fresh = torch.nn.Linear(2, 1)
+Checkpoint(model=fresh).restore(latest_checkpoint(f"{directory}/run"))
+with BackupAndRestore(Checkpoint(model=fresh), f"{directory}/backup", save_freq=1) as backup:
+    backup.run(lambda: None)
+    backed_up = _fs.list_names(f"{directory}/backup", "test")
+strategy.reduce("SUM", torch.tensor(0.0), axis=None)   # a barrier: every worker has listed
+report({"own": own, "paths": paths, "restored": fresh.weight.tolist(),
+        "checkpoints": manager.checkpoints, "backed_up": backed_up})
+"""
+
+
+def test_two_workers_save_to_s3_the_chief_writes_and_every_worker_restores(
+    s3_bucket: str,
+) -> None:
+    from feedline import _fs
+
+    results = run(_ON_S3, torchrun_envs(2), argv=[s3_bucket])
+    chief, worker = results["rank:0"].result, results["rank:1"].result
+    run_dir = f"{s3_bucket}/run"
+    assert chief["paths"] == worker["paths"] == [f"{run_dir}/ckpt-{n}" for n in (1, 2, 3)]
+    assert (
+        chief["checkpoints"] == worker["checkpoints"] == [f"{run_dir}/ckpt-2", f"{run_dir}/ckpt-3"]
+    )
+    assert chief["own"] != worker["own"]
+    assert chief["restored"] == worker["restored"] == chief["own"]
+    # Only the chief's files: no workertemp_1 folder, no probe of the shared check.
+    assert _fs.list_names(run_dir, "test") == ["checkpoint", "ckpt-2", "ckpt-3"]
+    assert chief["backed_up"] == ["checkpoint", "ckpt-1"]
+    assert _fs.list_names(s3_bucket, "test") == ["run"]  # the backup was deleted at the end

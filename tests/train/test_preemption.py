@@ -79,7 +79,7 @@ def test_sigterm_to_one_worker_saves_every_worker_at_one_step_and_resumes_exactl
 
 
 def _job_and_handler(
-    folder: pathlib.Path, **config: object
+    folder: pathlib.Path | str, **config: object
 ) -> tuple[Job, PreemptionCheckpointHandler]:
     strategy = fdist.MirroredStrategy(["cpu:0"])
     job = Job(strategy)
@@ -307,3 +307,26 @@ def test_non_chief_workers_may_give_a_manager_of_their_own_temporary_directory(
         assert result["restored_runs"] == chief["saved"]
         assert result["restored"] == chief["weights"]
     assert f"ckpt-{chief['saved']}" in os.listdir(tmp_path / "ckpt")
+
+
+def test_a_notice_saves_to_s3_and_a_new_handler_restores_from_it(s3_bucket: str) -> None:
+    from feedline import _fs
+
+    directory = f"{s3_bucket}/preempted"
+    noticed = False
+    job, handler = _job_and_handler(
+        directory,
+        termination_watcher_fn=lambda: noticed,
+        exit_fn=_raise_exit,
+    )
+    handler.run(job.step, next(job.iterator))
+    noticed = True
+    with pytest.raises(_Exit):
+        for _ in range(100):
+            handler.run(job.step, next(job.iterator))
+            time.sleep(0.05)  # the watcher is polled every second
+    saved_at = handler.total_run_calls
+    assert _fs.list_names(directory, "test") == ["checkpoint", f"ckpt-{saved_at}"]
+    weights = job.weights()
+    job, handler = _job_and_handler(directory, termination_watcher_fn=lambda: False)
+    assert (handler.total_run_calls, job.weights()) == (saved_at, weights)

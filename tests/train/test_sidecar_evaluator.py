@@ -36,7 +36,7 @@ from tests.launcher import report
 
 resolver = TFConfigClusterResolver()
 assert (resolver.task_type, resolver.task_id) == ("chief", 0), resolver.task_type
-directory = pathlib.Path(os.environ["CHECKPOINT_DIR"])
+directory = os.environ["CHECKPOINT_DIR"]   # a local path or a URL (s3://...)
 markers = pathlib.Path(os.environ["MARKER_DIR"])
 model = torch.nn.Linear(1, 1, bias=False)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -65,9 +65,16 @@ def mae() -> MeanMetricWrapper:
     return MeanMetricWrapper(lambda y_true, y_pred: (y_pred - y_true).abs(), name="mae")
 
 
-def test_evaluates_each_checkpoint_of_a_training_process(tmp_path: pathlib.Path) -> None:
-    checkpoints, markers = tmp_path / "checkpoints", tmp_path / "markers"
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_evaluates_each_checkpoint_of_a_training_process(
+    store: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    markers = tmp_path / "markers"
     markers.mkdir()
+    if store == "s3":  # the trainer writes to the server on loopback; the evaluator reads it
+        checkpoints = f"{request.getfixturevalue('s3_bucket')}/checkpoints"
+    else:
+        checkpoints = str(tmp_path / "checkpoints")
     model = torch.nn.Linear(1, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     seen: list[tuple[int | None, float, float, int]] = []
@@ -85,10 +92,10 @@ def test_evaluates_each_checkpoint_of_a_training_process(tmp_path: pathlib.Path)
         metrics=[mae()],
         optimizer=optimizer,
         callbacks=[record],
-        poll_interval=0.01,
+        poll_interval=0.01 if store == "local" else 0.05,
         timeout=80,
     )
-    env = {"CHECKPOINT_DIR": str(checkpoints), "MARKER_DIR": str(markers)}
+    env = {"CHECKPOINT_DIR": checkpoints, "MARKER_DIR": str(markers)}
     with Processes(TRAINER, tf_config_envs({"chief": 1}), env=env, timeout=90) as procs:
         # A trainer that fails stops the evaluator at once, so its error shows without a wait.
         done = threading.Event()
@@ -118,7 +125,7 @@ def test_evaluates_each_checkpoint_of_a_training_process(tmp_path: pathlib.Path)
         assert (value, lr, steps) == (2.5 * number, pytest.approx(number / 10), 2)
     assert [(e.number, e.metrics) for e in evaluations] == [(n, {"mae": v}) for n, v, *_ in seen]
     assert evaluations == evaluator.evaluations
-    assert os.path.basename(evaluations[-1].checkpoint) == "ckpt-6"
+    assert evaluations[-1].checkpoint == f"{checkpoints}/ckpt-6"
 
 
 def save_weights(directory: pathlib.Path, weights: list[float]) -> list[str]:

@@ -1,27 +1,46 @@
-"""Checkpoint files on disk: the ``checkpoint`` index, numbered files and ``latest_checkpoint``.
+"""Checkpoint files: the ``checkpoint`` index, numbered files and ``latest_checkpoint``.
 
 Nothing here needs torch, nor ``Checkpoint``: ``Checkpoint`` writes its files with these helpers
 and ``CheckpointManager`` (``feedline.train.checkpoint_management``) numbers, lists and prunes
 them. The index file is TensorFlow's text format: ``model_checkpoint_path: "..."`` and one
 ``all_model_checkpoint_paths: "..."`` line per kept checkpoint.
+
+Every path may be a local path or a URL of the file-system layer (``feedline._fs``: ``s3://``,
+``gs://``, ``memory://``, ``file://``, ...). Each file is published whole (``atomic_write``):
+locally through a temporary file and a rename, on S3 as one multipart upload completed at the
+end, on other object stores through a temporary key and a copy, so that a reader, or a process
+restarted after a writer was killed, sees either the whole new file or none of it. A
+checkpoint's index is written after its file, so the index never names a file that is not
+complete.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from feedline import _fs
+from feedline.errors import DataLossError, FailedPreconditionError
 
 __all__ = [
     "INDEX_FILENAME",
     "PathLike",
     "atomic_write",
+    "basename",
+    "dirname",
+    "file_version",
     "highest_number",
+    "is_dir",
+    "is_file",
+    "join",
     "latest_checkpoint",
     "number_of",
     "read_index",
+    "remove",
+    "same_directory",
+    "tidy",
     "write_index",
 ]
 
@@ -31,68 +50,119 @@ INDEX_FILENAME = "checkpoint"
 
 _NUMBERED = re.compile(r"(.+)-(\d+)")
 _INDEX_LINE = re.compile(r'\s*(\w+)\s*:\s*"((?:[^"\\]|\\.)*)"\s*')
+_OPERATION = "checkpoint"
+_INDEX_READS = 8  # reads of an index that saves keep replacing, before its DataLossError
+
+
+def join(directory: str, name: str) -> str:
+    """``name`` in ``directory`` (a local path or a URL)."""
+    return _fs.join(directory, name) if directory else name
+
+
+def dirname(path: str) -> str:
+    """The directory of ``path`` (``s3://bucket/run`` for ``s3://bucket/run/ckpt-1``)."""
+    if "://" not in path:
+        return os.path.dirname(path)
+    return path.rstrip("/").rpartition("/")[0]
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] if "://" in path else os.path.basename(path)
+
+
+def _directory_key(directory: str) -> str:
+    """What tells two spellings of one directory apart: absolute locally, as written otherwise."""
+    local = _fs.local_path(directory)
+    if local is not None:
+        return os.path.abspath(local or ".")
+    return directory.rstrip("/")
+
+
+def same_directory(first: str, second: str) -> bool:
+    """Whether directories ``first`` and ``second`` are the same place."""
+    return _directory_key(first) == _directory_key(second)
+
+
+def is_file(path: str) -> bool:
+    """Whether a complete file exists at ``path``."""
+    return _fs.file_info(path, _OPERATION) is not None
+
+
+def is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (on a store: a prefix with objects under it)."""
+    local = _fs.local_path(path)
+    if local is not None:
+        return os.path.isdir(local or ".")
+    fs, inner = _fs.filesystem(path)
+    with _fs.translate_errors(path, _OPERATION):
+        return bool(fs.isdir(inner))
+
+
+def file_version(path: str) -> Any:
+    """What changes when ``path`` is written again (its modification time, ETag or
+    generation); None where there is no file."""
+    info = _fs.file_info(path, _OPERATION)
+    return None if info is None else info["version"]
+
+
+def remove(path: str) -> None:
+    """Deletes ``path``; nothing if it is already gone."""
+    _fs.remove_file(path, _OPERATION)
 
 
 def latest_checkpoint(checkpoint_dir: PathLike) -> str | None:
     """The path of the newest checkpoint in ``checkpoint_dir``, or None if there is none.
 
     Reads the directory's ``checkpoint`` index; without one (or when the file it names is
-    gone), falls back to the highest-numbered ``{prefix}-{n}`` file.
+    gone), falls back to the highest-numbered ``{prefix}-{n}`` file. ``checkpoint_dir`` may be
+    a URL (``s3://bucket/run``); the path returned is then a URL too.
     """
-    directory = os.fspath(checkpoint_dir)
+    directory = _fs.as_url(checkpoint_dir)
     index = read_index(directory)
-    if index is not None and index[0] is not None and os.path.isfile(index[0]):
+    if index is not None and index[0] is not None and is_file(index[0]):
         return index[0]
-    best: tuple[int, float, str] | None = None
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    for name in names:
+    best: tuple[int, Any, str] | None = None
+    for name in _fs.list_names(directory, _OPERATION):
         match = _NUMBERED.fullmatch(name)
-        path = os.path.join(directory, name)
-        if match and not name.startswith(".") and os.path.isfile(path):
-            key = (int(match[2]), os.path.getmtime(path), path)
+        if not match or name.startswith("."):
+            continue
+        path = join(directory, name)
+        version = file_version(path)
+        if version is not None:
+            # Ties of number (ckpt-3 of two prefixes) go to the later file where times compare.
+            key = (int(match[2]), version if isinstance(version, int | float) else 0, path)
             best = key if best is None or key > best else best
     return None if best is None else best[2]
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], object]) -> None:
-    """Writes through a temporary file in ``path``'s directory, then renames it into place."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(
-        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        os.remove(temporary)
-        raise
+    """Calls ``write(file)`` and publishes the file at ``path`` only once it is complete
+    (``feedline._fs.write_whole``); the directory is made where needed."""
+    _fs.write_whole(path, write, _OPERATION)
 
 
 def number_of(path: str, prefix: str) -> int | None:
-    name = os.path.basename(path)
-    base = os.path.basename(prefix)
-    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(prefix)):
+    """``n`` if ``path`` is ``{prefix}-{n}`` (in the prefix's directory), else None."""
+    if not same_directory(dirname(path), dirname(prefix)):
         return None
-    match = _NUMBERED.fullmatch(name)
-    return int(match[2]) if match and match[1] == base else None
+    match = _NUMBERED.fullmatch(basename(path))
+    return int(match[2]) if match and match[1] == basename(prefix) else None
 
 
 def highest_number(prefix: str) -> int:
     """The highest ``n`` of the ``{prefix}-{n}`` files that exist (0 if none)."""
-    directory = os.path.dirname(prefix) or "."
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-    numbers = [number_of(os.path.join(directory, name), prefix) for name in names]
+    directory = dirname(prefix)
+    names = _fs.list_names(directory, _OPERATION)
+    numbers = [number_of(join(directory, name), prefix) for name in names]
     return max((n for n in numbers if n is not None), default=0)
+
+
+def tidy(directory: str, prefix_name: str) -> None:
+    """Removes what a writer killed mid-save left behind in ``directory``: hidden temporary
+    files of checkpoints named ``{prefix_name}-*`` (nothing restores them)."""
+    for name in _fs.list_names(directory, _OPERATION):
+        if name.startswith(f".{prefix_name}-") and name.endswith(".tmp"):
+            remove(join(directory, name))
 
 
 def write_index(directory: str, latest: str, paths: list[str]) -> None:
@@ -100,30 +170,37 @@ def write_index(directory: str, latest: str, paths: list[str]) -> None:
     directory = directory or "."
 
     def entry(key: str, path: str) -> str:
-        if os.path.dirname(os.path.abspath(path)) == os.path.abspath(directory):
-            path = os.path.basename(path)
+        if same_directory(dirname(path), directory):
+            path = basename(path)
         escaped = path.replace("\\", "\\\\").replace('"', '\\"')
         return f'{key}: "{escaped}"\n'
 
     text = entry("model_checkpoint_path", latest)
     text += "".join(entry("all_model_checkpoint_paths", path) for path in paths)
-    atomic_write(os.path.join(directory, INDEX_FILENAME), lambda f: f.write(text.encode()))
+    atomic_write(join(directory, INDEX_FILENAME), lambda f: f.write(text.encode()))
 
 
 def read_index(directory: str) -> tuple[str | None, list[str]] | None:
     """(latest, all) from ``directory``'s index, paths joined to it; None without an index."""
-    try:
-        with open(os.path.join(directory, INDEX_FILENAME), encoding="utf-8") as file:
-            lines = file.read().splitlines()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    url = join(directory or ".", INDEX_FILENAME)
+    for attempt in range(_INDEX_READS):
+        try:
+            data = _fs.read_bytes(url, _OPERATION)
+            break
+        except (FileNotFoundError, FailedPreconditionError):  # no index, or not a directory
+            return None
+        except DataLossError:
+            # A save replaced the index while it was read (on a store, where a read takes
+            # several requests): the new one is whole, so read that one.
+            if attempt == _INDEX_READS - 1:
+                raise
     latest: str | None = None
     paths: list[str] = []
-    for line in lines:
+    for line in data.decode("utf-8").splitlines():
         match = _INDEX_LINE.fullmatch(line)  # unquoted fields (timestamps) are skipped
         if match is None:
             continue
-        path = os.path.join(directory, re.sub(r"\\(.)", r"\1", match[2]))
+        path = join(directory, re.sub(r"\\(.)", r"\1", match[2]))
         if match[1] == "model_checkpoint_path":
             latest = path
         elif match[1] == "all_model_checkpoint_paths":

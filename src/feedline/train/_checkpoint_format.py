@@ -27,18 +27,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pickle
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 import google_crc32c
 import numpy as np
 import torch
 
+from feedline import _fs
 from feedline.errors import DataLossError
 
 __all__ = ["MAGIC", "VERSION", "dump", "load", "read_version"]
@@ -55,14 +57,15 @@ _CHUNK = 1 << 20
 
 def read_version(path: str) -> int | None:
     """The format version in ``path``'s header; None when the file is not of this format.
+    ``path`` may be a URL of the file-system layer (``s3://...``).
 
     Raises:
       DataLossError: the file is empty or a cut-off header, or its header is damaged (it ends
         as a checkpoint of this format does).
+      NotFoundError: there is no file at ``path``.
     """
-    with open(path, "rb") as file:
+    with _opened(path, block_size=64 << 10) as (file, size):  # two small reads
         head = file.read(_HEAD.size)
-        size = os.fstat(file.fileno()).st_size
         file.seek(max(0, size - len(_END)))
         end = file.read()
     if len(head) < _HEAD.size and MAGIC.startswith(head[: len(MAGIC)]):
@@ -72,6 +75,38 @@ def read_version(path: str) -> int | None:
     if end == _END:
         raise _damaged(path, f"its header (bytes 0-{_HEAD.size}) is damaged", 0)
     return None
+
+
+@contextlib.contextmanager
+def _opened(path: str, block_size: int = 8 << 20) -> Iterator[tuple[Any, int]]:
+    """``path`` open for reading, and its size: a local file, or an object of a store read in
+    ranged requests of ``block_size`` bytes that are made again after transient failures
+    (``feedline._fs.RemoteReader``)."""
+    local = _fs.local_path(path)
+    if local is not None:
+        with _fs.translate_errors(path, "restoring a checkpoint"), open(local, "rb") as file:
+            yield file, os.fstat(file.fileno()).st_size
+        return
+    reader = _fs.RemoteReader(path, 0, "restoring a checkpoint", block_size=block_size)
+    try:
+        yield reader, reader.size
+    finally:
+        reader.close()
+
+
+def _read_into(file: Any, buffer: bytearray) -> int:
+    """Fills ``buffer`` from ``file``; the number of bytes read (fewer at the end of file)."""
+    if hasattr(file, "readinto"):
+        return int(file.readinto(buffer))
+    view = memoryview(buffer)
+    filled = 0
+    while filled < len(view):
+        data = file.read(min(len(view) - filled, 8 << 20))
+        if not data:
+            break
+        view[filled : filled + len(data)] = data
+        filled += len(data)
+    return filled
 
 
 def dump(state: Any, file: BinaryIO) -> None:
@@ -114,14 +149,14 @@ def dump(state: Any, file: BinaryIO) -> None:
 
 
 def load(path: str) -> Any:
-    """The state in the version-2 file ``path``, every checksum verified first.
+    """The state in the version-2 file ``path`` (a local path or a URL), every checksum verified
+    first.
 
     Raises:
       DataLossError: the file is truncated or any part of it fails its checksum; the error's
         ``filename`` is ``path`` and its ``offset`` where the damaged part starts.
     """
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
+    with _opened(path) as (file, size):
         if size < _HEAD.size + _TAIL.size:
             raise _damaged(path, f"it is {size} bytes long, shorter than any checkpoint", 0)
         head = file.read(_HEAD.size)
@@ -149,7 +184,7 @@ def load(path: str) -> Any:
         buffers: list[bytearray] = []
         for entry in sections:
             buffer = bytearray(entry["length"])
-            if file.readinto(buffer) != len(buffer):
+            if _read_into(file, buffer) != len(buffer):
                 raise _damaged(path, f"{_what(entry)} is cut short", entry["offset"])
             found = _crc(buffer)
             if found != entry["crc32c"]:

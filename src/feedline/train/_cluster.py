@@ -16,15 +16,14 @@ background, and a place to report a worker's own failure to the others (``report
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
-import shutil
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from feedline import _fs
 from feedline.distribute import collective as collectives
-from feedline.errors import FailedPreconditionError, UnknownError
+from feedline.errors import FailedPreconditionError, FeedlineError, UnknownError
+from feedline.train import _checkpoint_files as files
 
 T = TypeVar("T")
 
@@ -167,13 +166,11 @@ class Workers:
                 dump(path)
                 then()
             else:
-                folder = os.path.join(
-                    os.path.dirname(path) or ".", f"{WORKER_TEMP_PREFIX}{self.rank}"
-                )
+                folder = files.join(files.dirname(path), f"{WORKER_TEMP_PREFIX}{self.rank}")
                 try:
-                    dump(os.path.join(folder, os.path.basename(path)))
+                    dump(files.join(folder, files.basename(path)))
                 finally:
-                    shutil.rmtree(folder, ignore_errors=True)
+                    _fs.remove_tree(folder, "removing a worker's temporary checkpoint")
         except Exception as failure:
             error = failure
         report = None if error is None else f"{type(error).__name__}: {error}"
@@ -204,11 +201,10 @@ class Workers:
         ``directory`` (checkpoints there must be restorable by all)."""
         probe = self.decide(lambda: _write_probe(directory), f"checking {argument} {directory}")
         name, token = probe
-        seen = _read_probe(os.path.join(directory, name)) == token
+        seen = _read_probe(files.join(directory, name)) == token
         everyone = self._collective.all_gather_object(seen, f"checking {argument} {directory}")
         if self.is_chief:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(directory, name))
+            files.remove(files.join(directory, name))
         blind = [rank for rank, ok in enumerate(everyone) if not ok]
         if blind:
             who = ", ".join(f"worker {rank}" for rank in blind)
@@ -217,24 +213,23 @@ class Workers:
                 f"file the chief wrote there (each worker resolves the path on its own machine, "
                 f"relative paths from its own working directory). The chief writes checkpoints "
                 f"there and every worker restores from them: use a path on storage that every "
-                f"worker mounts at the same place (a network file system, a bucket mount)"
+                f"worker mounts at the same place (a network file system, a bucket mount) or "
+                f"an object store's URL (s3://bucket/run, gs://...)"
             )
 
 
 def _write_probe(directory: str) -> tuple[str, str]:
-    os.makedirs(directory, exist_ok=True)
+    _fs.make_dirs(directory, "checking a checkpoint directory")
     token = secrets.token_hex(16)
     name = f".feedline-shared-{token[:12]}"
-    with open(os.path.join(directory, name), "w", encoding="ascii") as file:
-        file.write(token)
+    files.atomic_write(files.join(directory, name), lambda file: file.write(token.encode()))
     return name, token
 
 
 def _read_probe(path: str) -> str | None:
     try:
-        with open(path, encoding="ascii") as file:
-            return file.read()
-    except OSError:
+        return _fs.read_bytes(path, "checking a checkpoint directory").decode("ascii")
+    except (OSError, UnicodeDecodeError, FeedlineError):
         return None
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
+from feedline import _fs
 from feedline.errors import InvalidArgumentError
 from feedline.train import _cluster
+from feedline.train._checkpoint_files import basename, join, remove, same_directory, tidy
 from feedline.train.checkpoint import Checkpoint
 from feedline.train.checkpoint_management import INDEX_FILENAME, CheckpointManager, PathLike
 
@@ -94,12 +96,10 @@ def _manager(
 ) -> CheckpointManager:
     if isinstance(checkpoint_or_manager, CheckpointManager):
         manager = checkpoint_or_manager
-        if directory is not None and os.path.abspath(os.fspath(directory)) != os.path.abspath(
-            manager.directory
-        ):
+        if directory is not None and not same_directory(_fs.as_url(directory), manager.directory):
             raise InvalidArgumentError(
                 f"{owner} was given a CheckpointManager of {manager.directory!r} and {argument}="
-                f"{os.fspath(directory)!r}; give one of them (the manager's directory is used)"
+                f"{_fs.as_url(directory)!r}; give one of them (the manager's directory is used)"
             )
         return manager
     if isinstance(checkpoint_or_manager, Checkpoint):
@@ -133,18 +133,15 @@ def _runs_tensor(checkpoint: Checkpoint, owner: str) -> torch.Tensor:
 def _latest_and_tidy(manager: CheckpointManager) -> str | None:
     """The manager's latest checkpoint; also removes what a writer killed mid-save left behind
     (hidden temporary files of this prefix: nothing restores them)."""
-    prefix = os.path.basename(manager._prefix)
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(manager.directory):
-            if name.startswith(f".{prefix}-") and name.endswith(".tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(manager.directory, name))
+    tidy(manager.directory, basename(manager._prefix))
     return manager.latest_checkpoint
 
 
 def _remove_checkpoints(manager: CheckpointManager) -> None:
-    for path in [*manager.checkpoints, os.path.join(manager.directory, INDEX_FILENAME)]:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-    with contextlib.suppress(OSError):  # left where other files remain
-        os.rmdir(manager.directory)
+    # The index first: a restart never finds an index naming deleted files.
+    for path in [join(manager.directory, INDEX_FILENAME), *manager.checkpoints]:
+        remove(path)
+    local = _fs.local_path(manager.directory)
+    if local is not None:  # an object store has no directories to remove
+        with contextlib.suppress(OSError):  # left where other files remain
+            os.rmdir(local or ".")

@@ -29,9 +29,17 @@ directory's text file ``checkpoint``, as TensorFlow does (``model_checkpoint_pat
     model_checkpoint_path: "ckpt-3"
     all_model_checkpoint_paths: "ckpt-3"
 
-Every file is written to a temporary file in the same directory and renamed into place, so a
-reader never sees a partial checkpoint and a failed save leaves nothing behind; a process killed
-while it writes leaves at most a hidden ``.ckpt-3.*.tmp`` file, which nothing restores.
+Every path may be a local path or a URL (``s3://bucket/run/ckpt``, ``gs://...``, ``memory://...``,
+``file://...``), through feedline's file-system layer (fsspec; credentials and endpoints come
+from the environment, as for feedline's readers). Every file is published whole: locally it is
+written to a temporary file in the same directory, flushed and renamed into place; object stores
+have no atomic rename: on S3 it is one multipart upload, completed after its last byte, and on
+other stores it is uploaded under a hidden temporary key and copied to its name on the server.
+The index is written after the checkpoint it names. So a reader never sees a
+partial checkpoint, a failed save leaves nothing behind, and a process killed while it writes
+(``kill -9``) leaves the previous checkpoint the latest one, whole: at most a hidden
+``.ckpt-3.*.tmp`` file (or an unfinished upload, which the store does not show) is left, which
+nothing restores.
 
 In a cluster (``MultiWorkerMirroredStrategy`` with several workers) ``save``, ``write`` and
 ``CheckpointManager.save`` are collectives, as in TensorFlow: every worker calls them, the chief
@@ -54,7 +62,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import pickletools
 import warnings
 import zipfile
@@ -63,13 +70,17 @@ from typing import Any
 
 import torch
 
+from feedline import _fs
 from feedline._checkpointable import Checkpointable
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.train import _checkpoint_format, _cluster
 from feedline.train._checkpoint_files import (
     PathLike,
     atomic_write,
+    dirname,
     highest_number,
+    is_dir,
+    is_file,
     latest_checkpoint,
     write_index,
 )
@@ -160,26 +171,27 @@ class Checkpoint:
         ``n`` is one more than both ``save_counter`` and the highest number already on a
         ``{file_prefix}-*`` file, so a new ``Checkpoint`` never overwrites an earlier run's
         files. The index file lists only this checkpoint, as TensorFlow's ``save`` does; use a
-        ``CheckpointManager`` to keep and list several.
+        ``CheckpointManager`` to keep and list several. ``file_prefix`` may be a URL
+        (``s3://bucket/run/ckpt``); the file appears there only once it is complete.
 
         Returns:
           The path written, ``{file_prefix}-{n}``.
         """
-        prefix = os.fspath(file_prefix)
+        prefix = _fs.as_url(file_prefix)
         cluster = _cluster.current()
         number = cluster.decide(
             lambda: max(self._save_counter, highest_number(prefix)) + 1,
             f"numbering checkpoint {prefix} (every worker calls save)",
         )
         path = f"{prefix}-{number}"
-        directory = os.path.dirname(path)
+        directory = dirname(path)
         self._write(cluster, path, number, lambda: write_index(directory, path, [path]))
         return path
 
     def write(self, file_path: PathLike) -> str:
         """Writes a checkpoint to exactly ``file_path``: no numbering, no index file, and
         ``save_counter`` unchanged. Creates the directory if needed. Returns the path."""
-        path = os.fspath(file_path)
+        path = _fs.as_url(file_path)
         self._write(_cluster.current(), path, None, lambda: None)
         return path
 
@@ -253,7 +265,7 @@ class Checkpoint:
 
     def read(self, save_path: PathLike) -> CheckpointLoadStatus:
         """Restores from ``save_path`` as ``restore`` does (a path is required)."""
-        path = os.fspath(save_path)
+        path = _fs.as_url(save_path)
         saved = load_state(path)
         plan: list[tuple[str, Callable[[], None]]] = []
         matched: list[str] = []
@@ -544,13 +556,13 @@ def load_state(save_path: PathLike) -> dict[str, Any]:
     Raises:
       NotFoundError, InvalidArgumentError, DataLossError: as ``Checkpoint.restore``.
     """
-    path = os.fspath(save_path)
-    if os.path.isdir(path):
-        raise InvalidArgumentError(
-            f"{path} is a directory; restore a checkpoint file in it, for example "
-            f"feedline.train.latest_checkpoint({path!r})"
-        )
-    if not os.path.exists(path):
+    path = _fs.as_url(save_path)
+    if not is_file(path):
+        if is_dir(path):
+            raise InvalidArgumentError(
+                f"{path} is a directory; restore a checkpoint file in it, for example "
+                f"feedline.train.latest_checkpoint({path!r})"
+            )
         raise NotFoundError(f"no checkpoint file at {path}", name=path)
     version = _checkpoint_format.read_version(path)
     archive = version is None  # version 1: a torch.save archive, without checksums
@@ -562,7 +574,7 @@ def load_state(save_path: PathLike) -> dict[str, Any]:
             f"versions up to {VERSION}: upgrade feedline to restore it"
         )
     if archive:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(_archive(path), map_location="cpu", weights_only=False)
     else:
         saved = _checkpoint_format.load(path)
     if not _is_checkpoint_state(saved):
@@ -576,7 +588,7 @@ def _format_version(path: str) -> int:
     reason = "it has no feedline checkpoint header and is not an archive written by torch.save"
     values: list[Any] = []
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(_archive(path)) as archive:
             records = [name for name in archive.namelist() if _is_root_pickle(name)]
             if len(records) == 1:
                 with archive.open(records[0]) as record:
@@ -590,6 +602,13 @@ def _format_version(path: str) -> int:
         f"{path} is not a feedline checkpoint: {reason}; Checkpoint.restore reads files "
         f"written by Checkpoint.save, Checkpoint.write or CheckpointManager.save"
     )
+
+
+def _archive(path: str) -> str | io.BytesIO:
+    """A version-1 file as ``torch.load`` and ``zipfile`` read it: its path where it is local,
+    else its bytes, read whole from the store."""
+    local = _fs.local_path(path)
+    return local if local is not None else io.BytesIO(_fs.read_bytes(path, "restoring"))
 
 
 def _is_root_pickle(name: str) -> bool:

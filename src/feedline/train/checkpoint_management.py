@@ -7,18 +7,19 @@ are re-exported here, where TensorFlow keeps them.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
+from feedline import _fs
 from feedline.errors import InvalidArgumentError
 from feedline.train import _cluster
 from feedline.train._checkpoint_files import (
     INDEX_FILENAME,
     PathLike,
     highest_number,
+    is_file,
+    join,
     latest_checkpoint,
     number_of,
     read_index,
+    remove,
     write_index,
 )
 from feedline.train.checkpoint import Checkpoint
@@ -31,13 +32,16 @@ class CheckpointManager:
 
     ``tf.train.CheckpointManager``: ``save()`` writes ``{directory}/{checkpoint_name}-{n}``,
     deletes the oldest files beyond ``max_to_keep`` (None keeps all) and lists the kept ones
-    in the directory's ``checkpoint`` index. A manager made on a directory that already has
-    an index takes over the checkpoints it lists with its ``checkpoint_name`` prefix. In a
+    in the directory's ``checkpoint`` index (written after the checkpoint, and before old
+    files are deleted, so it names only complete files). ``directory`` may be a URL
+    (``s3://bucket/run``; see ``feedline.train.checkpoint``). A manager made on a directory
+    that already has an index takes over the checkpoints it lists with its
+    ``checkpoint_name`` prefix. In a
     cluster every worker calls ``save``; the chief writes, numbers and prunes (see
     ``feedline.train.checkpoint``), and every worker's manager lists the same checkpoints.
 
     Example:
-      >>> import tempfile, torch
+      >>> import os, tempfile, torch
       >>> manager = CheckpointManager(Checkpoint(model=torch.nn.Linear(2, 1)),
       ...                             tempfile.mkdtemp(), max_to_keep=2)
       >>> [os.path.basename(manager.save()) for _ in range(3)]
@@ -64,14 +68,12 @@ class CheckpointManager:
                 f"{max_to_keep!r}"
             )
         self._checkpoint = checkpoint
-        self._directory = os.fspath(directory)
-        self._prefix = os.path.join(self._directory, checkpoint_name)
+        self._directory = _fs.as_url(directory)
+        self._prefix = join(self._directory, checkpoint_name)
         self._max_to_keep = max_to_keep
         _, listed = read_index(self._directory) or (None, [])
         self._checkpoints = [
-            path
-            for path in listed
-            if number_of(path, self._prefix) is not None and os.path.isfile(path)
+            path for path in listed if number_of(path, self._prefix) is not None and is_file(path)
         ]
 
     @property
@@ -120,9 +122,8 @@ class CheckpointManager:
 
         def index_and_prune() -> None:
             write_index(self._directory, path, kept)
-            for old in stale:
-                with contextlib.suppress(FileNotFoundError):  # already gone: the goal is met
-                    os.remove(old)
+            for old in stale:  # after the index: it never names a deleted file
+                remove(old)
 
         checkpoint._write(cluster, path, counter, index_and_prune)
         self._checkpoints = kept

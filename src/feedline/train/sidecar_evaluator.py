@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import threading
 import time
@@ -39,8 +38,10 @@ import numpy as np
 import optree
 import torch
 
+from feedline import _fs
 from feedline.errors import InvalidArgumentError
 from feedline.metrics.base import Metric
+from feedline.train._checkpoint_files import basename, file_version
 from feedline.train.checkpoint import Checkpoint
 from feedline.train.checkpoint_management import PathLike, latest_checkpoint
 
@@ -84,7 +85,8 @@ class SidecarEvaluator:
       model: the ``torch.nn.Module`` that training checkpoints, built the same way.
       data: the evaluation data: an iterable of batches (a ``feedline.data.Dataset``, a
         ``DataLoader``, a list), iterated afresh for each evaluation.
-      checkpoint_dir: where training saves its checkpoints.
+      checkpoint_dir: where training saves its checkpoints: a local path or a URL
+        (``s3://bucket/run``), looked at every ``poll_interval`` seconds.
       steps: the batches to evaluate per checkpoint, or None for all of ``data`` (then ``data``
         must end: a repeated dataset needs ``steps``).
       max_evaluations: stop after evaluating a checkpoint numbered ``max_evaluations`` or more
@@ -145,7 +147,7 @@ class SidecarEvaluator:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = data
-        self.checkpoint_dir = os.fspath(checkpoint_dir)
+        self.checkpoint_dir = _fs.as_url(checkpoint_dir)
         self.steps = _optional_positive("steps", steps)
         self.max_evaluations = _optional_positive("max_evaluations", max_evaluations)
         self.metrics = _metrics_by_name(metrics)
@@ -177,7 +179,7 @@ class SidecarEvaluator:
         self.timeout = None if timeout is None else float(timeout)
         self._stop = threading.Event()
         self._evaluations: list[Evaluation] = []
-        self._seen: tuple[str, int] | None = None  # (path, mtime) of the last evaluated
+        self._seen: tuple[str, Any] | None = None  # (path, version) of the last evaluated
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -252,7 +254,7 @@ class SidecarEvaluator:
             return None
         status.expect_partial()
         status.assert_existing_objects_matched()
-        match = _NUMBERED.fullmatch(os.path.basename(path))
+        match = _NUMBERED.fullmatch(basename(path))
         number = int(match[1]) if match else None
         steps = self._run_evaluation()
         if self._stop.is_set():
@@ -262,7 +264,7 @@ class SidecarEvaluator:
         self._evaluations.append(evaluation)
         logger.info(
             "evaluated %s on %d batches: %s",
-            os.path.basename(path),
+            basename(path),
             steps,
             " ".join(f"{name}={value:.6g}" for name, value in results.items()),
         )
@@ -349,14 +351,13 @@ def _metrics_by_name(
     return named
 
 
-def _file_key(path: str | None) -> tuple[str, int] | None:
-    """``(path, modification time)``: a checkpoint rewritten at the same path is new again."""
+def _file_key(path: str | None) -> tuple[str, Any] | None:
+    """``(path, version)`` (its modification time, or its ETag on a store): a checkpoint
+    rewritten at the same path is new again."""
     if path is None:
         return None
-    try:
-        return path, os.stat(path).st_mtime_ns
-    except FileNotFoundError:
-        return None
+    version = file_version(path)
+    return None if version is None else (path, version)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
