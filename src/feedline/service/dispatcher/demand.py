@@ -12,7 +12,7 @@ consumers of its job waited a fraction ``f_j`` of theirs. A worker busy a fracti
 
     L_j = sum(u_t for t in tasks of j) / (1 - f_j)      workers, at full speed each
 
-(``f_j`` is capped at ``_MAX_WAIT_FRACTION``: one estimate at most quadruples the work). The
+(``f_j`` is capped at ``protocol.MAX_WAIT_FRACTION``: one estimate at most quadruples the work). The
 dispatcher wants ``ceil(sum(L_j) * (1 + HEADROOM))`` workers, and at least the workers that run
 tasks of jobs that cannot move (static sharding, round robin: they keep the workers they were
 made with), and one while any job runs. A trainer that never waits (``f = 0``) with workers that
@@ -32,59 +32,23 @@ no job running                             --    --    0
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from feedline.service.config import ShardingPolicy
-from feedline.service.protocol import InputWait, TaskLoad
+from feedline.service.protocol import InputWait, JobLoad, LoadReply, TaskLoad, WorkerLoad
 
-__all__ = ["HEADROOM", "JobLoad", "Load", "desired_workers"]
+__all__ = ["HEADROOM", "Load", "desired_workers", "load_reply"]
 
 #: The spare capacity the estimate adds: a worker count that is just enough leaves the
 #: consumers waiting now and then.
 HEADROOM = 0.1
 # Reports kept per task and consumer: rates are read from the oldest to the newest.
 _KEPT = 4
-# A consumer waiting more than this fraction counts as this: one estimate at most quadruples.
-_MAX_WAIT_FRACTION = 0.75
 # A report older than this (seconds) counts for nothing (its worker or consumer is gone).
 _STALE_S = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class JobLoad:
-    """What one running job asks of its workers over the last reports.
-
-    Attributes:
-      job_id: the job.
-      busy: the sum of its tasks' busy fractions (workers' worth of work being done).
-      wait: the mean fraction of time its consumers' steps waited for input (None: no report).
-      fill: the mean fill of its tasks' buffers, 0..1 (None: no report).
-      elements_per_s: the elements its tasks made per second.
-      workers: the workers that run its tasks.
-      movable: whether more workers help it (OFF or DYNAMIC, first come, first served).
-      stages: its tasks' busy seconds per pipeline stage over the window, summed.
-      measured: whether any of its tasks reported a window yet.
-    """
-
-    job_id: int
-    busy: float
-    wait: float | None
-    fill: float | None
-    elements_per_s: float
-    workers: tuple[str, ...]
-    movable: bool
-    stages: dict[str, float] = dataclasses.field(default_factory=dict)
-    measured: bool = True
-
-    @property
-    def needed(self) -> float:
-        """Workers at full speed that the job needs (``L_j``)."""
-        wait = min(self.wait or 0.0, _MAX_WAIT_FRACTION)
-        return self.busy / (1.0 - wait)
 
 
 class _Series:
@@ -211,11 +175,12 @@ class Load:
                 rate += measured[1]
                 fills.append(measured[2])
                 stages.update(measured[3])  # adds the seconds
-            waits = [
-                waited[0]
+            measured_consumers = [
+                waited
                 for client_id in state.active_clients(job.job_id)
                 if (waited := self.consumer(client_id)) is not None
             ]
+            waits = [waited for waited, _ in measured_consumers]
             movable = job.num_consumers is None and not ShardingPolicy(job.mode).is_static
             loads.append(
                 JobLoad(
@@ -228,6 +193,7 @@ class Load:
                     movable=movable,
                     stages=dict(stages),
                     measured=measured_any,
+                    steps_per_s=sum(steps for _, steps in measured_consumers),
                 )
             )
         return loads
@@ -253,3 +219,30 @@ def desired_workers(jobs: Iterable[JobLoad], headroom: float = HEADROOM) -> int:
     unmeasured = {worker for job in jobs if not job.measured for worker in job.workers}
     estimate = math.ceil(needed * (1.0 + headroom) - 1e-9)
     return max(1, estimate, len(fixed), len(unmeasured))
+
+
+def load_reply(state: Any, load: Load, draining: set[str]) -> LoadReply:
+    """What ``GetLoad`` answers (under the dispatcher's lock): the workers needed, each
+    registered worker with whether it may drain, and each running job's load."""
+    live = sorted(set(state.workers) - draining)
+    jobs = load.jobs(state, live)
+    busy: dict[str, float] = {}
+    for job in jobs:
+        for task in state.job_tasks(job.job_id):
+            measured = None if task.finished else load.task(task.task_id)
+            if measured is not None:
+                busy[task.worker_address] = busy.get(task.worker_address, 0.0) + measured[0]
+    pinned = {w for job in jobs if not job.movable for w in job.workers}
+    pinned |= {job.workers[0] for job in jobs if len(job.workers) == 1}
+    workers = tuple(
+        WorkerLoad(
+            address=address,
+            draining=address in draining,
+            tasks=sum(1 for t in state.worker_tasks(address) if not t.finished),
+            busy=busy.get(address, 0.0),
+            pinned=address in pinned,
+        )
+        for address in sorted(state.workers)
+    )
+    consumers = sum(len(state.active_clients(job.job_id)) for job in jobs)
+    return LoadReply(desired_workers(jobs), workers, tuple(jobs), consumers)

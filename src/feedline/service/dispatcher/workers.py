@@ -98,6 +98,7 @@ class Workers:
                     self._finish_job_if_done(state.jobs[task.job_id])
             for report in request.failed_tasks:
                 self._fail_job(address, report)
+
             # For the status page and the estimate of the workers needed: the tasks it issued
             # to this worker only.
             def issued(task_id: int) -> bool:

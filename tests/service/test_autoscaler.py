@@ -1,0 +1,104 @@
+"""``Autoscaler`` with the local back-end: real ``feedline worker`` processes that it starts
+under demand and drains when idle, every element read exactly once.
+
+Each worker is given a known capacity by a rate-limited map (a sleep per element: 2 cores
+stand for many workers); the consumer reads as fast as it can, so one worker is too few.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from feedline import service
+from feedline.data import Dataset
+from feedline.service.autoscaler import Autoscaler, Policy
+from feedline.service.dispatcher.demand import load_reply
+from feedline.service.protocol import LoadReply
+from feedline.service.scaling import LocalWorkers
+
+pytestmark = pytest.mark.timeout(240)
+
+WAIT_S = 90.0
+ELEMENTS = 3000
+
+
+def rate_limited(x):
+    time.sleep(0.01)  # 100 elements/s per worker
+    return x
+
+
+@pytest.fixture
+def dispatcher(tmp_path) -> Iterator[service.DispatchServer]:
+    server = service.DispatchServer(
+        service.DispatcherConfig(work_dir=str(tmp_path), fault_tolerant_mode=True)
+    )
+    yield server
+    server.stop()
+
+
+def local_load(server: service.DispatchServer) -> Callable[[], LoadReply]:
+    """What GetLoad answers, read in this process."""
+
+    def load() -> LoadReply:
+        with server._lock:
+            return load_reply(server._state, server._core.load, server._workers.draining)
+
+    return load
+
+
+def until(condition: Callable[[], bool], what: str, step: Callable[[], object]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        step()
+        time.sleep(0.2)
+
+
+def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher) -> None:
+    address = dispatcher.target.split("://")[1]
+    backend = LocalWorkers(address, drain_seconds=10.0)
+    scaler = Autoscaler(
+        local_load(dispatcher), backend, Policy(1, 3, stabilization_s=2.0), interval_s=0.2
+    )
+    dataset = Dataset.range(ELEMENTS).map(rate_limited).apply(
+        service.distribute("distributed_epoch", dispatcher.target, job_name="scaled")
+    )
+    received: list[int] = []
+    reading = threading.Event()
+    reading.set()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for element in dataset:
+                received.append(int(element))
+                reading.wait()
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+        finally:
+            done.set()
+
+    try:
+        scaler.step()  # the first worker (min_workers)
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        until(lambda: backend.count() == 3, "three workers under demand", scaler.step)
+        reading.clear()  # the trainer pauses: the workers idle
+        until(lambda: backend.count() == 1, "one worker when idle", scaler.step)
+        reading.set()
+        until(done.is_set, "the job ends", scaler.step)
+        consumer.join(10)
+    finally:
+        reading.set()
+        backend.close()
+    assert not errors, errors
+    assert sorted(received) == list(range(ELEMENTS))  # each element exactly once
+    # Up, then down: the drains that took it from 3 to 1 lost nothing.
+    changes = [d.changed for d in scaler.decisions if d.changed]
+    assert changes[0] > 0 and changes[-1] < 0, changes
+    assert backend.drained >= 2, changes
