@@ -15,6 +15,7 @@ import pytest
 
 from feedline import service
 from feedline.data import Dataset
+from feedline.errors import InvalidArgumentError
 from feedline.service.autoscaler import Autoscaler, Policy
 from feedline.service.dispatcher.demand import load_reply
 from feedline.service.protocol import LoadReply
@@ -64,8 +65,10 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
     scaler = Autoscaler(
         local_load(dispatcher), backend, Policy(1, 3, stabilization_s=2.0), interval_s=0.2
     )
-    dataset = Dataset.range(ELEMENTS).map(rate_limited).apply(
-        service.distribute("distributed_epoch", dispatcher.target, job_name="scaled")
+    dataset = (
+        Dataset.range(ELEMENTS)
+        .map(rate_limited)
+        .apply(service.distribute("distributed_epoch", dispatcher.target, job_name="scaled"))
     )
     received: list[int] = []
     reading = threading.Event()
@@ -102,3 +105,34 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
     changes = [d.changed for d in scaler.decisions if d.changed]
     assert changes[0] > 0 and changes[-1] < 0, changes
     assert backend.drained >= 2, changes
+
+
+def test_policy_scales_up_at_once_and_down_only_after_the_window() -> None:
+    policy = Policy(min_workers=1, max_workers=10, stabilization_s=60)
+    assert policy.target(0, desired=4, current=1) == 4
+    assert policy.target(10, desired=2, current=4) == 4  # too soon after the scale-up
+    assert policy.target(59, desired=2, current=4) == 4
+    assert policy.target(70, desired=2, current=4) == 2  # asked for 2 since 10 s
+    assert policy.target(71, desired=20, current=2) == 10  # max_workers
+    assert policy.target(72, desired=0, current=10) == 10
+
+
+def test_policy_with_a_flapping_demand_changes_direction_at_most_once_per_window() -> None:
+    """Demand that swings between 3 and 6 workers every 10 s, for an hour: the policy changes
+    direction at most once per 5 minutes."""
+    policy = Policy(min_workers=1, max_workers=10, stabilization_s=300)
+    current, directions = 1, []
+    for second in range(3600):
+        desired = 6 if (second // 10) % 2 else 3
+        target = policy.target(float(second), desired, current)
+        if target != current:
+            directions.append((second, 1 if target > current else -1))
+            current = target
+    reversals = [t for (t, d), (_, before) in zip(directions[1:], directions) if d != before]
+    assert all(b - a >= 300 for a, b in zip(reversals, reversals[1:])), directions
+    assert current == 6  # it keeps what the peaks need
+
+
+def test_policy_checks_its_bounds() -> None:
+    with pytest.raises(InvalidArgumentError, match="--min-workers"):
+        Policy(min_workers=3, max_workers=2)

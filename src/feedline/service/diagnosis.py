@@ -10,9 +10,9 @@ bottleneck      when                                              what to change
 ``trainer``     the steps wait for input less than 10% of the     the training step itself;
                 time                                              more workers do not help
 ``map``         the workers are busy, and a map (or filter)       num_parallel_calls, a
-                stage takes at least half of their time           faster function, workers
+                stage takes 60% of their time or more             faster function, workers
 ``reader``      the workers are busy, and a source (a reader)     parallel reads (interleave),
-                takes at least half of their time                 more files, workers
+                takes 60% of their time or more                   more files, workers
 ``workers``     the workers are busy, no one stage dominates      more workers
 ``network``     the steps wait, the workers are mostly idle       the transfer: compression,
                 (their buffers hold elements that do not arrive   same-host workers (shared
@@ -38,7 +38,7 @@ TRAINER_WAIT = 0.1
 #: Workers busier than this (on average) are the bottleneck.
 BUSY = 0.6
 #: A stage that takes at least this share of the workers' time is the bottleneck among them.
-DOMINANT = 0.5
+DOMINANT = 0.6
 # Stages whose time is waiting for another thread of theirs, not work.
 _WAITING_KINDS = frozenset({"prefetch", "timed"})
 _MAP_KINDS = frozenset({"map", "filter", "flatmap", "parallelmap", "mapandbatch"})
@@ -90,7 +90,7 @@ def diagnose_job(job: JobLoad) -> Diagnosis:
     busy = job.busy / workers
     measured = (
         f"the steps of job {job.job_id} wait for input {_percent(job.wait)} of the time; its "
-        f"{workers} worker{'s' if workers > 1 else ''} are busy {_percent(busy)} "
+        f"{workers} worker{'s are' if workers > 1 else ' is'} busy {_percent(busy)} "
         f"({job.elements_per_s:.1f} elements/s)"
     )
     if job.wait < TRAINER_WAIT:
@@ -151,11 +151,11 @@ def diagnose(load: LoadReply) -> list[Diagnosis]:
     """The bottleneck of each running job; one ``idle`` diagnosis where none runs."""
     if not load.jobs:
         workers = len(load.workers)
+        registered = f" ({workers} worker{'' if workers == 1 else 's'} registered)"
         return [
             Diagnosis(
                 "idle",
-                f"the service is idle: no job runs ({workers} worker"
-                f"{'' if workers == 1 else 's'} registered)",
+                "the service is idle: no job runs" + (registered if load.workers else ""),
                 "nothing to change; run diagnose while a training loop reads the service",
             )
         ]
