@@ -7,6 +7,7 @@ stand for many workers); the consumer reads as fast as it can, so one worker is 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -128,8 +129,9 @@ def test_policy_with_a_flapping_demand_changes_direction_at_most_once_per_window
         if target != current:
             directions.append((second, 1 if target > current else -1))
             current = target
-    reversals = [t for (t, d), (_, before) in zip(directions[1:], directions) if d != before]
-    assert all(b - a >= 300 for a, b in zip(reversals, reversals[1:])), directions
+    pairs = itertools.pairwise(directions)
+    reversals = [t for (_, before), (t, d) in pairs if d != before]
+    assert all(b - a >= 300 for a, b in itertools.pairwise(reversals)), directions
     assert current == 6  # it keeps what the peaks need
 
 
