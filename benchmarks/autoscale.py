@@ -10,8 +10,9 @@ autoscaler's local back-end starts and drains (``service.scaling.LocalWorkers``,
 ``service.autoscaler.Autoscaler`` every 0.5 s). Each worker is given a known capacity: the
 pipeline is a rate-limited map (``1 / --capacity`` seconds of sleep per element), so the best
 worker count for a trainer that takes ``D`` elements a second is ``ceil(D / capacity)``, and two
-cores stand for many workers. The trainer (this process) takes one element per step and paces
-its steps to ``--demand`` elements a second.
+cores stand for many workers. The trainer (this process) takes one element per step, and each
+step works (sleeps) ``1 / --demand`` seconds: with its input always ready it takes ``--demand``
+elements a second.
 
 Part 1, following demand: ``--demand``, then twice as much, then ``--demand`` again, for
 ``--phase-seconds`` each. Reported per change: the worker heartbeats (1 s each) until the count
@@ -72,12 +73,10 @@ def follow_demand(args: argparse.Namespace, target: str, address: str) -> None:
     def train() -> None:
         iterator = iter(dataset)
         try:
-            next_step = time.monotonic()
             while not stop.is_set():
                 next(iterator)
                 taken[phase[0]] += 1
-                next_step = max(next_step + 1.0 / demand[phase[0]], time.monotonic() - 1.0)
-                time.sleep(max(0.0, next_step - time.monotonic()))
+                time.sleep(1.0 / demand[phase[0]])  # the step's own work
         finally:
             iterator.close()
 

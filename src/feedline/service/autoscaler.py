@@ -6,7 +6,8 @@ a worker count, which a back-end (``scaling``: local processes or a Kubernetes D
 true. The policy:
 
 =====================  ======================================================================
-more are needed        start them at once (up to ``max_workers``)
+more are needed        start them at once (up to ``max_workers``): as many as the dispatcher
+                       asked for at the least over the last ``scale_up_s`` (2 s)
 fewer are needed       wait: only once ``stabilization_s`` passed since the last scale-up, and
                        then down to the *most* the dispatcher asked for over the last
                        ``stabilization_s`` (at least ``min_workers``): a dip does not scale
@@ -71,11 +72,14 @@ class Policy:
       max_workers: never more.
       stabilization_s: a scale-down waits this long after a scale-up, and goes down only to
         the most the dispatcher asked for over this long.
+      scale_up_s: a scale-up goes up to the least the dispatcher asked for over this long (one
+        high estimate does not start workers).
     """
 
     min_workers: int
     max_workers: int
     stabilization_s: float = 300.0
+    scale_up_s: float = 2.0
     _asked: collections.deque[tuple[float, int]] = dataclasses.field(
         default_factory=collections.deque, repr=False
     )
@@ -98,7 +102,7 @@ class Policy:
         """The worker count to have now, given the ``desired`` one and the ``current`` one.
 
         Example:
-          >>> policy = Policy(min_workers=1, max_workers=8, stabilization_s=60)
+          >>> policy = Policy(min_workers=1, max_workers=8, stabilization_s=60, scale_up_s=0)
           >>> policy.target(0.0, desired=4, current=2)   # up at once
           4
           >>> policy.target(30.0, desired=2, current=4)  # down only after 60 s
@@ -111,7 +115,8 @@ class Policy:
         self._asked.append((now, desired))
         while self._asked and self._asked[0][0] < now - self.stabilization_s:
             self._asked.popleft()
-        wanted = min(self.max_workers, max(self.min_workers, desired))
+        least = min(asked for when, asked in self._asked if when >= now - self.scale_up_s)
+        wanted = min(self.max_workers, max(self.min_workers, least))
         if wanted > current:
             self._last_up = now
             return wanted

@@ -1293,6 +1293,10 @@ class JobLoad:
       movable: whether more workers help it (OFF or DYNAMIC, first come, first served).
       stages: its tasks' busy seconds per pipeline stage over the window, summed.
       measured: whether any of its tasks reported a window yet.
+      steps_per_s: the steps its consumers took per second.
+      demand: the elements per second its consumers would take were their input never late
+        (``sum(steps_per_s / (1 - wait))`` over them), None: no report.
+      capacity: the elements a worker makes per second of busy time, None: not measured.
     """
 
     job_id: int
@@ -1305,10 +1309,15 @@ class JobLoad:
     stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
     measured: bool = True
     steps_per_s: float = 0.0
+    demand: float | None = None
+    capacity: float | None = None
 
     @property
     def needed(self) -> float:
-        """Workers at full speed that the job needs: ``busy / (1 - wait)``."""
+        """Workers at full speed that the job needs: ``demand / capacity`` where both are
+        measured, else ``busy / (1 - wait)``."""
+        if self.demand is not None and self.capacity:
+            return self.demand / self.capacity
         wait = min(self.wait or 0.0, MAX_WAIT_FRACTION)
         return self.busy / (1.0 - wait)
 
@@ -1332,6 +1341,8 @@ class JobLoad:
             stages=dict(field(header, "stages", dict, {})),
             measured=field(header, "measured", bool, True),
             steps_per_s=float(field(header, "steps_per_s", (int, float), 0.0)),
+            demand=field(header, "demand", (int, float, type(None)), None),
+            capacity=field(header, "capacity", (int, float, type(None)), None),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1347,6 +1358,8 @@ class JobLoad:
             "stages": dict(self.stages),
             "measured": self.measured,
             "steps_per_s": self.steps_per_s,
+            "demand": self.demand,
+            "capacity": self.capacity,
         }
 
 
