@@ -102,9 +102,10 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
         backend.close()
     assert not errors, errors
     assert sorted(received) == list(range(ELEMENTS))  # each element exactly once
-    # Up, then down: the drains that took it from 3 to 1 lost nothing.
+    # Up, then down (then up again once the trainer reads on): the drains that took it from
+    # 3 to 1 lost nothing.
     changes = [d.changed for d in scaler.decisions if d.changed]
-    assert changes[0] > 0 and changes[-1] < 0, changes
+    assert changes[0] > 0 and any(c < 0 for c in changes), changes
     assert backend.drained >= 2, changes
 
 
