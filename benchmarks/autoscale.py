@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/autoscale.py [--capacity 20] [--demand 50] [--phase-seconds 40]
-        [--stabilization 10] [--scale-downs 20] [--elements 4000]
+        [--stabilization 10] [--scale-downs 20] [--elements 4000] [--only follow|lost|gain]
 
 A dispatcher (fault tolerant, in this process) and ``feedline worker`` processes that the
 autoscaler's local back-end starts and drains (``service.scaling.LocalWorkers``, driven by
@@ -23,6 +23,10 @@ the run), and the elements per second the trainer got against its demand.
 Part 2, nothing lost: a finite epoch (``--elements``) of an exactly-once job, read to its end
 while workers are started and drained ``--scale-downs`` times (never the last worker of the
 job); reported: lost and duplicated elements.
+
+Part 3, the predicted gain: two workers and a trainer that wants four workers' worth;
+``feedline diagnose``'s predicted gain of one more worker against the gain measured once a third
+one serves.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from feedline import service
 from feedline.cli._autoscale import load_source
 from feedline.data import Dataset
 from feedline.service.autoscaler import Autoscaler, Policy
+from feedline.service.diagnosis import diagnose as diagnose_load
 from feedline.service.scaling import LocalWorkers
 
 HEARTBEAT_S = 1.0
@@ -175,6 +180,54 @@ def nothing_lost(args: argparse.Namespace, target: str, address: str) -> None:
     )
 
 
+def predicted_gain(args: argparse.Namespace, target: str, address: str) -> None:
+    """With 2 workers and a trainer that wants more, ``diagnose``'s predicted gain of one more
+    worker against the gain measured once it runs."""
+    load, close = load_source(address)
+    backend = LocalWorkers(address, drain_seconds=2.0)
+    dataset = Dataset.range(10**9).map(rate_limited(1.0 / args.capacity))
+    dataset = dataset.apply(service.distribute("distributed_epoch", target))
+    taken = [0]
+    stop = threading.Event()
+
+    def train() -> None:
+        iterator = iter(dataset)
+        try:
+            while not stop.is_set():
+                next(iterator)
+                taken[0] += 1
+                time.sleep(1.0 / (4 * args.capacity))  # wants 4 workers' worth
+        finally:
+            iterator.close()
+
+    def rate(seconds: float) -> float:
+        before, started = taken[0], time.monotonic()
+        time.sleep(seconds)
+        return (taken[0] - before) / (time.monotonic() - started)
+
+    trainer = threading.Thread(target=train, daemon=True)
+    try:
+        backend.scale_up(2)
+        trainer.start()
+        time.sleep(10.0)  # two workers serve, their reports fill the window
+        verdict = diagnose_load(load())[0]
+        two = rate(10.0)
+        backend.scale_up(1)
+        time.sleep(8.0)  # the third registers and serves
+        three = rate(10.0)
+    finally:
+        stop.set()
+        trainer.join(30)
+        backend.close()
+        close()
+    measured = three / two - 1
+    print(
+        f"one more worker: predicted +{100 * verdict.gain:.0f}% ({verdict.bottleneck}), "
+        f"measured +{100 * measured:.0f}% ({two:.1f} -> {three:.1f} elements/s): "
+        f"the prediction is off by {100 * abs(verdict.gain - measured) / max(measured, 1e-9):.0f}%"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capacity", type=float, default=20.0, help="elements/s per worker")
@@ -184,7 +237,7 @@ def main() -> None:
     parser.add_argument("--max-workers", type=int, default=8)
     parser.add_argument("--scale-downs", type=int, default=20)
     parser.add_argument("--elements", type=int, default=4000)
-    parser.add_argument("--only", choices=("follow", "lost"), default=None)
+    parser.add_argument("--only", choices=("follow", "lost", "gain"), default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work_dir:
         dispatcher = service.DispatchServer(
@@ -196,6 +249,8 @@ def main() -> None:
                 follow_demand(args, dispatcher.target, address)
             if args.only in (None, "lost"):
                 nothing_lost(args, dispatcher.target, address)
+            if args.only in (None, "gain"):
+                predicted_gain(args, dispatcher.target, address)
         finally:
             dispatcher.stop()
 

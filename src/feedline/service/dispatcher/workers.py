@@ -121,6 +121,8 @@ class Workers:
             else:
                 self._draining.discard(address)
             while True:
+                if address not in core.state.workers:  # it left meanwhile (another call)
+                    return WorkerHeartbeatReply(core.incarnation).to_header(), ()
                 core.worker_seen[address] = core.clock()
                 reply = self._worker_news(address, current, draining)
                 news = reply.new_tasks or reply.delete_tasks or reply.lost_tasks
