@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -19,7 +19,7 @@ from feedline.data import Dataset
 from feedline.errors import InvalidArgumentError
 from feedline.service.autoscaler import Autoscaler, Policy
 from feedline.service.dispatcher.demand import load_reply
-from feedline.service.protocol import LoadReply
+from feedline.service.protocol import LoadReply, WorkerLoad
 from feedline.service.scaling import LocalWorkers
 
 pytestmark = pytest.mark.timeout(240)
@@ -139,3 +139,51 @@ def test_policy_with_a_flapping_demand_changes_direction_at_most_once_per_window
 def test_policy_checks_its_bounds() -> None:
     with pytest.raises(InvalidArgumentError, match="--min-workers"):
         Policy(min_workers=3, max_workers=2)
+
+
+class FakeBackend:
+    """Counts what the autoscaler asks of it."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+        self.drained: list[str] = []
+
+    def count(self) -> int:
+        return len(self.addresses)
+
+    def owns(self, address: str) -> bool:
+        return address in self.addresses
+
+    def scale_up(self, count: int) -> None:
+        self.addresses += [f"new:{i}" for i in range(count)]
+
+    def scale_down(self, count: int, candidates: Sequence[str]) -> int:
+        chosen = list(candidates)[:count]
+        self.drained += chosen
+        self.addresses = [a for a in self.addresses if a not in chosen]
+        return len(chosen)
+
+    def close(self) -> None:
+        return
+
+
+def test_the_last_worker_of_a_running_job_is_never_drained() -> None:
+    """The dispatcher asks for 1 worker; of 3, one runs the last task of a job (pinned) and
+    one is busier: the least busy unpinned one drains first, the pinned one never."""
+    reply = LoadReply(
+        desired_workers=1,
+        workers=(
+            WorkerLoad("a:1", False, 1, 0.9, True),
+            WorkerLoad("b:1", False, 1, 0.5, False),
+            WorkerLoad("c:1", False, 1, 0.1, False),
+        ),
+    )
+    backend = FakeBackend(["a:1", "b:1", "c:1"])
+    scaler = Autoscaler(lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_up_s=0))
+    decision = scaler.step()
+    assert decision.target == 1 and decision.changed == -2
+    assert backend.drained == ["c:1", "b:1"]
+    # Asked for none, it still keeps the pinned one.
+    reply = LoadReply(desired_workers=0, workers=(WorkerLoad("a:1", False, 1, 0.9, True),))
+    scaler = Autoscaler(lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_up_s=0))
+    assert scaler.step().changed == 0 and backend.addresses == ["a:1"]
