@@ -303,7 +303,7 @@ class Task:
         """An exactly-once task's input: each split the dispatcher grants, run on its own and
         tagged ``[key, offset]``, minus the offsets consumers already received (``replay``)."""
         definition = self.definition
-        runner = SplitRunner(dataset)
+        runner = SplitRunner(dataset, lambda shaped: timed(shaped, self._stages))
         finished: tuple[int, int] | None = None
         index = 0
         while True:
