@@ -334,8 +334,9 @@ def _add_autoscale(commands: Commands) -> None:
         "feedline.cli._autoscale:autoscale",
         "keeps as many data service workers as the dispatcher's jobs need",
         "Asks the dispatcher every --interval seconds how many workers its running jobs need\n"
-        "(the metric feedline_dispatcher_desired_workers, from the consumers' wait for input\n"
-        "and the workers' busy time) and starts or drains workers to match, between\n"
+        "(the metric feedline_dispatcher_desired_workers: what the consumers would take were\n"
+        "their input never late, over what a worker makes per busy second) and starts or\n"
+        "drains workers to match, between\n"
         "--min-workers and --max-workers. More workers start at once; fewer only after\n"
         "--stabilization seconds since the last scale-up, and never the last worker of a\n"
         "running job. A drained worker hands out what it holds and leaves; its remaining\n"
