@@ -110,7 +110,7 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
 
 
 def test_policy_scales_up_at_once_and_down_only_after_the_window() -> None:
-    policy = Policy(min_workers=1, max_workers=10, stabilization_s=60, scale_up_s=0)
+    policy = Policy(1, 10, stabilization_s=60, scale_up_s=0, settle_s=0)
     assert policy.target(0, desired=4, current=1) == 4
     assert policy.target(10, desired=2, current=4) == 4  # too soon after the scale-up
     assert policy.target(59, desired=2, current=4) == 4

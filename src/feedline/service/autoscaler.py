@@ -7,7 +7,8 @@ true. The policy:
 
 =====================  ======================================================================
 more are needed        start them at once (up to ``max_workers``): as many as the dispatcher
-                       asked for at the least over the last ``scale_up_s`` (2 s)
+                       asked for at the least over the last ``scale_up_s`` (2 s), but none
+                       within ``settle_s`` (10 s) of a scale-down
 fewer are needed       wait: only once ``stabilization_s`` passed since the last scale-up, and
                        then down to the *most* the dispatcher asked for over the last
                        ``stabilization_s`` (at least ``min_workers``): a dip does not scale
@@ -74,16 +75,20 @@ class Policy:
         the most the dispatcher asked for over this long.
       scale_up_s: a scale-up goes up to the least the dispatcher asked for over this long (one
         high estimate does not start workers).
+      settle_s: no scale-up this long after a scale-down: the drains disturb what the
+        consumers measure for a while (their wait while the drained splits move).
     """
 
     min_workers: int
     max_workers: int
     stabilization_s: float = 300.0
     scale_up_s: float = 2.0
+    settle_s: float = 10.0
     _asked: collections.deque[tuple[float, int]] = dataclasses.field(
         default_factory=collections.deque, repr=False
     )
     _last_up: float = dataclasses.field(default=-math.inf, repr=False)
+    _last_down: float = dataclasses.field(default=-math.inf, repr=False)
     _since: float | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +107,7 @@ class Policy:
         """The worker count to have now, given the ``desired`` one and the ``current`` one.
 
         Example:
-          >>> policy = Policy(min_workers=1, max_workers=8, stabilization_s=60, scale_up_s=0)
+          >>> policy = Policy(1, 8, stabilization_s=60, scale_up_s=0, settle_s=0)
           >>> policy.target(0.0, desired=4, current=2)   # up at once
           4
           >>> policy.target(30.0, desired=2, current=4)  # down only after 60 s
@@ -118,6 +123,8 @@ class Policy:
         least = min(asked for when, asked in self._asked if when >= now - self.scale_up_s)
         wanted = min(self.max_workers, max(self.min_workers, least))
         if wanted > current:
+            if now - self._last_down < self.settle_s:
+                return current
             self._last_up = now
             return wanted
         if current <= self.min_workers:
@@ -126,7 +133,10 @@ class Policy:
         if not settled:
             return current
         most = max(asked for _, asked in self._asked)
-        return min(current, max(self.min_workers, min(self.max_workers, most)))
+        target = min(current, max(self.min_workers, min(self.max_workers, most)))
+        if target < current:
+            self._last_down = now
+        return target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ that cannot move (static sharding, round robin: they keep the workers they were 
 one while any job runs.
 
 =============================================  =====  ====  ======  =======================
-situation (workers of 20 elements/s)           takes  f     needs   desired (headroom 10%)
+situation (workers of 20 elements/s)           takes  f     needs   desired (headroom 5%)
 =============================================  =====  ====  ======  =======================
 the trainer takes 50/s and never waits         50     0     2.5     3
 4 workers, the steps wait half the time        80     0.5   8       9
@@ -52,7 +52,7 @@ __all__ = ["HEADROOM", "Load", "desired_workers", "load_reply"]
 
 #: The spare capacity the estimate adds: a worker count that is just enough leaves the
 #: consumers waiting now and then.
-HEADROOM = 0.1
+HEADROOM = 0.05
 # Reports kept per task and consumer: rates are read from the oldest to the newest.
 _KEPT = 6
 # A report older than this (seconds) counts for nothing (its worker or consumer is gone).
