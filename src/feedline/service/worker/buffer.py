@@ -221,8 +221,14 @@ class TaskBuffer:
         with self.cond:
             return (self._ended or self._stopped) and not self._elements
 
+    def made_not_kept(self) -> None:
+        """The producer made an element that it does not put (its consumers had it: a replayed
+        split): it counts in ``load`` as made, for the rate at which this worker makes them."""
+        with self.cond:
+            self._put_count += 1
+
     def load(self) -> tuple[int, float, float, float]:
-        """``(elements put, busy seconds, seconds since the producer first put one, fill)``:
+        """``(elements made, busy seconds, seconds since the producer first put one, fill)``:
         the producer was busy while it did not wait for room (nor pause); its time starts with
         its first element (not the task's setup) and stops when it ends. Fill is the fuller of
         the element and byte bounds, 0..1."""

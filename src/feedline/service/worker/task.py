@@ -326,6 +326,7 @@ class Task:
             for offset, element in enumerate(runner.run(key, units)):
                 count = offset + 1
                 if contains(skip, offset):
+                    self._buffer.made_not_kept()  # made all the same: the worker's rate
                     continue
                 if not self._put(element, index, expected, [key, offset]):
                     return
