@@ -19,6 +19,14 @@
             [--drain-seconds 10] [--dispatcher-timeout 60] [--wait-forever] [--status-port P]
         a data service worker, until SIGTERM or SIGINT (it drains first) or until its
         dispatcher stays unreachable past --dispatcher-timeout (exit code 2)
+    feedline autoscale --dispatcher HOST:PORT --backend local|kubernetes --max-workers M
+            [--min-workers 1] [--interval 1] [--stabilization 300] [--drain-seconds 10]
+            [--deployment feedline-worker] [--namespace NS]
+        keeps as many workers as the dispatcher's jobs need, until SIGTERM or SIGINT:
+        local `feedline worker` processes, or the replicas of a Kubernetes Deployment
+    feedline diagnose --dispatcher HOST:PORT [--seconds 5]
+        names what holds each running job's input back (the map function, a reader, too
+        few workers, the network, the trainer) and the gain of one more worker
     feedline server [--cluster-spec JSON --job ps|worker --task I]
         a ps or worker task of a ParameterServerStrategy cluster (from TF_CONFIG unless
         --cluster-spec is given), until SIGTERM or SIGINT

@@ -80,7 +80,7 @@ def json_object(text: str) -> dict[str, Any]:
 
 def build_parser() -> Parser:
     """The ``feedline`` parser: ``demo``, ``pipeline-demo``, ``dispatcher``, ``worker``,
-    ``server``, each a sub-command with its own options."""
+    ``server``, ``autoscale``, ``diagnose``, each a sub-command with its own options."""
     parser = Parser(
         prog="feedline",
         description="feedline: TensorFlow's distributed input system for PyTorch.",
@@ -94,6 +94,8 @@ def build_parser() -> Parser:
     _add_dispatcher(commands)
     _add_worker(commands)
     _add_server(commands)
+    _add_autoscale(commands)
+    _add_diagnose(commands)
     parser.commands.update(commands.choices)
     return parser
 
@@ -311,6 +313,101 @@ def _add_server(commands: Commands) -> None:
     )
     parser.add_argument("--job", default=None, help="this task's job: ps or worker")
     parser.add_argument("--task", type=int, default=None, help="this task's index in its job")
+    add_security(parser)
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse ``type``: a float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _add_autoscale(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "autoscale",
+        "feedline.cli._autoscale:autoscale",
+        "keeps as many data service workers as the dispatcher's jobs need",
+        "Asks the dispatcher every --interval seconds how many workers its running jobs need\n"
+        "(the metric feedline_dispatcher_desired_workers: what the consumers would take were\n"
+        "their input never late, over what a worker makes per busy second) and starts or\n"
+        "drains workers to match, between\n"
+        "--min-workers and --max-workers. More workers start at once; fewer only after\n"
+        "--stabilization seconds since the last scale-up, and never the last worker of a\n"
+        "running job. A drained worker hands out what it holds and leaves; its remaining\n"
+        "splits go to the others.\n\n"
+        "Back-ends: local starts `feedline worker` processes on this machine (drained with\n"
+        "SIGTERM, all of them when the autoscaler stops); kubernetes sets the replicas of the\n"
+        "workers' Deployment (in a pod with its service account, else with the kubeconfig\n"
+        "through the kubernetes package). It runs until SIGTERM or SIGINT (exit code 0); a\n"
+        "bad option is `feedline autoscale: error: ...` and exit code 2.",
+    )
+    parser.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    parser.add_argument(
+        "--backend", required=True, choices=("local", "kubernetes"), help="what runs the workers"
+    )
+    parser.add_argument(
+        "--min-workers", type=int, default=1, help="never fewer workers (%(default)s)"
+    )
+    parser.add_argument(
+        "--max-workers", type=positive_int, required=True, help="never more workers"
+    )
+    parser.add_argument(
+        "--interval",
+        type=non_negative_float,
+        default=1.0,
+        help="seconds between two looks at the dispatcher (%(default)s)",
+    )
+    parser.add_argument(
+        "--stabilization",
+        type=non_negative_float,
+        default=300.0,
+        help="seconds a scale-down waits after a scale-up, and over which it takes the most "
+        "workers asked for (%(default)s)",
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=non_negative_float,
+        default=10.0,
+        help="local: how long a drained worker may hand out what it holds (%(default)s)",
+    )
+    parser.add_argument(
+        "--deployment",
+        default="feedline-worker",
+        help="kubernetes: the workers' Deployment (%(default)s)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help="kubernetes: its namespace (default: the pod's, else default)",
+    )
+    add_security(parser)
+
+
+def _add_diagnose(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "diagnose",
+        "feedline.cli._autoscale:diagnose",
+        "names the bottleneck of a data service's input",
+        "Watches the dispatcher's jobs for --seconds and names, for each running job, what\n"
+        "holds its input back: the map function, a reader, too few workers, the network, or\n"
+        "the trainer itself; what to change; and the predicted gain of one more worker. An\n"
+        "idle service says so. A dispatcher it cannot reach is `feedline diagnose: error:\n"
+        "...` and exit code 2.",
+    )
+    parser.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    parser.add_argument(
+        "--seconds",
+        type=non_negative_float,
+        default=5.0,
+        help="how long to watch (%(default)s)",
+    )
     add_security(parser)
 
 

@@ -43,8 +43,10 @@ __all__ = [
     "GetSplitRequest",
     "HeartbeatReply",
     "InputWait",
+    "JobLoad",
     "JobView",
     "JoinReply",
+    "LoadReply",
     "RegisterDatasetReply",
     "RegisterDatasetRequest",
     "ReleaseClientRequest",
@@ -54,6 +56,7 @@ __all__ = [
     "TaskView",
     "WorkerHeartbeatReply",
     "WorkerHeartbeatRequest",
+    "WorkerLoad",
     "incarnation_of",
     "local_worker_addresses",
     "new_incarnation",
@@ -166,9 +169,7 @@ def _worker_address(header: dict[str, Any]) -> str:
 def _number(value: Any) -> bool:
     """Whether ``value`` is a finite, non-negative int or float (not a bool)."""
     return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 <= value < float("inf")
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
     )
 
 
@@ -1268,3 +1269,165 @@ class ElementsReply:
         if self.shm_refused is not None:
             header["shm_refused"] = self.shm_refused
         return header
+
+
+# -- the load of a dispatcher's jobs (GetLoad: ``feedline autoscale`` and ``feedline diagnose``) --
+
+#: The most that a consumer waiting more than this fraction of its time counts for: one
+#: estimate of the workers needed at most quadruples it.
+MAX_WAIT_FRACTION = 0.75
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLoad:
+    """What one running job asks of its workers over the last reports (``dispatcher.demand``).
+
+    Attributes:
+      job_id: the job.
+      busy: the sum of its tasks' busy fractions (workers' worth of work being done).
+      wait: the mean fraction of time its consumers' steps waited for input (None: no report).
+      fill: the mean fill of its tasks' buffers, 0..1 (None: no report).
+      elements_per_s: the elements its tasks made per second.
+      steps_per_s: the steps its consumers took per second.
+      workers: the workers that run its tasks.
+      movable: whether more workers help it (OFF or DYNAMIC, first come, first served).
+      stages: its tasks' busy seconds per pipeline stage over the window, summed.
+      measured: whether any of its tasks reported a window yet.
+      steps_per_s: the steps its consumers took per second.
+      demand: the elements per second its consumers would take were their input never late
+        (``sum(steps_per_s / (1 - wait))`` over them), None: no report.
+      capacity: the elements a worker makes per second of busy time, None: not measured.
+    """
+
+    job_id: int
+    busy: float
+    wait: float | None
+    fill: float | None
+    elements_per_s: float
+    workers: tuple[str, ...]
+    movable: bool
+    stages: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    measured: bool = True
+    steps_per_s: float = 0.0
+    demand: float | None = None
+    capacity: float | None = None
+
+    @property
+    def needed(self) -> float:
+        """Workers at full speed that the job needs: ``demand / capacity`` where both are
+        measured, else ``busy / (1 - wait)``."""
+        if self.demand is not None and self.capacity:
+            return self.demand / self.capacity
+        wait = min(self.wait or 0.0, MAX_WAIT_FRACTION)
+        return self.busy / (1.0 - wait)
+
+    @classmethod
+    def from_header(cls, header: Any) -> JobLoad:
+        """The load in ``header`` (an item of ``LoadReply``'s ``jobs``).
+
+        Raises:
+          InvalidArgumentError: a field is missing or mistyped.
+        """
+        if not isinstance(header, dict):
+            raise InvalidArgumentError(f"malformed reply: a job's load is {header!r:.200}")
+        return cls(
+            job_id=field(header, "job_id", int),
+            busy=float(field(header, "busy", (int, float))),
+            wait=field(header, "wait", (int, float, type(None))),
+            fill=field(header, "fill", (int, float, type(None))),
+            elements_per_s=float(field(header, "elements_per_s", (int, float))),
+            workers=tuple(field(header, "workers", list)),
+            movable=field(header, "movable", bool),
+            stages=dict(field(header, "stages", dict, {})),
+            measured=field(header, "measured", bool, True),
+            steps_per_s=float(field(header, "steps_per_s", (int, float), 0.0)),
+            demand=field(header, "demand", (int, float, type(None)), None),
+            capacity=field(header, "capacity", (int, float, type(None)), None),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The load as the dispatcher sends it."""
+        return {
+            "job_id": self.job_id,
+            "busy": self.busy,
+            "wait": self.wait,
+            "fill": self.fill,
+            "elements_per_s": self.elements_per_s,
+            "workers": list(self.workers),
+            "movable": self.movable,
+            "stages": dict(self.stages),
+            "measured": self.measured,
+            "steps_per_s": self.steps_per_s,
+            "demand": self.demand,
+            "capacity": self.capacity,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLoad:
+    """A registered worker, as ``feedline autoscale`` sees it.
+
+    Attributes:
+      address: where consumers reach it.
+      draining: it drains before leaving.
+      tasks: its running tasks.
+      busy: the sum of its tasks' busy fractions.
+      pinned: draining it would stop a job: it runs the last task of a running job, or a
+        task of a job that cannot move (static sharding, round robin).
+    """
+
+    address: str
+    draining: bool
+    tasks: int
+    busy: float
+    pinned: bool
+
+    def to_wire(self) -> list[Any]:
+        """``[address, draining, tasks, busy, pinned]``."""
+        return [self.address, self.draining, self.tasks, self.busy, self.pinned]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReply:
+    """The dispatcher's reply to ``GetLoad``: the workers the running jobs need, and why.
+
+    Attributes:
+      desired_workers: the workers the running jobs need (``feedline_dispatcher_desired_workers``).
+      workers: the registered workers.
+      jobs: each running job's load.
+      consumers: the consumers of the running jobs.
+    """
+
+    desired_workers: int
+    workers: tuple[WorkerLoad, ...] = ()
+    jobs: tuple[JobLoad, ...] = ()
+    consumers: int = 0
+
+    @property
+    def live_workers(self) -> int:
+        """The workers that do not drain."""
+        return sum(1 for worker in self.workers if not worker.draining)
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> LoadReply:
+        """The reply in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or mistyped.
+        """
+        workers = _rows(header, "workers", (str, bool, int, float, bool))
+        return cls(
+            desired_workers=field(header, "desired_workers", int),
+            workers=tuple(WorkerLoad(*row) for row in workers),
+            jobs=tuple(JobLoad.from_header(job) for job in field(header, "jobs", list, [])),
+            consumers=field(header, "consumers", int, 0),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The reply as the dispatcher sends it."""
+        return {
+            "desired_workers": self.desired_workers,
+            "workers": [worker.to_wire() for worker in self.workers],
+            "jobs": [job.to_header() for job in self.jobs],
+            "consumers": self.consumers,
+        }

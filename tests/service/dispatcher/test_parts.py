@@ -314,3 +314,24 @@ def test_worker_heartbeats_past_the_bound_are_answered_at_once_with_a_retry_time
     finally:
         for waiter in waiters:
             waiter.join(5)
+
+
+def test_a_worker_that_leaves_while_its_heartbeat_waits_is_forgotten() -> None:
+    """A draining worker's heartbeat waits for news when its last one says it leaves: the
+    waiting one, woken, does not mark it alive again (it would be dropped later for missed
+    heartbeats, counted as a fault)."""
+    parts = make_parts()
+    parts.heartbeat("w1")
+    waiting = threading.Thread(
+        target=parts.heartbeat, args=("w1",), kwargs={"draining": True, "wait_ms": 2000}
+    )
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while "w1" not in parts.core.waiting:
+        assert time.monotonic() < deadline, "the heartbeat does not wait"
+        time.sleep(0.01)
+    parts.heartbeat("w1", draining=True, leaving=True)
+    waiting.join(10)
+    assert not waiting.is_alive()
+    assert "w1" not in parts.core.state.workers
+    assert "w1" not in parts.core.worker_seen

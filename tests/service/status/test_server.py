@@ -111,6 +111,30 @@ def test_dispatcher_page_shows_workers_jobs_datasets_and_consumers(running: Clus
     assert "Recent errors (0)" in page
 
 
+def test_dispatcher_page_names_the_input_bottleneck(running: Cluster) -> None:
+    """The Input section says what holds each running job back (``feedline diagnose``): this
+    consumer takes elements as fast as a range makes them, so it is not the trainer."""
+    url = running.dispatcher.status_url
+    assert url is not None
+
+    def verdict() -> dict[str, str]:
+        (row,) = table(fetch(url)[2], "Input")
+        return row
+
+    wait_for(lambda: verdict()["bottleneck"] != "idle", "the job's load is reported")
+    row = verdict()
+    assert row["bottleneck"] in ("trainer", "workers", "reader", "network"), row
+    assert "elements/s (predicted)" in row["one more worker"]
+    assert "the jobs need" in fetch(url)[2]
+
+
+def test_an_idle_dispatcher_page_says_so(make_cluster) -> None:
+    cluster = make_cluster(num_workers=0, status_port=0)
+    (row,) = table(fetch(cluster.dispatcher.status_url)[2], "Input")
+    assert row["bottleneck"] == "idle"
+    assert "the service is idle" in row["measured"]
+
+
 def test_an_exactly_once_job_shows_its_splits(make_cluster, tmp_path: pathlib.Path) -> None:
     cluster = make_cluster(1, status_port=0, work_dir=str(tmp_path), fault_tolerant_mode=True)
     iterator = iter(

@@ -82,7 +82,8 @@ _REPORT_S = 0.1
 
 class StepWaits:
     """How long a consumer's steps waited for input: each ``next`` call is a step, and the
-    time from the first call on is the consumer's; thread-safe."""
+    time from the end of the first on is the consumer's (the first waits for the job to
+    start); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -94,7 +95,8 @@ class StepWaits:
         """A step asked for input at ``started`` and had it (or an error) at ``ended``."""
         with self._lock:
             if self._first is None:
-                self._first = started
+                self._first = ended
+                return
             self._steps += 1
             self._waited += ended - started
 

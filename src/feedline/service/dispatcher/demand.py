@@ -5,86 +5,78 @@ in a full buffer) and how full its buffer is (``protocol.TaskLoad``); consumers 
 their training steps waited for input (``protocol.InputWait``). Both are cumulative counters;
 ``Load`` keeps the last few reports of each and reads rates over that window.
 
-The estimate. Over a window, task ``t`` was busy a fraction ``u_t`` of the time and the
-consumers of its job waited a fraction ``f_j`` of theirs. A worker busy a fraction ``u`` does
-``u`` workers' worth of work; a consumer that waits a fraction ``f`` of its time would go
-``1 / (1 - f)`` times as fast were its input never late. So a job needs::
+The estimate. Over a window, the consumers of job ``j`` took ``s_c`` elements a second each
+and waited a fraction ``f_c`` of their time for them: were their input never late they would
+take ``s_c / (1 - f_c)`` (``f_c`` capped at ``protocol.MAX_WAIT_FRACTION``: one estimate at most
+quadruples). A worker makes ``c`` elements per second of busy time (its producer's, not counting
+its waits for room in a full buffer; the last measured while it idles). So the job needs::
 
-    L_j = sum(u_t for t in tasks of j) / (1 - f_j)      workers, at full speed each
+    L_j = sum(s_c / (1 - f_c) for its consumers) / c      workers, at full speed each
 
-(``f_j`` is capped at ``_MAX_WAIT_FRACTION``: one estimate at most quadruples the work). The
-dispatcher wants ``ceil(sum(L_j) * (1 + HEADROOM))`` workers, and at least the workers that run
-tasks of jobs that cannot move (static sharding, round robin: they keep the workers they were
-made with), and one while any job runs. A trainer that never waits (``f = 0``) with workers that
-are idle half the time (``u = 0.5``) needs half the workers it has; one that waits half its time
-with workers busy all the time needs twice as many.
+Before its consumers report, ``L_j = sum(u_t) / (1 - f_j)``, ``u_t`` the fraction of the time
+its task ``t`` was busy. Measuring what the consumers take, not what the workers make, keeps a
+worker that fills its buffer from counting as demand. The dispatcher wants
+``ceil(sum(L_j) * (1 + HEADROOM))`` workers, and at least the workers that run tasks of jobs
+that cannot move (static sharding, round robin: they keep the workers they were made with), and
+one while any job runs.
 
-=========================================  ====  ====  ======================
-situation (4 workers)                      u     f     desired (headroom 10%)
-=========================================  ====  ====  ======================
-trainer-bound, workers a quarter busy      0.25  0     2
-just enough workers                        0.9   0.01  4
-input-bound: steps wait half the time      1.0   0.5   9
-no job running                             --    --    0
-=========================================  ====  ====  ======================
+=============================================  =====  ====  ======  =======================
+situation (workers of 20 elements/s)           takes  f     needs   desired (headroom 5%)
+=============================================  =====  ====  ======  =======================
+the trainer takes 50/s and never waits         50     0     2.5     3
+4 workers, the steps wait half the time        80     0.5   8       9
+the trainer pauses (takes nothing)             0      0     0       1
+no job running                                 --     --    --      0
+=============================================  =====  ====  ======  =======================
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from feedline.service.config import ShardingPolicy
-from feedline.service.protocol import InputWait, TaskLoad
+from feedline.service.protocol import (
+    MAX_WAIT_FRACTION,
+    InputWait,
+    JobLoad,
+    LoadReply,
+    TaskLoad,
+    WorkerLoad,
+)
 
-__all__ = ["HEADROOM", "JobLoad", "Load", "desired_workers"]
+__all__ = ["HEADROOM", "Load", "desired_workers", "load_reply"]
 
 #: The spare capacity the estimate adds: a worker count that is just enough leaves the
 #: consumers waiting now and then.
-HEADROOM = 0.1
+HEADROOM = 0.05
 # Reports kept per task and consumer: rates are read from the oldest to the newest.
-_KEPT = 4
-# A consumer waiting more than this fraction counts as this: one estimate at most quadruples.
-_MAX_WAIT_FRACTION = 0.75
+_KEPT = 6
 # A report older than this (seconds) counts for nothing (its worker or consumer is gone).
 _STALE_S = 10.0
+# A task busy less than this over the window keeps the capacity measured before.
+_MIN_BUSY_S = 0.05
 
 
-@dataclasses.dataclass(frozen=True)
-class JobLoad:
-    """What one running job asks of its workers over the last reports.
+class TaskWindow(NamedTuple):
+    """What a task did over the window of its last reports.
 
     Attributes:
-      job_id: the job.
-      busy: the sum of its tasks' busy fractions (workers' worth of work being done).
-      wait: the mean fraction of time its consumers' steps waited for input (None: no report).
-      fill: the mean fill of its tasks' buffers, 0..1 (None: no report).
-      elements_per_s: the elements its tasks made per second.
-      workers: the workers that run its tasks.
-      movable: whether more workers help it (OFF or DYNAMIC, first come, first served).
-      stages: its tasks' busy seconds per pipeline stage over the window, summed.
-      measured: whether any of its tasks reported a window yet.
+      busy: the fraction of the time its producer was busy.
+      elements_per_s: the elements it made per second.
+      fill: its buffer's fill now, 0..1.
+      stages: seconds per stage of its pipeline.
+      capacity: elements it makes per second of busy time (the last measured), or None.
     """
 
-    job_id: int
     busy: float
-    wait: float | None
-    fill: float | None
     elements_per_s: float
-    workers: tuple[str, ...]
-    movable: bool
-    stages: dict[str, float] = dataclasses.field(default_factory=dict)
-    measured: bool = True
-
-    @property
-    def needed(self) -> float:
-        """Workers at full speed that the job needs (``L_j``)."""
-        wait = min(self.wait or 0.0, _MAX_WAIT_FRACTION)
-        return self.busy / (1.0 - wait)
+    fill: float
+    stages: dict[str, float]
+    capacity: float | None
 
 
 class _Series:
@@ -156,9 +148,8 @@ class Load:
             for client_id in [c for c in self._consumers if c not in clients]:
                 del self._consumers[client_id]
 
-    def task(self, task_id: int) -> tuple[float, float, float, dict[str, float]] | None:
-        """``(busy fraction, elements/s, buffer fill, stage seconds)`` of a task over the
-        window, None without two fresh reports."""
+    def task(self, task_id: int) -> TaskWindow | None:
+        """What a task did over the window, None without two fresh reports."""
         now = self._clock()
         with self._lock:
             series = self._tasks.get(task_id)
@@ -171,7 +162,15 @@ class Load:
             spent = {name: max(0.0, last[name] - first.get(name, 0.0)) for name in last}
             if wall <= 0:
                 return None
-            return min(1.0, busy / wall), produced / wall, series.extra.get("fill", 0.0), spent
+            if busy >= _MIN_BUSY_S and produced > 0:  # else the last one measured
+                series.extra["capacity"] = produced / busy
+            return TaskWindow(
+                min(1.0, busy / wall),
+                produced / wall,
+                series.extra.get("fill", 0.0),
+                spent,
+                series.extra.get("capacity"),
+            )
 
     def consumer(self, client_id: int) -> tuple[float, float] | None:
         """``(fraction of time waited for input, steps/s)`` of a consumer over the window."""
@@ -194,7 +193,7 @@ class Load:
         for job in state.jobs.values():
             if job.finished:
                 continue
-            busy = rate = 0.0
+            busy = rate = made = busy_s = 0.0
             fills: list[float] = []
             stages: collections.Counter[str] = collections.Counter()
             workers = set()
@@ -207,15 +206,24 @@ class Load:
                 if measured is None:
                     continue
                 measured_any = True
-                busy += measured[0]
-                rate += measured[1]
-                fills.append(measured[2])
-                stages.update(measured[3])  # adds the seconds
-            waits = [
-                waited[0]
+                busy += measured.busy
+                rate += measured.elements_per_s
+                fills.append(measured.fill)
+                stages.update(measured.stages)  # adds the seconds
+                if measured.capacity is not None:  # weighted by busy time: a mean capacity
+                    made += measured.capacity * max(measured.busy, 1e-3)
+                    busy_s += max(measured.busy, 1e-3)
+            measured_consumers = [
+                waited
                 for client_id in state.active_clients(job.job_id)
                 if (waited := self.consumer(client_id)) is not None
             ]
+            waits = [waited for waited, _ in measured_consumers]
+            # What the consumers would take were their input never late.
+            demand = sum(
+                steps / (1.0 - min(waited, MAX_WAIT_FRACTION))
+                for waited, steps in measured_consumers
+            )
             movable = job.num_consumers is None and not ShardingPolicy(job.mode).is_static
             loads.append(
                 JobLoad(
@@ -228,6 +236,9 @@ class Load:
                     movable=movable,
                     stages=dict(stages),
                     measured=measured_any,
+                    steps_per_s=sum(steps for _, steps in measured_consumers),
+                    demand=demand if measured_consumers else None,
+                    capacity=made / busy_s if busy_s else None,
                 )
             )
         return loads
@@ -237,8 +248,8 @@ def desired_workers(jobs: Iterable[JobLoad], headroom: float = HEADROOM) -> int:
     """The workers that ``jobs`` need (the module's docstring gives the rule).
 
     Example:
-      >>> job = JobLoad(1, busy=4.0, wait=0.5, fill=0.0, elements_per_s=400.0,
-      ...               workers=("a", "b", "c", "d"), movable=True)
+      >>> job = JobLoad(1, busy=4.0, wait=0.5, fill=0.0, elements_per_s=80.0,
+      ...               workers=("a", "b", "c", "d"), movable=True, demand=160.0, capacity=20.0)
       >>> desired_workers([job])
       9
       >>> desired_workers([])
@@ -253,3 +264,30 @@ def desired_workers(jobs: Iterable[JobLoad], headroom: float = HEADROOM) -> int:
     unmeasured = {worker for job in jobs if not job.measured for worker in job.workers}
     estimate = math.ceil(needed * (1.0 + headroom) - 1e-9)
     return max(1, estimate, len(fixed), len(unmeasured))
+
+
+def load_reply(state: Any, load: Load, draining: set[str]) -> LoadReply:
+    """What ``GetLoad`` answers (under the dispatcher's lock): the workers needed, each
+    registered worker with whether it may drain, and each running job's load."""
+    live = sorted(set(state.workers) - draining)
+    jobs = load.jobs(state, live)
+    busy: dict[str, float] = {}
+    for job in jobs:
+        for task in state.job_tasks(job.job_id):
+            measured = None if task.finished else load.task(task.task_id)
+            if measured is not None:
+                busy[task.worker_address] = busy.get(task.worker_address, 0.0) + measured.busy
+    pinned = {w for job in jobs if not job.movable for w in job.workers}
+    pinned |= {job.workers[0] for job in jobs if len(job.workers) == 1}
+    workers = tuple(
+        WorkerLoad(
+            address=address,
+            draining=address in draining,
+            tasks=sum(1 for t in state.worker_tasks(address) if not t.finished),
+            busy=busy.get(address, 0.0),
+            pinned=address in pinned,
+        )
+        for address in sorted(state.workers)
+    )
+    consumers = sum(len(state.active_clients(job.job_id)) for job in jobs)
+    return LoadReply(desired_workers(jobs), workers, tuple(jobs), consumers)

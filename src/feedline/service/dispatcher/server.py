@@ -50,6 +50,9 @@ WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether 
 GetSplit            the next split of a DYNAMIC job's repetition, or none; a task that asks
                     again with the same ``request`` number gets the same split (its reply was
                     lost), so that a dispatcher killed mid-reply skips nothing
+GetLoad             the workers the running jobs need (``demand``), each worker with its load
+                    and whether it may drain, each running job's load (``protocol.LoadReply``):
+                    what ``feedline autoscale`` and ``feedline diagnose`` read
 ==================  ============================================================================
 
 Every reply to a heartbeat and to GetOrCreateJob carries the dispatcher's ``incarnation``, drawn
@@ -76,8 +79,9 @@ from feedline._net.security import check_exposure
 from feedline.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from feedline.service.config import DispatcherConfig
 from feedline.service.dispatcher.core import DispatcherCore
+from feedline.service.dispatcher.core import Reply as _Reply
 from feedline.service.dispatcher.datasets import Datasets
-from feedline.service.dispatcher.demand import desired_workers
+from feedline.service.dispatcher.demand import desired_workers, load_reply
 from feedline.service.dispatcher.durability import Durability
 from feedline.service.dispatcher.gc import Collector
 from feedline.service.dispatcher.jobs import Jobs
@@ -183,6 +187,7 @@ class DispatchServer:
             "ReleaseClient": self._jobs.release_client,
             "WorkerHeartbeat": self._workers.worker_heartbeat,
             "GetSplit": self._split_handout.get_split,
+            "GetLoad": self._get_load,
         }
         if self._durability.journal is not None:
             durable = self._durability.durable
@@ -282,6 +287,14 @@ class DispatchServer:
         except Exception:
             self.stop()
             raise
+
+    def _get_load(self, header: dict[str, Any], buffers: list[memoryview]) -> _Reply:
+        """GetLoad: the workers the running jobs need, the workers and the jobs' load
+        (``feedline autoscale``, ``feedline diagnose``)."""
+        core = self._core
+        with core.lock:
+            reply = load_reply(core.state, core.load, self._workers.draining)
+        return reply.to_header(), ()
 
     def _status_snapshot(self) -> DispatcherSnapshot:
         """What the status page and the metrics' gauges show, copied under the lock."""

@@ -98,6 +98,7 @@ class Workers:
                     self._finish_job_if_done(state.jobs[task.job_id])
             for report in request.failed_tasks:
                 self._fail_job(address, report)
+
             # For the status page and the estimate of the workers needed: the tasks it issued
             # to this worker only.
             def issued(task_id: int) -> bool:
@@ -120,6 +121,8 @@ class Workers:
             else:
                 self._draining.discard(address)
             while True:
+                if address not in core.state.workers:  # it left meanwhile (another call)
+                    return WorkerHeartbeatReply(core.incarnation).to_header(), ()
                 core.worker_seen[address] = core.clock()
                 reply = self._worker_news(address, current, draining)
                 news = reply.new_tasks or reply.delete_tasks or reply.lost_tasks

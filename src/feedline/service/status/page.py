@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from feedline.service.config import ShardingPolicy
+from feedline.service.diagnosis import diagnose
+from feedline.service.protocol import LoadReply
 from feedline.service.status.text import printable
 
 __all__ = ["DispatcherSnapshot", "WorkerSnapshot", "render_dispatcher", "render_worker"]
@@ -348,6 +350,24 @@ def _task_row(task: dict[str, Any]) -> list[Any]:
     ]
 
 
+_INPUT_COLUMNS = ["job", "bottleneck", "measured", "what to change", "one more worker"]
+
+
+def _diagnoses(snap: DispatcherSnapshot) -> list[list[str]]:
+    """What holds each running job's input back (``feedline diagnose``'s verdicts)."""
+    load = LoadReply(snap.desired_workers, jobs=tuple(snap.loads))
+    return [
+        [
+            "service" if item.job_id is None else str(item.job_id),
+            item.bottleneck,
+            item.summary,
+            item.advice,
+            "" if item.job_id is None else f"+{100 * item.gain:.0f}% elements/s (predicted)",
+        ]
+        for item in diagnose(load)
+    ]
+
+
 def render_dispatcher(snap: DispatcherSnapshot) -> str:
     """The dispatcher's status page for ``snap``."""
     sections = [
@@ -355,12 +375,14 @@ def render_dispatcher(snap: DispatcherSnapshot) -> str:
         _table("Jobs", _JOB_COLUMNS, snap.jobs, _job_row),
         _table("Datasets", _DATASET_COLUMNS, snap.datasets, _dataset_row),
         _table("Consumers", _CONSUMER_COLUMNS, snap.consumers, _consumer_row),
+        _table("Input", _INPUT_COLUMNS, _diagnoses(snap), list),
         _errors(snap.errors),
     ]
     facts = [
         ("serving at", snap.target),
         ("incarnation", f"{snap.incarnation:x}"),
         ("up for", f"{snap.uptime_s:.0f} s"),
+        ("workers", f"{snap.live_workers} serving, the jobs need {snap.desired_workers}"),
     ]
     return _page("feedline dispatcher", facts, sections)
 

@@ -98,9 +98,10 @@ class TaskBuffer:
         self._ended = False
         self._drained = False  # ended because the worker drains, not because the input did
         self._draining = False
-        # The producer's load (``load``): when it started and ended, the elements it put, and
-        # the seconds it waited for room (or paused) instead of making elements.
-        self._started_at = time.monotonic()
+        # The producer's load (``load``): when it first put an element and when it ended, the
+        # elements it put, and the seconds it waited for room (or paused) instead of making
+        # elements.
+        self._started_at: float | None = None
         self._ended_at: float | None = None
         self._put_count = 0
         self._idle_s = 0.0
@@ -116,6 +117,8 @@ class TaskBuffer:
         """Adds an element (its ``leaves``, ``size`` bytes, its ``tag``), waiting for room;
         False once stopped (the element is dropped)."""
         with self.cond:
+            if self._started_at is None:  # its load counts from here: not the task's setup
+                self._started_at = time.monotonic()
             waited_from: float | None = None
             while not self._stopped:
                 if self._elements and (
@@ -218,12 +221,20 @@ class TaskBuffer:
         with self.cond:
             return (self._ended or self._stopped) and not self._elements
 
-    def load(self) -> tuple[int, float, float, float]:
-        """``(elements put, busy seconds, seconds since the producer started, fill)``: the
-        producer was busy while it did not wait for room (nor pause); its time stops when it
-        ends. Fill is the fuller of the element and byte bounds, 0..1."""
+    def made_not_kept(self) -> None:
+        """The producer made an element that it does not put (its consumers had it: a replayed
+        split): it counts in ``load`` as made, for the rate at which this worker makes them."""
         with self.cond:
-            wall = (self._ended_at or time.monotonic()) - self._started_at
+            self._put_count += 1
+
+    def load(self) -> tuple[int, float, float, float]:
+        """``(elements made, busy seconds, seconds since the producer first put one, fill)``:
+        the producer was busy while it did not wait for room (nor pause); its time starts with
+        its first element (not the task's setup) and stops when it ends. Fill is the fuller of
+        the element and byte bounds, 0..1."""
+        with self.cond:
+            started = self._started_at
+            wall = 0.0 if started is None else (self._ended_at or time.monotonic()) - started
             fill = max(len(self._elements) / self.max_elements, self._bytes / self.max_bytes)
             return self._put_count, max(0.0, wall - self._idle_s), wall, min(1.0, fill)
 

@@ -27,7 +27,7 @@ Apply those refused operations after ``distribute``, on the consumer, instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from feedline.data.dataset import Dataset, IteratorContext, mix_seed, walk
@@ -97,10 +97,12 @@ class SplitRunner:
         splittable source.
     """
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, wrap: Callable[[Dataset], Dataset] | None = None) -> None:
         check_replayable(dataset)
         self._provider = _OneSplit()
         self._dataset = with_split_source(dataset, self._provider)
+        if wrap is not None:  # what the task measures of it (``stages.timed``)
+            self._dataset = wrap(self._dataset)
         self._options = self._dataset.options()
 
     def run(self, key: int, units: Sequence[int]) -> Iterator[Any]:

@@ -303,7 +303,7 @@ class Task:
         """An exactly-once task's input: each split the dispatcher grants, run on its own and
         tagged ``[key, offset]``, minus the offsets consumers already received (``replay``)."""
         definition = self.definition
-        runner = SplitRunner(dataset)
+        runner = SplitRunner(dataset, lambda shaped: timed(shaped, self._stages))
         finished: tuple[int, int] | None = None
         index = 0
         while True:
@@ -326,6 +326,7 @@ class Task:
             for offset, element in enumerate(runner.run(key, units)):
                 count = offset + 1
                 if contains(skip, offset):
+                    self._buffer.made_not_kept()  # made all the same: the worker's rate
                     continue
                 if not self._put(element, index, expected, [key, offset]):
                     return
