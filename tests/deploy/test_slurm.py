@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -221,10 +222,18 @@ def test_the_sbatch_script_runs_on_a_local_slurm_cluster(slurm: LocalSlurm, tmp_
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"the job did not end in time:\n{_job_logs(output, work)}") from None
+        queue = subprocess.run(
+            ["squeue", "-a", "-o", "%i %T %r %N"], env=slurm.env, capture_output=True, text=True,
+            timeout=30,
+        )  # fmt: skip
+        raise AssertionError(
+            f"the job did not end in time:\n{queue.stdout}{queue.stderr}\n"
+            f"{_job_logs(output, work)}\n{slurm.logs()}"
+        ) from None
     text = output.read_text() if output.exists() else ""
     assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{_job_logs(output, work)}"
-    ranks = [json.loads(line) for line in text.splitlines() if line.startswith('{"rank"')]
+    # The two trainer processes share the job's output file, so their lines may interleave.
+    ranks = [json.loads(found) for found in re.findall(r'\{"rank": [^{}]*\}', text)]
     assert sorted(r["rank"] for r in ranks) == [0, 1], text
     assert sum(r["examples"] for r in ranks) == examples
     assert sum(r["index_sum"] for r in ranks) == examples * (examples - 1) // 2
