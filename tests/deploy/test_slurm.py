@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,16 +167,20 @@ class LocalSlurm:
 
 
 @pytest.fixture
-def slurm(tmp_path: Path) -> Iterator[LocalSlurm]:
+def slurm() -> Iterator[LocalSlurm]:
     why = _missing()
     if why:
         pytest.skip(why)
-    cluster = LocalSlurm(tmp_path / "slurm", nodes=4)
+    # Slurm's Unix sockets live under its spool folder, and a socket path has at most 108 bytes:
+    # pytest's tmp_path (deeper under xdist) is too long for them, so the cluster gets a short one.
+    short = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    cluster = LocalSlurm(short / "s", nodes=4)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def _commands(folder: Path) -> Path:
