@@ -8,10 +8,12 @@ the reason, where moto or s3fs is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,6 +34,45 @@ def start_s3_server() -> tuple[Any, str]:
     server.start()
     host, port = server.get_host_and_port()
     return server, f"http://{host}:{port}"
+
+
+def _reset_auth(endpoint: str, count: bytes) -> None:
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth",
+        data=count,
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
+    urllib.request.urlopen(request, timeout=30).close()
+
+
+@contextlib.contextmanager
+def credential_checked_s3() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A moto S3 server of its own (credential checks stay on for the rest of its life) with a
+    fresh bucket: yields the bucket's URL and a function that turns the checks on, after which
+    every request must carry valid keys. The checks (a per-process setting of moto), the
+    environment and fsspec's cached clients are restored at the end."""
+    import s3fs
+
+    server, endpoint = start_s3_server()
+    bucket = f"guarded-{uuid.uuid4().hex[:12]}"  # moto's buckets are shared by its servers
+    saved = dict(os.environ)
+
+    def check_credentials() -> None:
+        _reset_auth(endpoint, b"0")
+        s3fs.S3FileSystem.clear_instance_cache()
+
+    try:
+        os.environ.update(_ENV, AWS_ENDPOINT_URL=endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+        yield f"s3://{bucket}", check_credentials
+    finally:
+        _reset_auth(endpoint, b"inf")
+        os.environ.clear()
+        os.environ.update(saved)
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
 
 
 @pytest.fixture(scope="session")

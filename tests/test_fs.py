@@ -9,7 +9,6 @@ import io
 import os
 import re
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ from feedline.data.experimental import CsvDataset, NpyDataset, ParquetDataset
 from feedline.data.readers._files import open_remote
 from feedline.errors import DataLossError, NotFoundError, PermissionDeniedError
 from feedline.io import TFRecordWriter, gfile
-from tests.conftest import start_s3_server
+from tests.conftest import credential_checked_s3
 from tests.data.checkpoint_utils import assert_checkpointing
 from tests.fault_proxy import FaultProxy
 
@@ -90,43 +89,14 @@ def test_a_missing_object_names_the_url(s3_bucket: str) -> None:
         Dataset.list_files(f"{s3_bucket}/nothing-*")
 
 
-def _reset_auth(endpoint: str, count: bytes) -> None:
-    request = urllib.request.Request(
-        f"{endpoint}/moto-api/reset-auth",
-        data=count,
-        method="POST",
-        headers={"Content-Type": "text/plain"},
-    )
-    urllib.request.urlopen(request, timeout=30).close()
-
-
 def test_bad_credentials_are_permission_denied() -> None:
-    # A server of its own: credential checks stay on for the rest of its life.
-    import s3fs
-
-    server, endpoint = start_s3_server()
-    saved = dict(os.environ)
-    try:
-        os.environ.update(
-            AWS_ENDPOINT_URL=endpoint,
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("guarded")
-        _reset_auth(endpoint, b"0")  # every request from now on must carry valid keys
-        s3fs.S3FileSystem.clear_instance_cache()
+    with credential_checked_s3() as (bucket, check_credentials):
+        check_credentials()
         with (
-            pytest.raises(PermissionDeniedError, match=r"s3://guarded/x\.txt"),
-            gfile.GFile("s3://guarded/x.txt", "w") as f,
+            pytest.raises(PermissionDeniedError, match=f"{bucket}/x\\.txt"),
+            gfile.GFile(f"{bucket}/x.txt", "w") as f,
         ):
             f.write("x")
-    finally:
-        _reset_auth(endpoint, b"inf")  # moto's setting is per process: off again
-        os.environ.clear()
-        os.environ.update(saved)
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
 
 
 def test_s3_urls_are_not_local(s3_bucket: str) -> None:

@@ -201,40 +201,18 @@ def test_kill_9_in_the_middle_of_an_upload_leaves_the_previous_checkpoint(
 
 
 def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
-    # A server of its own: credential checks stay on for the rest of its life.
-    import s3fs
-
     from feedline.errors import PermissionDeniedError
-    from tests.conftest import start_s3_server
-    from tests.test_fs import _reset_auth
+    from tests.conftest import credential_checked_s3
 
-    server, endpoint = start_s3_server()
-    bucket = f"guarded-{uuid.uuid4().hex[:12]}"  # moto's buckets are shared by its servers
-    saved = dict(os.environ)
-    try:
-        os.environ.update(
-            AWS_ENDPOINT_URL=endpoint,
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
-        Checkpoint(step=torch.tensor(3)).save(f"s3://{bucket}/run/ckpt")
-        _reset_auth(endpoint, b"0")  # every request from now on must carry valid keys
-        s3fs.S3FileSystem.clear_instance_cache()
-        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/ckpt-2"):
-            Checkpoint(step=torch.tensor(3)).write(f"s3://{bucket}/run/ckpt-2")
-        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/ckpt-1"):
-            Checkpoint(step=torch.tensor(0)).restore(f"s3://{bucket}/run/ckpt-1")
-        with pytest.raises(PermissionDeniedError, match=f"s3://{bucket}/run/checkpoint"):
-            latest_checkpoint(f"s3://{bucket}/run")
-    finally:
-        _reset_auth(endpoint, b"inf")  # moto's setting is per process: off again
-        os.environ.clear()
-        os.environ.update(saved)
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
+    with credential_checked_s3() as (bucket, check_credentials):
+        Checkpoint(step=torch.tensor(3)).save(f"{bucket}/run/ckpt")
+        check_credentials()
+        with pytest.raises(PermissionDeniedError, match=f"{bucket}/run/ckpt-2"):
+            Checkpoint(step=torch.tensor(3)).write(f"{bucket}/run/ckpt-2")
+        with pytest.raises(PermissionDeniedError, match=f"{bucket}/run/ckpt-1"):
+            Checkpoint(step=torch.tensor(0)).restore(f"{bucket}/run/ckpt-1")
+        with pytest.raises(PermissionDeniedError, match=f"{bucket}/run/checkpoint"):
+            latest_checkpoint(f"{bucket}/run")
 
 
 def test_on_a_store_that_shows_partial_files_the_name_appears_only_complete(
