@@ -51,30 +51,19 @@ def test_dynamic_splits_of_remote_files_give_every_record_once(s3_bucket: str) -
     assert sorted(got) == sorted(records)
 
 
-def test_file_sharding_of_remote_files_gives_each_worker_its_objects(s3_bucket: str) -> None:
+@pytest.mark.parametrize("policy", [ShardingPolicy.FILE, ShardingPolicy.FILE_OR_DATA])
+def test_static_sharding_of_remote_files_reads_every_record_once(
+    s3_bucket: str, policy: ShardingPolicy
+) -> None:
+    """Two real workers read whole objects each (FILE_OR_DATA takes FILE where the dataset reads
+    files), every record once."""
     records = _objects(s3_bucket)
     ports = [free_port(), free_port()]
     with ServiceProcesses() as cluster:
         cluster.start_dispatcher("--worker-addresses", ",".join(f"127.0.0.1:{p}" for p in ports))
         for port in ports:
             cluster.start_worker("--worker-address", f"127.0.0.1:{port}", port=port)
-        dataset = _pipeline(s3_bucket).apply(distribute(ShardingPolicy.FILE, cluster.target))
-        got = [x.item() for x in dataset]
-    assert sorted(got) == sorted(records)
-
-
-def test_file_or_data_sharding_of_remote_files_shards_by_file(s3_bucket: str) -> None:
-    """FILE_OR_DATA takes FILE where the dataset reads files: each worker reads whole objects,
-    every record once."""
-    records = _objects(s3_bucket)
-    ports = [free_port(), free_port()]
-    with ServiceProcesses() as cluster:
-        cluster.start_dispatcher("--worker-addresses", ",".join(f"127.0.0.1:{p}" for p in ports))
-        for port in ports:
-            cluster.start_worker("--worker-address", f"127.0.0.1:{port}", port=port)
-        dataset = _pipeline(s3_bucket).apply(
-            distribute(ShardingPolicy.FILE_OR_DATA, cluster.target)
-        )
+        dataset = _pipeline(s3_bucket).apply(distribute(policy, cluster.target))
         got = [x.item() for x in dataset]
     assert sorted(got) == sorted(records)
     assert auto_shard(_pipeline(s3_bucket), 2, 0, AutoShardPolicy.AUTO)[1] == ShardMode.FILES
