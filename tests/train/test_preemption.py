@@ -98,20 +98,29 @@ def _raise_exit() -> None:
     raise _Exit
 
 
-def test_a_notice_from_the_watcher_function_saves_then_exit_fn_runs(
-    tmp_path: pathlib.Path,
-) -> None:
+def _run_until_preempted(
+    folder: pathlib.Path | str, steps_before_notice: int
+) -> tuple[Job, PreemptionCheckpointHandler]:
+    """A handler whose watcher function notices a termination after ``steps_before_notice``
+    steps, run until its ``exit_fn`` ends the loop."""
     noticed = False
     job, handler = _job_and_handler(
-        tmp_path, termination_watcher_fn=lambda: noticed, exit_fn=_raise_exit
+        folder, termination_watcher_fn=lambda: noticed, exit_fn=_raise_exit
     )
-    for _ in range(3):
+    for _ in range(steps_before_notice):
         handler.run(job.step, next(job.iterator))
     noticed = True
     with pytest.raises(_Exit):
         for _ in range(100):
             handler.run(job.step, next(job.iterator))
             time.sleep(0.05)  # the watcher is polled every second
+    return job, handler
+
+
+def test_a_notice_from_the_watcher_function_saves_then_exit_fn_runs(
+    tmp_path: pathlib.Path,
+) -> None:
+    job, handler = _run_until_preempted(tmp_path, 3)
     assert handler.total_run_calls > 3
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", f"ckpt-{handler.total_run_calls}"]
     weights = job.weights()
@@ -313,18 +322,7 @@ def test_a_notice_saves_to_s3_and_a_new_handler_restores_from_it(s3_bucket: str)
     from feedline import _fs
 
     directory = f"{s3_bucket}/preempted"
-    noticed = False
-    job, handler = _job_and_handler(
-        directory,
-        termination_watcher_fn=lambda: noticed,
-        exit_fn=_raise_exit,
-    )
-    handler.run(job.step, next(job.iterator))
-    noticed = True
-    with pytest.raises(_Exit):
-        for _ in range(100):
-            handler.run(job.step, next(job.iterator))
-            time.sleep(0.05)  # the watcher is polled every second
+    job, handler = _run_until_preempted(directory, 1)
     saved_at = handler.total_run_calls
     assert _fs.list_names(directory, "test") == ["checkpoint", f"ckpt-{saved_at}"]
     weights = job.weights()
