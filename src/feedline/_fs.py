@@ -31,6 +31,7 @@ from fsspec.core import split_protocol
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
+from feedline._s3_session import use_fast_timestamps
 from feedline.errors import (
     AlreadyExistsError,
     DataLossError,
@@ -112,6 +113,8 @@ def filesystem(
             f"reading {protocol}:// paths ({url!r}) needs the package {package}: "
             f"pip install {package}{hint}"
         ) from None
+    if protocol in ("s3", "s3a"):
+        use_fast_timestamps(fs)
     return fs, inner
 
 
