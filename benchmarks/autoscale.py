@@ -3,7 +3,8 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/autoscale.py [--capacity 20] [--demand 50] [--phase-seconds 40]
-        [--stabilization 10] [--scale-downs 20] [--elements 4000] [--only follow|lost|gain]
+        [--stabilization 300] [--scale-down 5] [--scale-downs 20] [--elements 4000]
+        [--only follow|lost|gain]
 
 A dispatcher (fault tolerant, in this process) and ``feedline worker`` processes that the
 autoscaler's local back-end starts and drains (``service.scaling.LocalWorkers``, driven by
@@ -65,7 +66,10 @@ def follow_demand(args: argparse.Namespace, target: str, address: str) -> None:
     load, close = load_source(address)
     backend = LocalWorkers(address, drain_seconds=5.0)
     scaler = Autoscaler(
-        load, backend, Policy(1, args.max_workers, args.stabilization), interval_s=0.5
+        load,
+        backend,
+        Policy(1, args.max_workers, args.stabilization, scale_down_s=args.scale_down),
+        interval_s=0.5,
     )
     demand = [args.demand, 2 * args.demand, args.demand]
     best = [math.ceil(d / args.capacity) for d in demand]
@@ -233,7 +237,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=20.0, help="elements/s per worker")
     parser.add_argument("--demand", type=float, default=50.0, help="elements/s, first phase")
     parser.add_argument("--phase-seconds", type=float, default=40.0)
-    parser.add_argument("--stabilization", type=float, default=10.0)
+    parser.add_argument("--stabilization", type=float, default=300.0)
+    parser.add_argument("--scale-down", type=float, default=5.0)
     parser.add_argument("--max-workers", type=int, default=8)
     parser.add_argument("--scale-downs", type=int, default=20)
     parser.add_argument("--elements", type=int, default=4000)

@@ -64,7 +64,10 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
     address = dispatcher.target.split("://")[1]
     backend = LocalWorkers(address, drain_seconds=10.0)
     scaler = Autoscaler(
-        local_load(dispatcher), backend, Policy(1, 3, stabilization_s=2.0), interval_s=0.2
+        local_load(dispatcher),
+        backend,
+        Policy(1, 3, stabilization_s=2.0, scale_down_s=2.0),
+        interval_s=0.2,
     )
     dataset = (
         Dataset.range(ELEMENTS)
@@ -109,31 +112,66 @@ def test_scales_up_under_demand_and_down_when_idle_and_loses_nothing(dispatcher)
     assert backend.drained >= 2, changes
 
 
-def test_policy_scales_up_at_once_and_down_only_after_the_window() -> None:
-    policy = Policy(1, 10, stabilization_s=60, scale_up_s=0, settle_s=0)
+def test_policy_scales_up_at_once_and_down_after_scale_down_s() -> None:
+    policy = Policy(1, 10, stabilization_s=60, scale_down_s=5, scale_up_s=0, settle_s=0)
     assert policy.target(0, desired=4, current=1) == 4
-    assert policy.target(10, desired=2, current=4) == 4  # too soon after the scale-up
-    assert policy.target(59, desired=2, current=4) == 4
-    assert policy.target(70, desired=2, current=4) == 2  # asked for 2 since 10 s
-    assert policy.target(71, desired=20, current=2) == 10  # max_workers
-    assert policy.target(72, desired=0, current=10) == 10
+    assert policy.target(2, desired=2, current=4) == 4  # asked for fewer for 2 s only
+    assert policy.target(4, desired=3, current=4) == 4
+    assert policy.target(5, desired=2, current=4) == 3  # the most asked for over 5 s
+    assert policy.target(7, desired=1, current=3) == 3  # 2 s after that scale-down
+    assert policy.target(8, desired=2, current=3) == 3
+    assert policy.target(10, desired=1, current=3) == 2  # 2 was asked for at 8 s
+    assert policy.target(15, desired=1, current=2) == 1
+    assert policy.target(16, desired=20, current=1) == 10  # max_workers
+    assert policy.target(17, desired=0, current=10) == 10
 
 
-def test_policy_with_a_flapping_demand_changes_direction_at_most_once_per_window() -> None:
-    """Demand that swings between 3 and 6 workers every 10 s, for an hour: the policy changes
-    direction at most once per 5 minutes."""
-    policy = Policy(min_workers=1, max_workers=10, stabilization_s=300)
+def test_policy_allows_one_reversal_per_stabilization_window() -> None:
+    policy = Policy(1, 10, stabilization_s=60, scale_down_s=5, scale_up_s=0, settle_s=0)
+    assert policy.target(0, desired=4, current=2) == 4
+    assert policy.target(5, desired=2, current=4) == 2  # reversal 1
+    assert policy.target(6, desired=4, current=2) == 4
+    assert policy.target(30, desired=2, current=4) == 4  # a second one waits 60 s
+    assert policy.target(65, desired=2, current=4) == 2  # 2 is the most since 5 s
+    # A scale-down after a scale-down is no reversal: 5 s of lower demand suffice.
+    assert policy.target(70, desired=1, current=2) == 1
+
+
+def _directions(
+    policy: Policy, demand: Callable[[int], int], seconds: int
+) -> list[tuple[int, int]]:
+    """The policy's changes (second, +1 or -1) under ``demand(second)``, one round a second."""
     current, directions = 1, []
-    for second in range(3600):
-        desired = 6 if (second // 10) % 2 else 3
-        target = policy.target(float(second), desired, current)
+    for second in range(seconds):
+        target = policy.target(float(second), demand(second), current)
         if target != current:
             directions.append((second, 1 if target > current else -1))
             current = target
-    pairs = itertools.pairwise(directions)
-    reversals = [t for (_, before), (t, d) in pairs if d != before]
+    return directions
+
+
+def test_policy_with_a_flapping_demand_reverses_at_most_once_per_window() -> None:
+    """Demand that swings between 3 and 6 workers every 10 s, for an hour: a scale-down right
+    after a scale-up (a reversal) happens at most once per 5 minutes, so the count changes
+    direction at most twice in any 5 minutes (that scale-down and the scale-up after it)."""
+    policy = Policy(min_workers=1, max_workers=10, stabilization_s=300)
+    directions = _directions(policy, lambda s: 6 if (s // 10) % 2 else 3, 3600)
+    changes = [t for (_, before), (t, d) in itertools.pairwise(directions) if d != before]
+    reversals = [
+        t for (_, before), (t, d) in itertools.pairwise(directions) if (before, d) == (1, -1)
+    ]
     assert all(b - a >= 300 for a, b in itertools.pairwise(reversals)), directions
-    assert current == 6  # it keeps what the peaks need
+    assert all(c - a >= 300 for a, _, c in zip(changes, changes[1:], changes[2:], strict=False)), (
+        directions
+    )
+    assert len(reversals) <= 3600 // 300 + 1
+    assert directions[-1][1] == 1  # it ends with what the peaks need
+
+
+def test_policy_never_scales_down_for_dips_shorter_than_scale_down_s() -> None:
+    policy = Policy(min_workers=1, max_workers=10, stabilization_s=300, scale_down_s=5)
+    directions = _directions(policy, lambda s: 6 if (s // 4) % 2 else 3, 3600)
+    assert [d for _, d in directions] == [1, 1], directions
 
 
 def test_policy_checks_its_bounds() -> None:
@@ -179,11 +217,15 @@ def test_the_last_worker_of_a_running_job_is_never_drained() -> None:
         ),
     )
     backend = FakeBackend(["a:1", "b:1", "c:1"])
-    scaler = Autoscaler(lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_up_s=0))
+    scaler = Autoscaler(
+        lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_down_s=0, scale_up_s=0)
+    )
     decision = scaler.step()
     assert decision.target == 1 and decision.changed == -2
     assert backend.drained == ["c:1", "b:1"]
     # Asked for none, it still keeps the pinned one.
     reply = LoadReply(desired_workers=0, workers=(WorkerLoad("a:1", False, 1, 0.9, True),))
-    scaler = Autoscaler(lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_up_s=0))
+    scaler = Autoscaler(
+        lambda: reply, backend, Policy(0, 5, stabilization_s=0, scale_down_s=0, scale_up_s=0)
+    )
     assert scaler.step().changed == 0 and backend.addresses == ["a:1"]

@@ -20,8 +20,8 @@
         a data service worker, until SIGTERM or SIGINT (it drains first) or until its
         dispatcher stays unreachable past --dispatcher-timeout (exit code 2)
     feedline autoscale --dispatcher HOST:PORT --backend local|kubernetes --max-workers M
-            [--min-workers 1] [--interval 1] [--stabilization 300] [--drain-seconds 10]
-            [--deployment feedline-worker] [--namespace NS]
+            [--min-workers 1] [--interval 1] [--scale-down 5] [--stabilization 300]
+            [--drain-seconds 10] [--deployment feedline-worker] [--namespace NS]
         keeps as many workers as the dispatcher's jobs need, until SIGTERM or SIGINT:
         local `feedline worker` processes, or the replicas of a Kubernetes Deployment
     feedline diagnose --dispatcher HOST:PORT [--seconds 5]

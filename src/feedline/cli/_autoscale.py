@@ -58,6 +58,7 @@ def autoscale(
     interval: float,
     stabilization: float,
     drain_seconds: float,
+    scale_down: float = 5.0,
     deployment: str,
     namespace: str | None,
     tls_cert: str | None = None,
@@ -73,8 +74,9 @@ def autoscale(
       min_workers: never fewer workers.
       max_workers: never more.
       interval: seconds between rounds.
-      stabilization: seconds a scale-down waits after a scale-up.
+      stabilization: at most one scale-down right after a scale-up this many seconds.
       drain_seconds: local: how long a drained worker may hand out what it holds.
+      scale_down: seconds of fewer workers asked for before a scale-down.
       deployment: kubernetes: the workers' Deployment.
       namespace: kubernetes: its namespace, None: the pod's.
       tls_cert, tls_key, tls_ca: TLS files (also given to local workers), or None.
@@ -85,7 +87,7 @@ def autoscale(
         raise InvalidArgumentError(
             f"--min-workers {min_workers} must be between 0 and --max-workers {max_workers}"
         )
-    policy = Policy(min_workers, max_workers, stabilization)
+    policy = Policy(min_workers, max_workers, stabilization, scale_down_s=scale_down)
     load, close = load_source(dispatcher, tls_cert, tls_key, tls_ca)
     scaler: ScalingBackend
     if backend == "local":

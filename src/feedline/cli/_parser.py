@@ -337,10 +337,11 @@ def _add_autoscale(commands: Commands) -> None:
         "(the metric feedline_dispatcher_desired_workers: what the consumers would take were\n"
         "their input never late, over what a worker makes per busy second) and starts or\n"
         "drains workers to match, between\n"
-        "--min-workers and --max-workers. More workers start at once; fewer only after\n"
-        "--stabilization seconds since the last scale-up, and never the last worker of a\n"
-        "running job. A drained worker hands out what it holds and leaves; its remaining\n"
-        "splits go to the others.\n\n"
+        "--min-workers and --max-workers. More workers start at once; fewer once fewer were\n"
+        "asked for during --scale-down seconds, a scale-down right after a scale-up at most\n"
+        "once per --stabilization seconds, and never the last worker of a running job. A\n"
+        "drained worker hands out what it holds and leaves; its remaining splits go to the\n"
+        "others.\n\n"
         "Back-ends: local starts `feedline worker` processes on this machine (drained with\n"
         "SIGTERM, all of them when the autoscaler stops); kubernetes sets the replicas of the\n"
         "workers' Deployment (in a pod with its service account, else with the kubeconfig\n"
@@ -367,8 +368,15 @@ def _add_autoscale(commands: Commands) -> None:
         "--stabilization",
         type=non_negative_float,
         default=300.0,
-        help="seconds a scale-down waits after a scale-up, and over which it takes the most "
-        "workers asked for (%(default)s)",
+        help="at most one scale-down right after a scale-up this long; within it such a "
+        "scale-down waits this long after the scale-up (%(default)s)",
+    )
+    parser.add_argument(
+        "--scale-down",
+        type=non_negative_float,
+        default=5.0,
+        help="seconds of fewer workers asked for before a scale-down, which goes to the most "
+        "asked for over them (%(default)s)",
     )
     parser.add_argument(
         "--drain-seconds",

@@ -9,10 +9,16 @@ true. The policy:
 more are needed        start them at once (up to ``max_workers``): as many as the dispatcher
                        asked for at the least over the last ``scale_up_s`` (2 s), but none
                        within ``settle_s`` (10 s) of a scale-down
-fewer are needed       wait: only once ``stabilization_s`` passed since the last scale-up, and
-                       then down to the *most* the dispatcher asked for over the last
-                       ``stabilization_s`` (at least ``min_workers``): a dip does not scale
-                       down, and a scale-down is never undone by the demand it just saw
+fewer are needed       once the dispatcher asked for fewer for ``scale_down_s`` (5 s) since the
+                       last change, down to the *most* it asked for over those seconds (at
+                       least ``min_workers``): a dip shorter than that does not scale down,
+                       and a scale-down is never undone by the demand it just saw
+a change of direction  a scale-down right after a scale-up is a reversal: at most one per
+                       ``stabilization_s`` (300 s, as long as Kubernetes' HorizontalPodAutoscaler
+                       waits). Within that long of the last one, a scale-down after a
+                       scale-up waits ``stabilization_s`` since the scale-up and goes down only
+                       to the most asked for over it, so a demand that swings to and fro
+                       keeps the workers its peaks need
 which worker drains    one that is not ``pinned`` (the last worker of a running job, or one
                        with a task of a job that cannot move), the least busy first; a worker
                        drains as ``feedline worker`` does on SIGTERM: no new work, its DYNAMIC
@@ -21,8 +27,8 @@ which worker drains    one that is not ``pinned`` (the last worker of a running 
                        ``fault_tolerant_mode``)
 =====================  ======================================================================
 
-So a scale-down follows a scale-up after ``stabilization_s`` at the earliest (300 s by default,
-as Kubernetes' HorizontalPodAutoscaler waits): at most one change of direction per window.
+So a halved demand costs its workers within ``scale_down_s`` and a few rounds, and the count
+changes direction at most once per ``stabilization_s``.
 """
 
 from __future__ import annotations
@@ -71,8 +77,11 @@ class Policy:
     Args:
       min_workers: never fewer.
       max_workers: never more.
-      stabilization_s: a scale-down waits this long after a scale-up, and goes down only to
-        the most the dispatcher asked for over this long.
+      stabilization_s: at most one reversal (a scale-down right after a scale-up) this long;
+        within it, a scale-down after a scale-up waits this long after the scale-up and goes
+        down only to the most the dispatcher asked for over this long.
+      scale_down_s: a scale-down waits until the dispatcher asked for fewer this long since the
+        last change, and goes down to the most it asked for over this long.
       scale_up_s: a scale-up goes up to the least the dispatcher asked for over this long (one
         high estimate does not start workers).
       settle_s: no scale-up this long after a scale-down: the drains disturb what the
@@ -82,6 +91,7 @@ class Policy:
     min_workers: int
     max_workers: int
     stabilization_s: float = 300.0
+    scale_down_s: float = 5.0
     scale_up_s: float = 2.0
     settle_s: float = 10.0
     _asked: collections.deque[tuple[float, int]] = dataclasses.field(
@@ -89,6 +99,7 @@ class Policy:
     )
     _last_up: float = dataclasses.field(default=-math.inf, repr=False)
     _last_down: float = dataclasses.field(default=-math.inf, repr=False)
+    _last_reversal: float = dataclasses.field(default=-math.inf, repr=False)
     _since: float | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -98,27 +109,39 @@ class Policy:
                 "0 <= min_workers <= max_workers and max_workers >= 1 (--min-workers, "
                 "--max-workers)"
             )
-        if self.stabilization_s < 0:
-            raise InvalidArgumentError(
-                f"stabilization_s must be >= 0, got {self.stabilization_s} (--stabilization)"
-            )
+        for name, flag in (
+            ("stabilization_s", "--stabilization"),
+            ("scale_down_s", "--scale-down"),
+        ):
+            if getattr(self, name) < 0:
+                raise InvalidArgumentError(
+                    f"{name} must be >= 0, got {getattr(self, name)} ({flag})"
+                )
 
     def target(self, now: float, desired: int, current: int) -> int:
         """The worker count to have now, given the ``desired`` one and the ``current`` one.
 
         Example:
-          >>> policy = Policy(1, 8, stabilization_s=60, scale_up_s=0, settle_s=0)
+          >>> policy = Policy(1, 8, stabilization_s=60, scale_down_s=5, scale_up_s=0, settle_s=0)
           >>> policy.target(0.0, desired=4, current=2)   # up at once
           4
-          >>> policy.target(30.0, desired=2, current=4)  # down only after 60 s
+          >>> policy.target(3.0, desired=2, current=4)   # down only after 5 s of asking for 2
           4
-          >>> policy.target(61.0, desired=2, current=4)  # 2 was the most asked for since 1 s
+          >>> policy.target(8.0, desired=2, current=4)   # a reversal: the first in 60 s
+          2
+          >>> policy.target(9.0, desired=4, current=2)   # up again at once
+          4
+          >>> policy.target(20.0, desired=2, current=4)  # a second reversal waits 60 s
+          4
+          >>> policy.target(70.0, desired=2, current=4)  # 2 is the most asked for since 10 s
           2
         """
         if self._since is None:
             self._since = now
         self._asked.append((now, desired))
-        while self._asked and self._asked[0][0] < now - self.stabilization_s:
+        while self._asked and self._asked[0][0] < now - max(
+            self.stabilization_s, self.scale_down_s
+        ):
             self._asked.popleft()
         least = min(asked for when, asked in self._asked if when >= now - self.scale_up_s)
         wanted = min(self.max_workers, max(self.min_workers, least))
@@ -129,13 +152,18 @@ class Policy:
             return wanted
         if current <= self.min_workers:
             return max(current, self.min_workers)
-        settled = now - max(self._last_up, self._since) >= self.stabilization_s
-        if not settled:
+        reversal = self._last_up > self._last_down
+        window = self.scale_down_s
+        if reversal and now - self._last_reversal < self.stabilization_s:
+            window = self.stabilization_s
+        if now - max(self._last_up, self._last_down, self._since) < window:
             return current
-        most = max(asked for _, asked in self._asked)
+        most = max([asked for when, asked in self._asked if when > now - window] or [desired])
         target = min(current, max(self.min_workers, min(self.max_workers, most)))
         if target < current:
             self._last_down = now
+            if reversal:
+                self._last_reversal = now
         return target
 
 
