@@ -125,13 +125,19 @@ class TensorSpec:
 
     def most_specific_common(self, other: TensorSpec) -> TensorSpec:
         """The narrowest spec both fit: dimensions that differ become ``None``, and the rank is
-        unknown where either rank is."""
-        if self.dtype != other.dtype or (
-            self.rank is not None and other.rank is not None and self.rank != other.rank
-        ):
+        unknown where either rank is or where the ranks differ (TensorFlow's
+        ``most_specific_compatible_shape``).
+
+        Example:
+          >>> TensorSpec((2, 3), np.int32).most_specific_common(TensorSpec((2, 4), np.int32))
+          TensorSpec(shape=(2, None), dtype=int32)
+          >>> TensorSpec((2,), np.int32).most_specific_common(TensorSpec((), np.int32))
+          TensorSpec(shape=<unknown>, dtype=int32)
+        """
+        if self.dtype != other.dtype:
             raise InvalidArgumentError(f"specs {self} and {other} have no common spec")
         name = self.name if self.name == other.name else None
-        if self.shape is None or other.shape is None:
+        if self.shape is None or other.shape is None or self.rank != other.rank:
             return TensorSpec(None, self.dtype, name)
         return TensorSpec(_common_dims(self.shape, other.shape), self.dtype, name)
 

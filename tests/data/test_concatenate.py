@@ -23,6 +23,14 @@ def test_spec_is_the_common_spec() -> None:
     assert [x.shape for x in ds] == [(2, 3), (4, 3)]
 
 
+def test_elements_of_different_ranks_have_unknown_rank() -> None:
+    # TensorFlow: TensorSpec(shape=<unknown>, dtype=tf.int32).
+    ds = Dataset.from_tensors(np.int32([1, 2])).concatenate(Dataset.from_tensors(np.int32(3)))
+    assert ds.element_spec == TensorSpec(None, np.int32)
+    assert [x.tolist() for x in ds] == [[1, 2], 3]
+    assert [x.tolist() for x in ds.batch(1)] == [[[1, 2]], [3]]
+
+
 def test_incompatible_specs_are_named() -> None:
     # TensorFlow raises TypeError for datasets of incompatible elements.
     a = Dataset.range(3)

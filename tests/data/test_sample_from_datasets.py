@@ -83,6 +83,11 @@ def test_common_spec_of_the_inputs() -> None:
     a = Dataset.from_tensors(np.zeros(2, np.float32))
     b = Dataset.from_tensors(np.zeros(3, np.float32))
     assert Dataset.sample_from_datasets([a, b]).element_spec == TensorSpec((None,), np.float32)
+    # Different ranks: unknown rank, as TensorFlow's most specific compatible shape.
+    c = Dataset.from_tensors(np.zeros((), np.float32))
+    ds = Dataset.sample_from_datasets([a, c], seed=1)
+    assert ds.element_spec == TensorSpec(None, np.float32)
+    assert sorted(np.ndim(x) for x in ds) == [0, 1]
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,12 @@ def test_a_state_whose_shape_grows_has_unknown_dimensions() -> None:
     assert ds.element_spec == TensorSpec((None,), np.int64)
 
 
+def test_a_state_whose_rank_changes_has_unknown_rank() -> None:
+    ds = Dataset.range(3).scan(np.int64(7), lambda s, x: (np.stack([s, s]), s))
+    assert [x.tolist() for x in ds] == [7, [7, 7], [[7, 7], [7, 7]]]
+    assert ds.element_spec == TensorSpec(None, np.int64)
+
+
 def test_cardinality_is_the_inputs() -> None:
     assert Dataset.range(3).repeat().scan(0, lambda s, x: (s, x)).cardinality() == (
         INFINITE_CARDINALITY
