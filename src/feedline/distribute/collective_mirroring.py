@@ -91,7 +91,8 @@ class CollectiveMirroring(Mirroring):
             self._broadcast_new(modules)
             self._prepare_buckets(modules)
         super().before_replica(local_replica)
-        self._armed = local_replica == self._num_local - 1
+        # overlap needs the gradients accumulated in one .grad; a hand-over keeps them apart
+        self._armed = local_replica == self._num_local - 1 and not self._isolating
 
     def abort_run(self) -> None:
         self._armed = False
