@@ -33,15 +33,27 @@ def train(replicas: int, rows: int, steps: int | None = None) -> list[torch.Tens
 
 
 def train_on(
-    strategy: fdist.Strategy, rows: int, steps: int | None = None, own_all_reduce: bool = False
+    strategy: fdist.Strategy,
+    rows: int,
+    steps: int | None = None,
+    own_all_reduce: bool = False,
+    reduce_loss: bool = False,
+    sgd: bool = False,
 ) -> list[torch.Tensor]:
     """The parameters after training ``_model`` with Adam on ``rows`` rows under ``strategy``
     (also run by the multi-worker tests in every worker process); ``own_all_reduce`` sums the
-    gradients in the step with ``ReplicaContext.all_reduce`` before the optimizer steps."""
+    gradients in the step with ``ReplicaContext.all_reduce`` before the optimizer steps,
+    ``reduce_loss`` all-reduces the loss after backward (the gradients stay the built-in
+    path's); ``sgd`` trains with SGD instead, whose steps scale with the gradient (Adam's
+    hardly change when every gradient is doubled)."""
     torch.manual_seed(0)
     with strategy.scope():
         model = _model()
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        optimizer: torch.optim.Optimizer = (
+            torch.optim.SGD(model.parameters(), lr=0.5)
+            if sgd
+            else torch.optim.Adam(model.parameters(), lr=0.01)
+        )
     loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
 
     def step(inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -50,10 +62,12 @@ def train_on(
         per_example = loss_fn(model(features), labels)
         loss = fnn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
         loss.backward()
+        context = fdist.get_replica_context()
+        assert context is not None
+        if reduce_loss:
+            context.all_reduce("SUM", loss.detach())
         if own_all_reduce:
             params = list(model.parameters())
-            context = fdist.get_replica_context()
-            assert context is not None
             for param, total in zip(
                 params, context.all_reduce("SUM", [p.grad for p in params]), strict=True
             ):
@@ -200,13 +214,17 @@ def test_own_gradient_all_reduce_trains_as_the_built_in_path_and_one_replica(
     # 4 full batches, then 7 rows: with 3 replicas, replica 2 gets an empty batch at the end.
     rows = GLOBAL_BATCH * 4 + 7
     devices = [f"cpu:{i}" for i in range(replicas)]
-    one = train(1, rows=rows)
-    built_in = train_on(fdist.MirroredStrategy(devices, cross_device_ops=ops), rows=rows)
+    one = train_on(fdist.MirroredStrategy(["cpu:0"]), rows=rows, sgd=True)
+    built_in = train_on(fdist.MirroredStrategy(devices, cross_device_ops=ops), rows, sgd=True)
     own = train_on(
-        fdist.MirroredStrategy(devices, cross_device_ops=ops), rows=rows, own_all_reduce=True
+        fdist.MirroredStrategy(devices, cross_device_ops=ops),
+        rows=rows,
+        own_all_reduce=True,
+        sgd=True,
     )
     assert_same(one, built_in)
     assert_same(one, own)
+    assert not torch.equal(one[0], train_on(fdist.MirroredStrategy(["cpu:0"]), rows)[0])
 
 
 @pytest.mark.parametrize("ops", SHARED_AND_COPIES)
