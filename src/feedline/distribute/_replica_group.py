@@ -46,7 +46,7 @@ _POLL_SECONDS = 1.0
 _JOIN_SECONDS = 30.0
 
 
-class ReplicaAborted(BaseException):  # noqa: N818 - like GeneratorExit, not an error to handle
+class ReplicaAborted(BaseException):
     """Raised in a replica waiting at a collective when another replica failed: unwinds the
     replica's function. ``run`` raises the other replica's exception instead."""
 
@@ -228,8 +228,10 @@ class ReplicaGroup:
             return self._outcome.pop(local)
 
     def _keep(self, request: Collective, results: list[Any]) -> list[Any]:
+        """Remembers the results of a reducing collective (``end_isolation`` asks for them)."""
         if request.reduces:
-            self._reduced.extend(optree.tree_leaves(results, none_is_leaf=True))
+            tree: Any = results
+            self._reduced.extend(optree.tree_leaves(tree, none_is_leaf=True))
         return results
 
     def _check_arrival(self, local: int, request: Collective) -> None:
@@ -334,7 +336,7 @@ class ReplicaGroup:
                 result = self._call(self, local)
         except ReplicaAborted:
             return
-        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as error:
             with self._cond:
                 self._fail(error, local)
             return
