@@ -46,6 +46,10 @@ _POLL_SECONDS = 1.0
 _JOIN_SECONDS = 30.0
 
 
+# A run that calls no collective never waits: its group has no condition of its own.
+_NO_CONDITION = threading.Condition()
+
+
 class ReplicaAborted(BaseException):
     """Raised in a replica waiting at a collective when another replica failed: unwinds the
     replica's function. ``run`` raises the other replica's exception instead."""
@@ -124,7 +128,9 @@ class ReplicaGroup:
         self._n = num_local
         self._call = call
         self._states = states
-        self._cond = threading.Condition()
+        # made when replica 0 first calls a collective: a run without collectives needs neither
+        self._cond: threading.Condition = _NO_CONDITION
+        self._context: contextvars.Context | None = None
         self._threaded = False
         self._turn: int | None = 0
         self._threads: dict[int, threading.Thread] = {}
@@ -135,7 +141,6 @@ class ReplicaGroup:
         self._outcome: dict[int, Any] = {}
         self._reduced: list[Any] = []  # results of reducing collectives, kept alive for their ids
         self._error: BaseException | None = None
-        self._context = contextvars.copy_context()
         self._grad_enabled = torch.is_grad_enabled()
         self._inference = torch.is_inference_mode_enabled()
 
@@ -193,20 +198,22 @@ class ReplicaGroup:
         """Replica ``local``'s call of a collective; returns its result."""
         if self._n == 1:
             return self._keep(request, request.combine([request.value]))[0]
+        if not self._threaded:  # the caller's thread is the only one yet
+            if local != 0:
+                earlier = "replica 0" if local == 1 else f"replicas 0 to {local - 1}"
+                raise FailedPreconditionError(
+                    f"replica {local} called {request.describe()}, but {earlier} returned "
+                    "without calling it: every replica must call the same collectives in "
+                    "the same order"
+                )
+            self._cond = threading.Condition()
+            self._context = contextvars.copy_context()
+            self._threaded = True
+            if self._states is not None:
+                self._states.begin_isolation()
         with self._cond:
             if self._error is not None:
                 raise ReplicaAborted
-            if not self._threaded:
-                if local != 0:
-                    earlier = "replica 0" if local == 1 else f"replicas 0 to {local - 1}"
-                    raise FailedPreconditionError(
-                        f"replica {local} called {request.describe()}, but {earlier} returned "
-                        "without calling it: every replica must call the same collectives in "
-                        "the same order"
-                    )
-                self._threaded = True
-                if self._states is not None:
-                    self._states.begin_isolation()
             self._check_arrival(local, request)
             self._calls[local] += 1
             self._pending[local] = request
@@ -270,6 +277,7 @@ class ReplicaGroup:
         upcoming = [r for r in following if not self._done[r]]
         self._turn = upcoming[0] if upcoming else None
         if self._turn is not None and self._turn != 0 and self._turn not in self._threads:
+            assert self._context is not None
             thread = threading.Thread(
                 target=self._context.copy().run,
                 args=(self._replica_thread, self._turn),
