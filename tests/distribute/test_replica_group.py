@@ -64,7 +64,7 @@ def test_with_collectives_replicas_run_one_at_a_time_in_replica_order() -> None:
     assert not _replica_threads()
 
 
-def test_the_callers_autograd_mode_holds_in_every_replica() -> None:
+def test_the_callers_autograd_and_autocast_modes_hold_in_every_replica() -> None:
     def step() -> bool:
         _context().all_reduce("SUM", torch.tensor(1.0))
         return torch.is_grad_enabled()
@@ -72,6 +72,15 @@ def test_the_callers_autograd_mode_holds_in_every_replica() -> None:
     with torch.no_grad():
         assert _strategy().run(step).values == (False, False)
     assert _strategy().run(step).values == (True, True)
+
+    def autocast_step() -> tuple[bool, torch.dtype]:
+        _context().all_reduce("SUM", torch.tensor(1.0))
+        return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+
+    strategy = _strategy()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        modes = strategy.experimental_local_results(strategy.run(autocast_step))
+    assert modes == ((True, torch.bfloat16),) * 2
 
 
 def _raise_in_replica_1() -> None:

@@ -46,6 +46,8 @@ _POLL_SECONDS = 1.0
 _JOIN_SECONDS = 30.0
 
 
+# Where the caller's autocast reaches the replicas' threads.
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 # A run that calls no collective never waits: its group has no condition of its own.
 _NO_CONDITION = threading.Condition()
 
@@ -143,6 +145,11 @@ class ReplicaGroup:
         self._error: BaseException | None = None
         self._grad_enabled = torch.is_grad_enabled()
         self._inference = torch.is_inference_mode_enabled()
+        self._autocast = [
+            (device, torch.get_autocast_dtype(device))
+            for device in _AUTOCAST_DEVICES
+            if torch.is_autocast_enabled(device)
+        ]
 
     # -- the caller's thread ---------------------------------------------------------------
     def run(self) -> list[Any]:
@@ -353,6 +360,10 @@ class ReplicaGroup:
 
     @contextlib.contextmanager
     def _torch_modes(self) -> Iterator[None]:
-        """The caller's autograd modes, which torch keeps per thread."""
-        with torch.inference_mode(self._inference), torch.set_grad_enabled(self._grad_enabled):
+        """The caller's autograd and autocast modes, which torch keeps per thread."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode(self._inference))
+            stack.enter_context(torch.set_grad_enabled(self._grad_enabled))
+            for device, dtype in self._autocast:
+                stack.enter_context(torch.autocast(device, dtype=dtype))
             yield
