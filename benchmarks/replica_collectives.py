@@ -35,10 +35,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _common  # noqa: E402
-
-import feedline.distribute as fdist  # noqa: E402
+import _common
+import feedline.distribute as fdist
 
 BATCH = 128
 
@@ -165,7 +163,9 @@ def main() -> None:
     if supported:
         ratios = [
             own / built
-            for own, built in zip(rounds["train_own_all_reduce"], rounds["train_built_in"])
+            for own, built in zip(
+                rounds["train_own_all_reduce"], rounds["train_built_in"], strict=True
+            )
         ]
         payload["train_own_over_built_in"] = statistics.median(ratios)
         print(f"train step, own all_reduce / built-in: {statistics.median(ratios):.3f}")
