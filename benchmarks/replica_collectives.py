@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
