@@ -40,8 +40,8 @@ class ReplicaContext:
     Its collectives (``all_reduce``, ``all_gather``, ``merge_call``) combine the values of every
     replica in sync, on every worker. With several local replicas, ``strategy.run`` then hands
     the turn from replica to replica at each collective, and each replica computes on its own
-    gradients, buffers and parameter data (see ``_replica_group``); every replica must call
-    the same collectives in the same order.
+    gradients, buffers and parameter data; every replica must call the same collectives in the
+    same order, or every replica gets a ``FailedPreconditionError`` that names the calls.
     """
 
     strategy: Strategy

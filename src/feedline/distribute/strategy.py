@@ -150,7 +150,8 @@ class Strategy:
         A function that calls no collective runs for one replica after another in this thread.
         Once replica 0 calls one of its ``ReplicaContext``'s collectives (``all_reduce``,
         ``all_gather``, ``merge_call``), the other replicas run in threads of their own, one
-        at a time, handing over at each collective (``_replica_group``).
+        at a time, handing over at each collective, each on its own gradients, buffers and
+        parameter data; every replica must then call the same collectives in the same order.
         """
         if not callable(fn):
             raise TypeError(f"run expects a callable, got {type(fn).__name__}")
