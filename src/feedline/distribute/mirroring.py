@@ -15,6 +15,15 @@ parameters, so they are identical by construction. Inside ``strategy.run``:
   buffers (``num_batches_tracked``) take the first replica's, as TensorFlow aggregates moving
   statistics with MEAN.
 
+* Collectives in the step (``ReplicaContext.all_reduce``, ``all_gather``, ``merge_call``): from
+  replica 0's first collective on, the replicas take turns (``_replica_group``) and each runs on
+  its own gradients (the first replica's as the step found them, the others' from none),
+  buffers and parameter data, swapped in at its turn. Once every replica returned, the module
+  shows the first replica's parameter data (replicas that update parameters by hand must make
+  the same update), buffers follow the rule above, and each gradient is the replicas' sum,
+  except one that every replica set to an ``all_reduce`` result, which is summed already and is
+  taken as it is.
+
 A module with parameters made outside the scope, used inside ``run`` with several replicas, and
 a mirrored optimizer stepped outside ``run``, are errors that say how to fix them.
 
