@@ -130,6 +130,17 @@ def test_merge_call_runs_once_in_the_cross_replica_context() -> None:
     assert calls == [(True, "same", "PerReplica")]
 
 
+def test_merge_call_without_a_strategy_calls_the_function_with_the_default_strategy() -> None:
+    context = fdist.get_replica_context()  # the default strategy's replica context
+    assert context is not None
+
+    def merge(strategy: fdist.Strategy, value: int) -> tuple[str, bool, int]:
+        return type(strategy).__name__, fdist.in_cross_replica_context(), value + 1
+
+    assert context.merge_call(merge, args=(1,)) == ("_DefaultStrategy", True, 2)
+    assert not fdist.in_cross_replica_context()
+
+
 def test_collectives_outside_run_with_several_replicas_are_an_error() -> None:
     strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
     outside = fdist.ReplicaContext(strategy, 0)
