@@ -73,6 +73,7 @@ class CollectiveMirroring(Mirroring):
         self._armed = False
         self._launched = 0  # buckets started this step, always a prefix of self._buckets
         self._late_gradient: str | None = None
+        self._reduced: set[int] = set()  # gradients summed over all replicas already
 
     def add_module(self, module: torch.nn.Module) -> None:
         if not self.owns_module(module):
@@ -91,11 +92,19 @@ class CollectiveMirroring(Mirroring):
             self._broadcast_new(modules)
             self._prepare_buckets(modules)
         super().before_replica(local_replica)
-        self._armed = local_replica == self._num_local - 1
+        # overlap needs the gradients accumulated in one .grad; a hand-over keeps them apart
+        self._armed = local_replica == self._num_local - 1 and not self._isolating
 
     def abort_run(self) -> None:
         self._armed = False
+        self._reduced = set()
         super().abort_run()
+
+    def end_isolation(self, reduced: set[int]) -> None:
+        """After a hand-over, a gradient that is an ``all_reduce`` result is the same on every
+        worker: the chief's alone goes into its bucket's sum, so it is not summed again."""
+        self._reduced = reduced
+        super().end_isolation(reduced)
 
     def after_run(self) -> None:
         self._armed = False
@@ -140,6 +149,7 @@ class CollectiveMirroring(Mirroring):
         for bucket in self._buckets:
             bucket.reset()
         self._launched = 0
+        self._reduced = set()
         self._late_gradient = None
 
     def _build_buckets(self, params: list[torch.nn.Parameter]) -> None:
@@ -190,6 +200,8 @@ class CollectiveMirroring(Mirroring):
         present = []
         for param in bucket.params:
             grad = param.grad
+            if grad is not None and id(grad) in self._reduced and self._collective.rank != 0:
+                grad = None
             present.append(0.0 if grad is None else 1.0)
             parts.append((torch.zeros_like(param) if grad is None else grad.detach()).reshape(-1))
         parts.append(torch.tensor(present, dtype=bucket.params[0].dtype, device=parts[0].device))
@@ -220,6 +232,7 @@ class CollectiveMirroring(Mirroring):
                     offset += n
             bucket.reset()
         self._launched = 0
+        self._reduced = set()
         if self._late_gradient is not None:
             message, self._late_gradient = self._late_gradient, None
             raise FailedPreconditionError(message)

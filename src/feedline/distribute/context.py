@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import optree
+
+from feedline.distribute._replica_group import Collective
+from feedline.distribute.values import PerReplica, ReduceOp, select_replica
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
+    from feedline.distribute._replica_group import ReplicaGroup
     from feedline.distribute.strategy import Strategy
 
 _strategy: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
@@ -29,10 +35,18 @@ _replica: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaContext:
-    """The replica a function runs as, inside ``strategy.run``."""
+    """The replica a function runs as, inside ``strategy.run`` (``tf.distribute.ReplicaContext``).
+
+    Its collectives (``all_reduce``, ``all_gather``, ``merge_call``) combine the values of every
+    replica in sync, on every worker. With several local replicas, ``strategy.run`` then hands
+    the turn from replica to replica at each collective, and each replica computes on its own
+    gradients, buffers and parameter data; every replica must call the same collectives in the
+    same order, or every replica gets a ``FailedPreconditionError`` that names the calls.
+    """
 
     strategy: Strategy
     replica_id_in_sync_group: int
+    _group: ReplicaGroup | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -49,41 +63,99 @@ class ReplicaContext:
     def all_reduce(self, reduce_op: Any, value: Any) -> Any:
         """``value`` (a tensor or a nested structure of them) reduced over every replica in
         sync, with ``reduce_op`` (``SUM`` or ``MEAN``, a ``ReduceOp`` or its name); every
-        replica gets the same result, as in TensorFlow.
+        replica gets the same result, on its own device, as in TensorFlow. Integer tensors
+        become floating point under ``MEAN``. The result does not carry gradients back to the
+        other replicas.
 
-        feedline runs a worker's local replicas one after another, so a collective inside the
-        step is available with one replica per worker (``MultiWorkerMirroredStrategy`` under
-        torchrun, one device per process; any single-replica strategy); with several local
-        replicas it is a ``FailedPreconditionError`` that says what to use. The result does
-        not carry gradients back to the other replicas.
+        Used as a gradient (``param.grad = reduced``), an ``all_reduce`` result is already
+        summed over the replicas: a mirrored optimizer's deferred step uses it as it is rather
+        than summing the replicas' gradients again.
 
-        Example:
+        Example (replica 0 has ``{"a": 1, "b": [40, 1]}``, replica 1 ``{"a": 3, "b": [2, 98]}``):
           >>> import torch, feedline.distribute as fdist
-          >>> strategy = fdist.OneDeviceStrategy("cpu")
+          >>> strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+          >>> values = [{"a": 1, "b": [40, 1]}, {"a": 3, "b": [2, 98]}]
           >>> def step():
-          ...     return fdist.get_replica_context().all_reduce("SUM", torch.tensor(3.0))
-          >>> strategy.run(step).item()
-          3.0
+          ...     context = fdist.get_replica_context()
+          ...     mine = values[context.replica_id_in_sync_group]
+          ...     total = context.all_reduce("SUM", mine)
+          ...     return {"a": int(total["a"]), "b": [int(b) for b in total["b"]]}
+          >>> strategy.experimental_local_results(strategy.run(step))
+          ({'a': 4, 'b': [42, 99]}, {'a': 4, 'b': [42, 99]})
         """
-        self._check_collective("all_reduce")
-        return self.strategy._replica_all_reduce(reduce_op, value)
+        op = ReduceOp.parse(reduce_op)
+        combine = functools.partial(self.strategy._replica_all_reduce, op)
+        return self._collective(Collective("all_reduce", op, value, combine, reduces=True))
 
     def all_gather(self, value: Any, axis: int) -> Any:
         """Every replica's ``value`` (a tensor or a nested structure of them) concatenated along
-        ``axis``, in replica order; the same on every replica. Available where ``all_reduce``
-        is."""
-        self._check_collective("all_gather")
-        return self.strategy._replica_all_gather(value, axis)
+        ``axis``, in replica order; the same on every replica, on its own device."""
+        combine = functools.partial(self.strategy._replica_all_gather, axis)
+        return self._collective(Collective("all_gather", axis, value, combine))
 
-    def _check_collective(self, name: str) -> None:
-        local = len(self.strategy.extended.local_devices)
-        if local != 1:
-            raise FailedPreconditionError(
-                f"ReplicaContext.{name} inside strategy.run needs one replica per worker, but "
-                f"this worker runs {local} replicas, one after another; run one process per "
-                "device (MultiWorkerMirroredStrategy under torchrun), or return the value from "
-                f"the step and combine it with strategy.reduce / strategy.gather"
-            )
+    def merge_call(
+        self, merge_fn: Callable[..., Any], args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Calls ``merge_fn(strategy, *args, **kwargs)`` once for all local replicas, in the
+        cross-replica context; each replica gets the result (its own component where the
+        result holds ``PerReplica`` values).
+
+        Each argument is the replicas' values as a ``PerReplica``, or the value itself where
+        every replica passed the same object. Replica 0's ``merge_fn`` is called; the others
+        must pass the same function (or closures of the same code).
+
+        Example:
+          >>> import torch, feedline.distribute as fdist
+          >>> strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+          >>> def step():
+          ...     context = fdist.get_replica_context()
+          ...     mine = torch.tensor(float(context.replica_id_in_sync_group + 1))
+          ...     return context.merge_call(lambda s, v: float(s.reduce("SUM", v)), args=(mine,))
+          >>> strategy.experimental_local_results(strategy.run(step))
+          (3.0, 3.0)
+        """
+        strategy = self.strategy
+
+        def combine(values: list[Any]) -> list[Any]:
+            merged_args = _merge_values([v[0] for v in values], "args")
+            merged_kwargs = _merge_values([v[1] for v in values], "kwargs")
+            with cross_replica_scope(strategy):
+                result = merge_fn(strategy, *merged_args, **merged_kwargs)
+            return [select_replica(result, local) for local in range(len(values))]
+
+        key = getattr(merge_fn, "__code__", merge_fn)
+        call_args = (tuple(args), dict(kwargs or {}))
+        return self._collective(Collective("merge_call", key, call_args, combine))
+
+    def _collective(self, request: Collective) -> Any:
+        if self._group is None:
+            local = len(self.strategy.extended.local_devices)
+            if local != 1:
+                raise FailedPreconditionError(
+                    f"ReplicaContext.{request.name} combines the values of this worker's "
+                    f"{local} replicas, so it must be called inside the function passed to "
+                    "strategy.run, from the ReplicaContext that get_replica_context() returns there"
+                )
+            return request.combine([request.value])[0]
+        return self._group.collective(self.local_replica_id, request)
+
+
+def _merge_values(values: list[Any], what: str) -> Any:
+    """The replicas' ``values`` (one structure each) as one structure whose leaves are the
+    leaf itself where every replica passed the same object, else a ``PerReplica``."""
+    if len(values) == 1:
+        return values[0]
+    try:
+        return optree.tree_map(
+            lambda *vs: vs[0] if all(v is vs[0] for v in vs) else PerReplica(vs),
+            *values,
+            none_is_leaf=True,
+        )
+    except ValueError as error:
+        raise InvalidArgumentError(
+            f"merge_call: the replicas passed {what} of different structures ({error}); pass "
+            "the same structure from every replica"
+        ) from None
 
 
 _default_strategy: Callable[[], Strategy] | None = None
@@ -150,8 +222,22 @@ def strategy_scope(strategy: Strategy) -> Iterator[Strategy]:
 
 
 @contextmanager
-def replica_scope(strategy: Strategy, replica_id: int) -> Iterator[ReplicaContext]:
-    context = ReplicaContext(strategy, replica_id)
+def cross_replica_scope(strategy: Strategy) -> Iterator[Strategy]:
+    """The cross-replica context of ``strategy`` (where ``merge_call`` runs its function)."""
+    strategy_token = _strategy.set(strategy)
+    replica_token = _replica.set(None)
+    try:
+        yield strategy
+    finally:
+        _replica.reset(replica_token)
+        _strategy.reset(strategy_token)
+
+
+@contextmanager
+def replica_scope(
+    strategy: Strategy, replica_id: int, group: ReplicaGroup | None = None
+) -> Iterator[ReplicaContext]:
+    context = ReplicaContext(strategy, replica_id, group)
     strategy_token = _strategy.set(strategy)
     replica_token = _replica.set(context)
     try:

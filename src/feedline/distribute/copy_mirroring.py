@@ -133,28 +133,22 @@ class CopyMirroring(Mirroring):
         self._replica_grads = []
         super().after_run()  # the deferred steps (buffers are not snapshot in this mode)
 
+    def _fold_gradients(self, grads: list[list[torch.Tensor | None]]) -> None:
+        """After a hand-over: the first replica's gradients are the primary's, the others' are
+        summed into them by ``after_run``."""
+        self._primary_grads = list(grads[0])
+        self._replica_grads = [list(g) for g in grads[1:]]
+
     # -- copies ----------------------------------------------------------------------------
     def _start_run(self) -> None:
         """Finds the mirrored tensors and copies the primary's values to every replica's copy."""
-        seen: set[int] = set()
-        params: list[torch.Tensor] = []
-        buffers: list[torch.Tensor] = []
-        for module in list(self._modules):
-            for found, tensors in (
-                (module.parameters(recurse=False), params),
-                (module.buffers(recurse=False), buffers),
-            ):
-                for tensor in found:
-                    if id(tensor) in seen:
-                        continue
-                    if torch.nn.parameter.is_lazy(tensor):
-                        raise FailedPreconditionError(
-                            f"{type(module).__name__} has parameters that are not materialized "
-                            "yet, but every replica needs its own copy of them before "
-                            "strategy.run: call the model once on a batch first"
-                        )
-                    seen.add(id(tensor))
-                    tensors.append(tensor)
+        params, buffers = self._mirrored_tensors()
+        if any(torch.nn.parameter.is_lazy(t) for t in params + buffers):
+            raise FailedPreconditionError(
+                "the mirrored model has parameters that are not materialized yet, but every "
+                "replica needs its own copy of them before strategy.run: call the model once "
+                "on a batch first"
+            )
         self._params, self._tensors = params, params + buffers
         self._primary = [t.data for t in self._tensors]
         self._check_primary_device()

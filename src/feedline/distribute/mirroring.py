@@ -15,6 +15,15 @@ parameters, so they are identical by construction. Inside ``strategy.run``:
   buffers (``num_batches_tracked``) take the first replica's, as TensorFlow aggregates moving
   statistics with MEAN.
 
+* Collectives in the step (``ReplicaContext.all_reduce``, ``all_gather``, ``merge_call``): from
+  replica 0's first collective on, the replicas take turns (``_replica_group``) and each runs on
+  its own gradients (the first replica's as the step found them, the others' from none),
+  buffers and parameter data, swapped in at its turn. Once every replica returned, the module
+  shows the first replica's parameter data (replicas that update parameters by hand must make
+  the same update), buffers follow the rule above, and each gradient is the replicas' sum,
+  except one that every replica set to an ``all_reduce`` result, which is summed already and is
+  taken as it is.
+
 A module with parameters made outside the scope, used inside ``run`` with several replicas, and
 a mirrored optimizer stepped outside ``run``, are errors that say how to fix them.
 
@@ -24,6 +33,7 @@ own copy of the parameters, under the same rules (``copy_mirroring``).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +118,13 @@ class Mirroring:
         self._pending: list[torch.optim.Optimizer] = []
         self._buffer_snapshot: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._buffer_results: list[list[torch.Tensor]] = []
+        # replicas handing over at collectives: the mirrored tensors (parameters first), each
+        # suspended replica's (data, gradient) per tensor, and the replica whose are in place
+        self._isolating = False
+        self._isolated: list[torch.Tensor] = []
+        self._isolated_params = 0
+        self._held: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._in_place = 0
 
     # -- membership ------------------------------------------------------------------------
     def add_module(self, module: torch.nn.Module) -> None:
@@ -126,6 +143,22 @@ class Mirroring:
         else:
             raise TypeError(f"mirror expects a torch module or optimizer, got {type(obj).__name__}")
         return obj
+
+    def _mirrored_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The mirrored modules' parameters and buffers, each tensor once."""
+        seen: set[int] = set()
+        params: list[torch.Tensor] = []
+        buffers: list[torch.Tensor] = []
+        for module in list(self._modules):
+            for found, tensors in (
+                (module.parameters(recurse=False), params),
+                (module.buffers(recurse=False), buffers),
+            ):
+                for tensor in found:
+                    if id(tensor) not in seen:
+                        seen.add(id(tensor))
+                        tensors.append(tensor)
+        return params, buffers
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if optimizer in self._optimizers:
@@ -193,6 +226,89 @@ class Mirroring:
                     buffer.copy_(start)
         self._buffer_snapshot = None
         self._buffer_results = []
+
+    # -- replicas handing over at collectives (``_replica_group``) --------------------------
+    def begin_isolation(self) -> None:
+        """Replica 0 reached a collective: until ``end_isolation`` every replica keeps its own
+        gradients, buffers and parameter data, swapped in while it runs."""
+        params, buffers = self._mirrored_tensors()
+        self._isolating = True
+        self._isolated = params + buffers
+        self._isolated_params = len(params)
+        self._held = {}
+        self._in_place = 0
+
+    def suspend_replica(self, local_replica: int) -> None:
+        """Keeps the running replica's tensors aside (at a collective, or once it returned)."""
+        self._held[local_replica] = [
+            (t.data, t.grad if k < self._isolated_params else None)
+            for k, t in enumerate(self._isolated)
+        ]
+
+    def resume_replica(self, local_replica: int) -> None:
+        """Puts a suspended replica's tensors back in place."""
+        for k, (tensor, (data, grad)) in enumerate(
+            zip(self._isolated, self._held.pop(local_replica), strict=True)
+        ):
+            if k < self._isolated_params:
+                tensor.grad = None
+                tensor.data = data
+                tensor.grad = grad
+            else:
+                tensor.data = data
+        self._in_place = local_replica
+
+    def start_isolated_replica(self, local_replica: int) -> None:
+        """A replica after the first starts on tensors of its own, without gradients, then as
+        ``before_replica`` starts it (the buffers the step started with)."""
+        if self.shares_parameters:  # a copy-mirrored replica's own copies are swapped in below
+            for k, tensor in enumerate(self._isolated):
+                if k < self._isolated_params:
+                    tensor.grad = None
+                tensor.data = tensor.data.clone()
+        self._in_place = local_replica
+        self.before_replica(local_replica)
+
+    def end_isolation(self, reduced: set[int]) -> None:
+        """Every replica returned: shows the first replica's tensors again, with the
+        replicas' gradients combined (``_fold_gradients``). A gradient that every replica holds
+        as the result of a reducing collective (``id`` in ``reduced``) is combined already:
+        the first replica's is kept, the others dropped."""
+        count = len(self._held)
+        grads = [[grad for _, grad in self._held[r][: self._isolated_params]] for r in range(count)]
+        for k in range(self._isolated_params):
+            column = [replica[k] for replica in grads]
+            if all(g is not None and id(g) in reduced for g in column):
+                for replica in grads[1:]:
+                    replica[k] = None
+        self.resume_replica(0)
+        self._fold_gradients(grads)
+        self._stop_isolation()
+
+    def abort_isolation(self) -> None:
+        """A replica failed: shows the first replica's tensors again; ``abort_run`` follows."""
+        if self._isolating and self._in_place != 0 and 0 in self._held:
+            self.resume_replica(0)
+        self._stop_isolation()
+
+    def _stop_isolation(self) -> None:
+        self._isolating = False
+        self._isolated = []
+        self._held = {}
+        self._in_place = 0
+
+    def _fold_gradients(self, grads: list[list[torch.Tensor | None]]) -> None:
+        """Each parameter's gradient becomes the sum of the replicas' (``grads[replica][k]``
+        for parameter ``k``), as shared gradients accumulate without a hand-over."""
+        with torch.no_grad():
+            for k, param in enumerate(self._isolated[: self._isolated_params]):
+                present = [grad for replica in grads if (grad := replica[k]) is not None]
+                if not present:
+                    param.grad = None
+                elif len(present) == 1:
+                    param.grad = present[0]
+                else:
+                    param.grad = functools.reduce(torch.add, present)
 
     def after_run(self) -> None:
         """The replicas have run: average the buffers, then take the deferred steps once."""

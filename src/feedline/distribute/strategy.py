@@ -21,6 +21,7 @@ from feedline import config
 from feedline.data.dataset import Dataset
 from feedline.distribute import context
 from feedline.distribute._devices import ReplicaDevice
+from feedline.distribute._replica_group import ReplicaGroup
 from feedline.distribute.distributed_dataset import DistributedDataset, StepSource
 from feedline.distribute.input_context import InputContext, InputOptions, ValueContext
 from feedline.distribute.mirroring import Mirroring, install_hooks
@@ -145,6 +146,12 @@ class Strategy:
         ``PerReplica`` values in ``args``/``kwargs`` are replaced by the replica's own component;
         other values are passed to every replica. Returns the per-replica results as
         ``PerReplica`` values (a plain value with one replica).
+
+        A function that calls no collective runs for one replica after another in this thread.
+        Once replica 0 calls one of its ``ReplicaContext``'s collectives (``all_reduce``,
+        ``all_gather``, ``merge_call``), the other replicas run in threads of their own, one
+        at a time, handing over at each collective, each on its own gradients, buffers and
+        parameter data; every replica must then call the same collectives in the same order.
         """
         if not callable(fn):
             raise TypeError(f"run expects a callable, got {type(fn).__name__}")
@@ -152,18 +159,14 @@ class Strategy:
         mirroring = self._mirroring if self.mirrors_replicas else None
         if mirroring is not None:
             install_hooks()
-        results = []
+
+        def call(group: ReplicaGroup, local: int) -> Any:
+            replica_id = self.extended.first_replica_id + local
+            with context.replica_scope(self, replica_id, group), self._device_scope(local):
+                return fn(*select_replica(tuple(args), local), **select_replica(kwargs, local))
+
         try:
-            for local in range(self._num_local):
-                replica_id = self.extended.first_replica_id + local
-                if mirroring is not None:
-                    mirroring.before_replica(local)
-                with context.replica_scope(self, replica_id), self._device_scope(local):
-                    results.append(
-                        fn(*select_replica(tuple(args), local), **select_replica(kwargs, local))
-                    )
-                if mirroring is not None:
-                    mirroring.after_replica(local)
+            results = ReplicaGroup(self._num_local, call, mirroring).run()
         except BaseException:
             if mirroring is not None:
                 mirroring.abort_run()  # no half step: the next run starts clean
@@ -228,25 +231,38 @@ class Strategy:
         target = parts[0].device
         return self._all_gather(torch.cat([p.to(target) for p in parts], dim=axis), axis)
 
-    def _replica_all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
-        """``ReplicaContext.all_reduce`` with one local replica: a collective over workers."""
-        op = ReduceOp.parse(reduce_op)
+    def _replica_all_reduce(self, reduce_op: ReduceOp, values: list[Any]) -> list[Any]:
+        """``ReplicaContext.all_reduce``: every local replica's ``values`` (alike structures)
+        summed, then summed over workers (and divided for ``MEAN``); one result per replica,
+        on its value's device."""
 
-        def reduce_one(tensor: Any) -> torch.Tensor:
-            total = self._sum_across_workers(torch.as_tensor(tensor).clone())
-            if op is ReduceOp.MEAN:
+        def reduce_leaf(*leaves: Any) -> list[torch.Tensor]:
+            parts = [torch.as_tensor(leaf) for leaf in leaves]
+            target = parts[0].device
+            if len(parts) == 1:
+                total = parts[0].clone()
+            else:
+                total = functools.reduce(torch.add, [p.to(target) for p in parts])
+            total = self._sum_across_workers(total)
+            if reduce_op is ReduceOp.MEAN:
                 if not torch.is_floating_point(total):
                     total = total.to(torch.float32)
                 total = total / self.num_replicas_in_sync
-            return total
+            return _per_replica_copies(total, parts)
 
-        return optree.tree_map(reduce_one, value)
+        return _per_replica_results(reduce_leaf, values)
 
-    def _replica_all_gather(self, value: Any, axis: int) -> Any:
-        """``ReplicaContext.all_gather`` with one local replica: a gather over workers."""
-        return optree.tree_map(
-            lambda tensor: self._all_gather(torch.as_tensor(tensor), axis), value
-        )
+    def _replica_all_gather(self, axis: int, values: list[Any]) -> list[Any]:
+        """``ReplicaContext.all_gather``: the local replicas' ``values`` concatenated along
+        ``axis``, then gathered over workers; one result per replica, on its value's device."""
+
+        def gather_leaf(*leaves: Any) -> list[torch.Tensor]:
+            parts = [torch.as_tensor(leaf) for leaf in leaves]
+            target = parts[0].device
+            local = torch.cat([p.to(target) for p in parts], dim=axis)
+            return _per_replica_copies(self._all_gather(local, axis), parts)
+
+        return _per_replica_results(gather_leaf, values)
 
     def _replica_values(self, value: Any) -> list[Any]:
         if isinstance(value, DistributedValues):
@@ -341,6 +357,26 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} devices={list(self.extended.worker_devices)}>"
+
+
+def _per_replica_copies(result: torch.Tensor, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``result`` for each replica: the first gets it, the others a copy on their value's
+    device, so that no replica's change reaches another's."""
+    return [result] + [result.to(p.device, copy=True) for p in parts[1:]]
+
+
+def _per_replica_results(
+    combine_leaf: Callable[..., list[torch.Tensor]], values: list[Any]
+) -> list[Any]:
+    """Applies ``combine_leaf`` to the replicas' leaves, position by position; returns each
+    replica's structure of results."""
+    leaves, treedef = optree.tree_flatten(values[0], none_is_leaf=True)
+    columns = [leaves] + [optree.tree_leaves(v, none_is_leaf=True) for v in values[1:]]
+    combined = [combine_leaf(*column) for column in zip(*columns, strict=True)]
+    return [
+        optree.tree_unflatten(treedef, [results[local] for results in combined])
+        for local in range(len(values))
+    ]
 
 
 def warn_if_in_cluster(strategy: Strategy) -> None:
