@@ -27,6 +27,7 @@ from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.errors import UnavailableError
 from feedline.service.client.channels import _client
+from feedline.service.client.cross_trainer import TrainerPositions
 from feedline.service.client.queue import ElementQueue, Item
 from feedline.service.protocol import WORKER_SERVICE, ElementsReply, GetElementsRequest
 from feedline.service.shm import ConsumerChannels
@@ -83,6 +84,8 @@ class Fetchers:
       consumer_index: the consumer's index in round robin, else None.
       timeout_s: how long a round-robin worker may stay unreachable.
       connect: the channel to a worker at an address.
+      trainer: in a cross-trainer job, the trainer's positions: each task is read from the
+        trainer's own position in its stream, and each element is tagged ``[position]``.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class Fetchers:
         consumer_index: int | None,
         timeout_s: float,
         connect: Callable[[str], _rpc.RpcClient] = lambda address: _client(address, WORKER_SERVICE),
+        trainer: TrainerPositions | None = None,
     ) -> None:
         self._queue = queue
         self._link = link
@@ -107,6 +111,7 @@ class Fetchers:
         self._consumer_index = consumer_index
         self._timeout_s = timeout_s
         self._connect = connect
+        self._trainer = trainer
         self._lock = threading.Lock()
         self._threads: dict[int, threading.Thread] = {}
 
@@ -179,6 +184,8 @@ class Fetchers:
 
     def _fetch_first_come(self, task_id: int) -> None:
         queue = self._queue
+        trainer = self._trainer
+        position = 0 if trainer is None else trainer.fetch_from(task_id)
         try:
             worker = self._connect(queue.address(task_id) or "")
             while not queue.closed:
@@ -196,12 +203,19 @@ class Fetchers:
                         held=len(queue),
                         max_elements=credits,
                         max_bytes=REPLY_BYTES,
+                        trainer_id=None if trainer is None else trainer.trainer_id,
+                        index=position,
                     )
                     reply = self._read(worker, request)
                     if reply is None:
                         self._deliver([], credits, task_id)
                     else:
-                        self._deliver(reply.elements, credits, task_id, reply.header.tags)
+                        tags = reply.header.tags
+                        first = reply.header.first
+                        if trainer is not None and first is not None:  # their positions
+                            tags = [[first + i] for i in range(len(reply.elements))]
+                            position = first + len(reply.elements)
+                        self._deliver(reply.elements, credits, task_id, tags)
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
                     queue.wait_closed(0.1)
                 elif reply.header.error is not None:
