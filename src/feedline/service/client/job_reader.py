@@ -304,6 +304,13 @@ class _JobReader:
                 )
                 return True
             listed = [task for task in listed if task.address in local]
+        if self.trainer is not None:
+            # A task is done for the job once the trainers its worker knows read it all; this
+            # trainer (restarted from a checkpoint) may still have to: its worker says when.
+            listed = [
+                dataclasses.replace(task, state="running") if task.state == "done" else task
+                for task in listed
+            ]
         with self._lock:
             news = view.version != self._version
             self._version = view.version
