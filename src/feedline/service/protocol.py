@@ -703,10 +703,11 @@ class GetElementsRequest:
     consumer_index: int | None = None
     round: int | None = None
     shm: Any = None
-    #: A trainer of a cross-trainer job (``CrossTrainerCache``): its id, and the position in
-    #: the task's stream of the next element it wants.
+    #: A trainer of a cross-trainer job (``CrossTrainerCache``): its id, the position in the
+    #: task's stream of the next element it wants, and the elements of the stream it returned.
     trainer_id: str | None = None
     index: int = 0
+    returned: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> GetElementsRequest:
@@ -728,6 +729,7 @@ class GetElementsRequest:
             shm=header.get("shm"),
             trainer_id=field(header, "trainer_id", (str, type(None)), None),
             index=field(header, "index", int, 0),
+            returned=field(header, "returned", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -747,7 +749,7 @@ class GetElementsRequest:
         if self.shm is not None:
             header["shm"] = self.shm
         if self.trainer_id is not None:
-            header.update(trainer_id=self.trainer_id, index=self.index)
+            header.update(trainer_id=self.trainer_id, index=self.index, returned=self.returned)
         return header
 
     def round_position(self) -> tuple[int, int]:

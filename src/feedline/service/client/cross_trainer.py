@@ -167,6 +167,11 @@ class TrainerPositions:
         with self._lock:
             return self._tasks.get(task_id, 0)
 
+    def returned_in(self, task_id: int) -> int:
+        """The elements of ``task_id``'s stream before the next one ``next`` returns."""
+        with self._lock:
+            return self._tasks.get(task_id, 0)
+
     def returned(self, task_id: int, index: int) -> None:
         """``next`` returned the element at ``index`` of ``task_id``'s stream."""
         with self._lock:

@@ -13,6 +13,7 @@ reader.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from feedline._net import rpc as _rpc
 from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
-from feedline.errors import UnavailableError
+from feedline.errors import FeedlineError, UnavailableError
 from feedline.service.client.channels import _client
 from feedline.service.client.cross_trainer import TrainerPositions
 from feedline.service.client.queue import ElementQueue, Item
@@ -39,6 +40,8 @@ REPLY_BYTES = 8 << 20
 #: The longest one RPC to a reachable server may take.
 RPC_TIMEOUT_S = 30.0
 _POLL_MS = 500
+
+logger = logging.getLogger(__name__)
 
 
 class ReaderLink(Protocol):
@@ -205,6 +208,7 @@ class Fetchers:
                         max_bytes=REPLY_BYTES,
                         trainer_id=None if trainer is None else trainer.trainer_id,
                         index=position,
+                        returned=0 if trainer is None else trainer.returned_in(task_id),
                     )
                     reply = self._read(worker, request)
                     if reply is None:
@@ -223,9 +227,31 @@ class Fetchers:
                     return
                 elif reply.header.eos or reply.header.gone:
                     self._end_tasks([task_id], completed=reply.header.eos)
+                    if trainer is not None and reply.header.eos:
+                        self._returned_all(worker, task_id, trainer, position)
                     return
         except BaseException as error:
             self._link.fail(error)
+
+    def _returned_all(
+        self, worker: _rpc.RpcClient, task_id: int, trainer: TrainerPositions, end: int
+    ) -> None:
+        """A trainer's task ended: once ``next`` has returned its last element (at ``end``),
+        the worker hears so, and may count the task done for this trainer (a trainer that
+        stops reading first, or dies, holds the task, so that it can resume from its
+        checkpoint)."""
+        while trainer.returned_in(task_id) < end:
+            if self._queue.wait_closed(0.05) and trainer.returned_in(task_id) < end:
+                return  # released first: what it did not return is not acknowledged
+        request = GetElementsRequest(
+            task_id, wait_ms=0, trainer_id=trainer.trainer_id, index=end, returned=end
+        )
+        try:  # over gRPC: the reader may have released its shared memory already
+            worker.call_frame(
+                "GetElements", encode_frame(request.to_header()), timeout=RPC_TIMEOUT_S
+            )
+        except FeedlineError as error:  # the task holds on until the job is collected
+            logger.debug("task %d: acknowledging its end failed: %s", task_id, error)
 
     def _fetch_rounds(self, _: int) -> None:
         """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is

@@ -218,6 +218,7 @@ class TaskReplies:
         got = cache.read(
             request.trainer_id,
             max(0, request.index),
+            max(0, request.returned),
             max(1, request.max_elements),
             max(1, request.max_bytes),
             wait_seconds(request),

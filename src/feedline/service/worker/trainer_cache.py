@@ -16,8 +16,11 @@ finite epoch          nothing is dropped before the task ends: past ``max_bytes`
                       never holds the others back and gets every element once.
 ====================  ===========================================================================
 
-A trainer is known by its id from its first request on; a task's input is complete for the
-worker (``completed``) once the input ended and every trainer it knows read to the end.
+A trainer is known by its id from its first request on, and each request says how much of the
+stream the trainer has *returned* (its saved position can be no further). A task is complete
+for the worker (``completed``), and its job may end, once the input ended and every trainer it
+knows returned all of it: a trainer killed mid-epoch holds the task, and what the others
+passed, until it comes back from its checkpoint.
 
 Example:
   >>> from feedline.service.worker.buffer import TaskBuffer
@@ -26,13 +29,15 @@ Example:
   ...     _ = buffer.put([x], 8)
   >>> buffer.finish(drained=False)
   >>> cache = TrainerCache(buffer, max_bytes=1 << 20, window=False)
-  >>> cache.read("a", 0, 2, 1 << 20, 0)
+  >>> cache.read("a", 0, 0, 2, 1 << 20, 0)
   (0, [[0], [1]])
-  >>> cache.read("b", 0, 8, 1 << 20, 0)
+  >>> cache.read("b", 0, 0, 8, 1 << 20, 0)
   (0, [[0], [1], [2]])
-  >>> cache.read("a", 2, 8, 1 << 20, 0)
+  >>> cache.read("a", 2, 2, 8, 1 << 20, 0)
   (2, [[2]])
-  >>> cache.read("a", 3, 8, 1 << 20, 0), cache.completed()
+  >>> cache.read("a", 3, 3, 8, 1 << 20, 0), cache.completed()  # b returned none yet
+  (<Ending.INPUT_ENDED: 'eos'>, False)
+  >>> cache.read("b", 3, 3, 8, 1 << 20, 0), cache.completed()
   (<Ending.INPUT_ENDED: 'eos'>, True)
 """
 
@@ -122,7 +127,8 @@ class TrainerCache:
         self._start = 0
         self._end = 0
         self._spill: _Spill | None = None
-        #: Per trainer: the position of the next element it asked for, and when it last asked.
+        #: Per trainer: the position of the next element it asked for, the elements it said
+        #: it returned, and when it last asked.
         self._trainers: dict[str, list[float]] = {}
         self._closed = False
         self._lock = threading.Lock()  # the spill file's closing; everything else: buffer.cond
@@ -133,17 +139,25 @@ class TrainerCache:
             self.window = window
 
     def read(
-        self, trainer_id: str, index: int, max_elements: int, max_bytes: int, timeout: float
+        self,
+        trainer_id: str,
+        index: int,
+        returned: int,
+        max_elements: int,
+        max_bytes: int,
+        timeout: float,
     ) -> tuple[int, list[list[Any]]] | Ending | None:
-        """The elements from ``index`` on for ``trainer_id``: ``(first, elements)``, where
-        ``first`` is past ``index`` if the trainer fell out of the window; why there are none
-        when the task ended; None when none came within ``timeout`` seconds (ask again)."""
+        """The elements from ``index`` on for ``trainer_id``, which returned ``returned`` of
+        the stream: ``(first, elements)``, where ``first`` is past ``index`` if the trainer
+        fell out of the window; why there are none when the task ended; None when none came
+        within ``timeout`` seconds (ask again)."""
         buffer = self._buffer
         deadline = time.monotonic() + timeout
         spilled: list[tuple[int, list[int], dict[str, Any]]] = []
         with buffer.cond:
-            trainer = self._trainers.setdefault(trainer_id, [index, 0.0])
-            trainer[1] = time.monotonic()
+            trainer = self._trainers.setdefault(trainer_id, [index, 0, 0.0])
+            trainer[1] = returned  # the latest word: a restored trainer may say less
+            trainer[2] = time.monotonic()
             index = max(index, self._start)  # a window trainer that fell behind skips ahead
             while index >= self._end:
                 if len(buffer):
@@ -151,13 +165,19 @@ class TrainerCache:
                     continue
                 ending = buffer.ending()
                 if ending is not None:
-                    trainer[0] = max(trainer[0], index)
+                    trainer[0] = index
                     return ending
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or buffer.stopped:
-                    trainer[0] = max(trainer[0], index)
+                    trainer[0] = index
                     return None
                 buffer.cond.wait(remaining)
+            while (  # what is ready, in one go, short of pushing anything out of memory
+                len(buffer)
+                and self._end < index + max_elements
+                and self._memory_bytes + buffer.front_bytes() <= self.max_bytes
+            ):
+                self._pull()
             index = max(index, self._start)
             stop = min(self._end, index + max(1, max_elements))
             if index < self._memory_start:  # spilled: read from disk below, out of the lock
@@ -208,7 +228,7 @@ class TrainerCache:
             return (
                 self._buffer.ending() is Ending.INPUT_ENDED
                 and not len(self._buffer)
-                and all(position >= self._end for position, _ in self._trainers.values())
+                and all(returned >= self._end for _, returned, _ in self._trainers.values())
             )
 
     def drained_out(self) -> bool:
@@ -217,14 +237,13 @@ class TrainerCache:
             return (
                 self._buffer.ending() is not None
                 and not len(self._buffer)
-                and all(position >= self._end for position, _ in self._trainers.values())
+                and all(position >= self._end for position, _, _ in self._trainers.values())
             )
 
     def positions(self) -> dict[str, int]:
-        """Each trainer's position: the elements of the task's stream before the next one it
-        asked for."""
+        """Each trainer's position: the elements of the task's stream it returned."""
         with self._buffer.cond:
-            return {trainer: int(position) for trainer, (position, _) in self._trainers.items()}
+            return {trainer: int(returned) for trainer, (_, returned, _) in self._trainers.items()}
 
     def state(self) -> dict[str, Any]:
         """What the status pages show: the cache's range, its bytes, the trainers' positions."""
@@ -236,7 +255,7 @@ class TrainerCache:
                 "memory_bytes": self._memory_bytes,
                 "spilled": 0 if self._spill is None else len(self._spill),
                 "spilled_bytes": 0 if self._spill is None else self._spill.nbytes,
-                "trainers": {t: int(p) for t, (p, _) in sorted(self._trainers.items())},
+                "trainers": {t: int(r) for t, (_, r, _) in sorted(self._trainers.items())},
             }
 
     def close(self) -> None:
