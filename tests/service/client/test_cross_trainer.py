@@ -82,7 +82,9 @@ def test_bad_arguments_say_what_to_change() -> None:
     cache = service.CrossTrainerCache("a")
     with pytest.raises(InvalidArgumentError, match="job_name must be set"):
         service.distribute("distributed_epoch", "localhost:1", cross_trainer_cache=cache)
-    with pytest.raises(InvalidArgumentError, match="must be a feedline.service.CrossTrainerCache"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"must be a feedline\.service\.CrossTrainerCache"
+    ):
         service.distribute(
             "distributed_epoch", "localhost:1", job_name="j", cross_trainer_cache="a"
         )
@@ -95,7 +97,7 @@ def test_bad_arguments_say_what_to_change() -> None:
             num_consumers=2,
             cross_trainer_cache=cache,
         )
-    with pytest.raises(InvalidArgumentError, match="OFF .* or DYNAMIC"):
+    with pytest.raises(InvalidArgumentError, match=r"OFF .* or DYNAMIC"):
         service.distribute(
             service.ShardingPolicy.DATA, "localhost:1", job_name="j", cross_trainer_cache=cache
         )

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker import trainer_cache
+from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.trainer_cache import TrainerCache
 
 pytestmark = pytest.mark.timeout(60)
