@@ -194,7 +194,9 @@ class Fetchers:
             while not queue.closed:
                 if not queue.readable(task_id):
                     return
-                credits = queue.acquire()
+                # A trainer reads its own stream from the worker's cache: it asks for a batch at a
+                # time (a quarter of its queue), not an element at each step.
+                credits = queue.acquire(1 if trainer is None else queue.max_elements // 4)
                 if not credits:
                     return
                 with queue.reading(task_id):
