@@ -21,11 +21,12 @@ shared         three trainers, one job and a ``CrossTrainerCache`` each: compute
 shared, slow   as shared, one trainer at half speed (twice the step): what it costs the others
 =============  ==================================================================================
 
-Printed: the worker's CPU seconds per run (``/proc``), each trainer's rate, and the goals'
-ratios: worker CPU of shared / separate (goal <= 1/3 + 10%; also against "separate, cached",
-which reads the same way and so isolates what computing once saves), each shared trainer's rate / the
-solo rate (goal >= 0.95), and the fast trainers' rates beside a slow one / their shared rates
-(goal >= 0.95). Every trainer checks that it read every element exactly once.
+Printed, per trial: the worker's CPU seconds per run (``/proc``) and each trainer's rate; then
+the medians over the trials of the goals' ratios: worker CPU of shared / separate (goal <= 1/3 +
+10%; also against "separate, cached", which reads the same way and so isolates what computing
+once saves), the slowest shared trainer's rate / the solo rate (goal >= 0.95), and the fast
+trainers' rates beside a slow one / their shared rates (goal >= 0.95). Every trainer checks
+that it read every element exactly once.
 """
 
 from __future__ import annotations
@@ -135,22 +136,12 @@ def measure(elements: int, step_s: float, rounds: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--elements", type=int, default=2000)
-    parser.add_argument("--step-ms", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=30, help="np.sin passes per element")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
-    args = parser.parse_args()
-    out = measure(args.elements, args.step_ms / 1000, args.rounds)
-    print("| run | worker CPU s | trainer rates (elements/s) |\n|---|---:|---|")
-    for name, (cpu, reports) in out.items():
-        rates = ", ".join(f"{t} {r['rate']:.0f}" for t, r in sorted(reports.items()))
-        print(f"| {name} | {cpu:.2f} | {rates} |")
+def figures_of(out: dict[str, Any]) -> dict[str, float]:
+    """The goals' ratios of one trial's runs."""
     solo_rate = out["solo"][1]["t0"]["rate"]
     shared_rates = {t: r["rate"] for t, r in out["shared"][1].items()}
     slow_rates = {t: r["rate"] for t, r in out["shared, slow"][1].items()}
-    figures = {
+    return {
         "cpu_shared_over_separate": out["shared"][0] / out["separate"][0],
         "cpu_shared_over_separate_cached": out["shared"][0] / out["separate, cached"][0],
         "shared_rate_over_solo_min": min(shared_rates.values()) / solo_rate,
@@ -159,8 +150,30 @@ def main() -> None:
         ),
         "slow_trainer_over_shared": slow_rates["t2"] / shared_rates["t2"],
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--elements", type=int, default=2000)
+    parser.add_argument("--step-ms", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=30, help="np.sin passes per element")
+    parser.add_argument("--trials", type=int, default=3, help="figures are their medians")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    trials = []
+    for trial in range(args.trials):
+        out = measure(args.elements, args.step_ms / 1000, args.rounds)
+        print(
+            f"\ntrial {trial}\n| run | worker CPU s | trainer rates (elements/s) |\n|---|---:|---|"
+        )
+        for name, (cpu, reports) in out.items():
+            rates = ", ".join(f"{t} {r['rate']:.0f}" for t, r in sorted(reports.items()))
+            print(f"| {name} | {cpu:.2f} | {rates} |")
+        trials.append(figures_of(out))
+    figures = {key: statistics.median(t[key] for t in trials) for key in trials[0]}
     print(
-        f"\nworker CPU, shared / separate: {figures['cpu_shared_over_separate']:.3f} "
+        f"\nmedians of {args.trials} trials:\n"
+        f"worker CPU, shared / separate: {figures['cpu_shared_over_separate']:.3f} "
         "(goal <= 0.433)\n"
         f"worker CPU, shared / separate cross-trainer jobs: "
         f"{figures['cpu_shared_over_separate_cached']:.3f} (goal <= 0.433)\n"
@@ -171,7 +184,7 @@ def main() -> None:
         f"the half-speed trainer / shared: {figures['slow_trainer_over_shared']:.3f} (~0.5)"
     )
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps({"trials": trials, "medians": figures}))
 
 
 if __name__ == "__main__":
