@@ -108,8 +108,10 @@ def run(
     return cpu, reports
 
 
-def measure(elements: int, step_s: float, rounds: int) -> dict[str, Any]:
-    """The four runs (module docstring): worker CPU seconds and trainer rates."""
+def measure(elements: int, step_s: float, rounds: int, flip: bool = False) -> dict[str, Any]:
+    """The runs (module docstring): worker CPU seconds and trainer rates; ``flip`` runs
+    "shared, slow" before "shared" (trials alternate, so that a load that grows or falls
+    during a trial favours neither)."""
     common = {"ELEMENTS": str(elements), "STEP_S": str(step_s), "ROUNDS": str(rounds)}
     step = str(step_s)
     with ServiceProcesses(timeout=600) as cluster:
@@ -129,10 +131,10 @@ def measure(elements: int, step_s: float, rounds: int) -> dict[str, Any]:
             f"t{i}": {"JOB": "shared", "SHARED": "1", "TRAINER": f"t{i}", "STEP_S": step}
             for i in range(3)
         }
-        out["shared"] = run(cluster, worker, shared, common)
         slow = {name: dict(env, JOB="shared-slow") for name, env in shared.items()}
         slow["t2"]["STEP_S"] = str(2 * step_s)
-        out["shared, slow"] = run(cluster, worker, slow, common)
+        for name in ("shared, slow", "shared") if flip else ("shared", "shared, slow"):
+            out[name] = run(cluster, worker, slow if name == "shared, slow" else shared, common)
     return out
 
 
@@ -162,7 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     trials = []
     for trial in range(args.trials):
-        out = measure(args.elements, args.step_ms / 1000, args.rounds)
+        out = measure(args.elements, args.step_ms / 1000, args.rounds, flip=trial % 2 == 1)
         print(
             f"\ntrial {trial}\n| run | worker CPU s | trainer rates (elements/s) |\n|---|---:|---|"
         )
