@@ -4,9 +4,9 @@ restarted from its checkpoint, with real processes (``tests/service/procs.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from benchmarks.cross_trainer_chaos import run_round
 
 from feedline import service
 from feedline.data import Dataset
@@ -23,7 +24,6 @@ from feedline.service.client import cross_trainer
 from feedline.service.client.cross_trainer import TrainerPosition
 from tests.service.conftest import Cluster
 from tests.service.http_helpers import fetch, scrape
-from tests.service.procs import ServiceProcesses
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -246,99 +246,25 @@ def test_the_status_page_and_metrics_show_each_trainers_position(
     b.close()
 
 
-# A trainer process: reads the epoch as trainer $TRAINER, writes every element it returns as a
-# line of $OUT, and every $EVERY elements saves its state (a checkpoint: the state and the
-# lines written by then). Restarted with $RESUME, it takes up its checkpoint: the lines after
-# it are dropped (the steps after a checkpoint are redone), and it reads on from there.
-TRAINER = """
-import json, os, time
-from pathlib import Path
-from feedline.data import Dataset
-from feedline.service import CrossTrainerCache, distribute
-from tests.launcher import report
-
-dataset = Dataset.range(int(os.environ["ELEMENTS"])).apply(
-    distribute(
-        "distributed_epoch",
-        os.environ["FEEDLINE_TARGET"],
-        job_name="epoch",
-        cross_trainer_cache=CrossTrainerCache(os.environ["TRAINER"]),
-    )
+@pytest.mark.parametrize(
+    ("fault_tolerant", "fault_fraction"),
+    [(False, 0.3), (True, 0.6)],
+    ids=["plain", "fault_tolerant"],
 )
-out, checkpoint = Path(os.environ["OUT"]), Path(os.environ["OUT"] + ".ckpt")
-iterator = iter(dataset)
-lines = []
-if os.environ.get("RESUME"):
-    saved = json.loads(checkpoint.read_text())
-    lines = out.read_text().split()[: saved["lines"]]
-    iterator.set_state(saved["state"])
-every, pause = int(os.environ["EVERY"]), float(os.environ["PAUSE"])
-with out.open("w", buffering=1) as log:
-    log.write("".join(f"{x}\\n" for x in lines))
-    for x in iterator:
-        lines.append(str(int(x)))
-        log.write(f"{int(x)}\\n")
-        if len(lines) % every == 0:
-            tmp = checkpoint.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"state": iterator.get_state(), "lines": len(lines)}))
-            tmp.replace(checkpoint)
-        time.sleep(pause)
-report(len(lines))
-"""
-
-
-@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault_tolerant"])
 def test_a_trainer_killed_and_restarted_from_its_checkpoint_loses_and_repeats_nothing(
-    tmp_path: Path, fault_tolerant: bool
+    tmp_path: Path, fault_tolerant: bool, fault_fraction: float
 ) -> None:
+    """Three trainer processes read one epoch; one is killed (kill -9) mid-epoch and restarted
+    from its last checkpoint (``benchmarks/cross_trainer_chaos.py``, one round each)."""
     elements = 400
-    with ServiceProcesses() as cluster:
-        if fault_tolerant:
-            cluster.start_dispatcher("--work-dir", str(tmp_path / "journal"), "--fault-tolerant")
-        else:
-            cluster.start_dispatcher()
-        for _ in range(2):
-            cluster.start_worker()
-        files = {name: tmp_path / f"{name}.txt" for name in ("a", "b", "victim")}
-        common = {"ELEMENTS": str(elements), "EVERY": "7"}
-
-        def env(name: str, pause: float, **extra: str) -> dict[str, str]:
-            return {
-                **common,
-                "TRAINER": name,
-                "OUT": str(files[name]),
-                "PAUSE": str(pause),
-                **extra,
-            }
-
-        trainers = cluster.run(
-            TRAINER,
-            [("a", env("a", 0.004)), ("b", env("b", 0.006)), ("victim", env("victim", 0.004))],
-            timeout=150,
-        )
-        deadline = time.monotonic() + 60
-        while not files["victim"].exists() or len(files["victim"].read_text().split()) < 120:
-            assert time.monotonic() < deadline, "the victim did not start reading"
-            time.sleep(0.02)
-        trainers.send("victim", signal.SIGKILL)
-        assert trainers.wait_exit("victim", 30) is not None
-        killed_at = len(files["victim"].read_text().split())
-        assert killed_at < elements  # killed mid-epoch
-        restarted = cluster.run(
-            TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=120
-        )
-        results = {**trainers.wait(), **restarted.wait()}
-        for name in ("a", "b"):
-            assert results[name].ok, results[name].describe()
-        assert restarted.wait()["victim"].ok, restarted.wait()["victim"].describe()
-    counts = {}
-    for name, path in files.items():
-        values = [int(x) for x in path.read_text().split()]
-        counts[name] = {
-            "read": len(values),
-            "lost": elements - len(set(values)),
-            "duplicated": len(values) - len(set(values)),
-        }
-    print(json.dumps({"killed_at": killed_at, **counts}))
-    for name, count in counts.items():
-        assert count == {"read": elements, "lost": 0, "duplicated": 0}, (name, counts)
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=fault_fraction,
+        fault_tolerant=fault_tolerant,
+        hang_seconds=60,
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
