@@ -246,6 +246,28 @@ def test_the_status_page_and_metrics_show_each_trainers_position(
     b.close()
 
 
+def test_a_dispatcher_restarted_on_its_journal_keeps_the_trainers_job(tmp_path: Path) -> None:
+    config = service.DispatcherConfig(work_dir=str(tmp_path), fault_tolerant_mode=True)
+    dispatcher = service.DispatchServer(config)
+    port = int(dispatcher.target.rsplit(":", 1)[1])
+    cluster = Cluster(dispatcher)
+    try:
+        for _ in range(2):
+            cluster.add_worker()
+        dataset = Dataset.range(200)
+        a = iter(trainer_dataset(cluster, "a", dataset))
+        b = iter(trainer_dataset(cluster, "b", dataset))
+        got_a = [int(next(a)) for _ in range(50)]
+        got_b = [int(next(b)) for _ in range(20)]
+        dispatcher.stop()
+        cluster.dispatcher = service.DispatchServer(dataclasses.replace(config, port=port))
+        got_a += [int(x) for x in a]
+        got_b += [int(x) for x in b]
+    finally:
+        cluster.stop()
+    assert sorted(got_a) == sorted(got_b) == list(range(200))
+
+
 @pytest.mark.parametrize(
     ("fault_tolerant", "fault_fraction"),
     [(False, 0.3), (True, 0.6)],
