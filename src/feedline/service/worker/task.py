@@ -244,6 +244,10 @@ class Task:
         buffered, nbytes, state = self._buffer.state()
         _, _, per_s, bytes_per_s = rates.get(self.task_id)
         consumers = definition.num_consumers
+        if self._cache is not None:
+            readers = "trainers (cross-trainer cache)"
+        else:
+            readers = "shared" if consumers is None else f"round robin of {consumers}"
         return {
             "task_id": self.task_id,
             "job_id": definition.job_id,
@@ -251,7 +255,7 @@ class Task:
             "mode": definition.mode.name,
             "worker_index": definition.worker_index,
             "num_workers": definition.num_workers,
-            "consumers": "shared" if consumers is None else f"round robin of {consumers}",
+            "consumers": readers,
             "buffered": buffered,
             "buffered_bytes": nbytes,
             "fill": max(buffered / self._buffer.max_elements, nbytes / self._buffer.max_bytes),
