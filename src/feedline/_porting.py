@@ -111,10 +111,6 @@ REPLACEMENTS: dict[str, str] = {
         "not available yet; save from one process with Dataset.save(path) (or read a job of the "
         "data service and save that)"
     ),
-    "data.experimental.service.CrossTrainerCache": (
-        "not available yet; give each trainer its own job, or share one job_name (each element "
-        "then goes to one of the trainers)"
-    ),
     # tf.distribute.experimental.
     "distribute.experimental.CentralStorageStrategy": (
         "use feedline.distribute.MirroredStrategy: PyTorch keeps no central variable store"

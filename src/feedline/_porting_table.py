@@ -120,6 +120,12 @@ DIFFERENCES: dict[str, str] = {
     ),
     "data.experimental.dense_to_ragged_batch": "as Dataset.ragged_batch",
     "data.experimental.dense_to_sparse_batch": "as Dataset.sparse_batch",
+    "data.experimental.service.CrossTrainerCache": (
+        "also reads finite epochs under distributed_epoch: every trainer gets every element "
+        "once (a slow trainer reads what the others passed from memory, then the worker's "
+        "disk); a trainer's get_state() is its position, restored into the same job; the "
+        "sliding window is WorkerConfig.cross_trainer_cache_size_bytes per task (64 MiB)"
+    ),
     "data.experimental.service.distribute": (
         "DYNAMIC sharding splits a pipeline of one source; zip, sample_from_datasets, "
         "choose_from_datasets or a source read twice are an InvalidArgumentError naming the "

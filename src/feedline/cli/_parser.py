@@ -287,6 +287,13 @@ def _add_worker(commands: Commands) -> None:
         default=256,
         help="MiB that the buffers of all of this worker's tasks hold together (%(default)s)",
     )
+    parser.add_argument(
+        "--cross-trainer-cache-mib",
+        type=int,
+        default=64,
+        help="MiB each task of a cross-trainer job keeps in memory for its trainers "
+        "(%(default)s); past it a finite epoch spills to local disk",
+    )
     _add_status_port(parser)
     add_security(parser)
 

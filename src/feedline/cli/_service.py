@@ -88,6 +88,7 @@ def worker(
     wait_forever: bool,
     status_port: int | None,
     buffer_memory_mib: int = 256,
+    cross_trainer_cache_mib: int = 64,
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,
@@ -107,6 +108,7 @@ def worker(
       wait_forever: keep trying an unreachable dispatcher for as long as it takes.
       status_port: port of the status page, or None.
       buffer_memory_mib: MiB that the buffers of all of the worker's tasks hold together.
+      cross_trainer_cache_mib: MiB each task of a cross-trainer job keeps in memory.
       tls_cert: TLS certificate file (also presented to the dispatcher), or None.
       tls_key: its key file, or None.
       tls_ca: CA file (verifies the dispatcher; mutual TLS), or None.
@@ -124,6 +126,7 @@ def worker(
                 wait_forever=wait_forever,
                 status_port=status_port,
                 buffer_memory_bytes=buffer_memory_mib << 20,
+                cross_trainer_cache_size_bytes=cross_trainer_cache_mib << 20,
                 tls_cert=tls_cert,
                 tls_key=tls_key,
                 tls_ca=tls_ca,

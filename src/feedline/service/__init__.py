@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from feedline import _porting
 from feedline.service.client import (
+    CrossTrainerCache,
     DataServiceDataset,
     distribute,
     from_dataset_id,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from feedline.service.worker import WorkerServer
 
 __all__ = [
+    "CrossTrainerCache",
     "DataServiceDataset",
     "DispatchServer",
     "DispatcherConfig",

@@ -269,6 +269,9 @@ class WorkerConfig:
         together (256 MiB by default), beyond one element per task; each task's buffer is
         also bounded on its own (64 MiB and 4096 elements). Stalled jobs cost the worker no
         more than this.
+      cross_trainer_cache_size_bytes: the bytes each task of a cross-trainer job
+        (``CrossTrainerCache``) keeps in memory for its trainers (64 MiB by default): the
+        sliding window of an infinite dataset; past it, a finite epoch spills to local disk.
         metrics at ``/metrics`` (both need the token, when there is one; HTTPS with
         ``tls_cert``); 0 picks a free port; None (the default): no status server, and no
         metrics are collected.
@@ -295,6 +298,7 @@ class WorkerConfig:
     wait_forever: bool = False
     status_port: int | None = None
     buffer_memory_bytes: int = 256 << 20
+    cross_trainer_cache_size_bytes: int = 64 << 20
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -306,6 +310,11 @@ class WorkerConfig:
         if type(memory) is not int or memory < 1:
             raise InvalidArgumentError(
                 f"WorkerConfig.buffer_memory_bytes must be an int >= 1, got {memory!r}"
+            )
+        cache = self.cross_trainer_cache_size_bytes
+        if type(cache) is not int or cache < 1:
+            raise InvalidArgumentError(
+                f"WorkerConfig.cross_trainer_cache_size_bytes must be an int >= 1, got {cache!r}"
             )
         if not isinstance(self.wait_forever, bool):
             raise InvalidArgumentError(

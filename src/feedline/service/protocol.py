@@ -369,6 +369,8 @@ class GetOrCreateJobRequest:
       target_workers: one of ``TARGET_WORKERS``.
       resume: a consumer's position from a checkpoint (``position``), checked by the
         dispatcher, or None.
+      cross_trainer: the consumers are trainers that each read every element of the job
+        (``CrossTrainerCache``): the workers keep what one trainer read for the others.
     """
 
     dataset_id: str
@@ -378,6 +380,7 @@ class GetOrCreateJobRequest:
     num_consumers: int | None
     target_workers: str
     resume: Any = None
+    cross_trainer: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -407,6 +410,7 @@ class GetOrCreateJobRequest:
             num_consumers,
             target_workers,
             header.get("resume"),
+            field(header, "cross_trainer", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -419,6 +423,7 @@ class GetOrCreateJobRequest:
             "num_consumers": self.num_consumers,
             "target_workers": self.target_workers,
             "resume": self.resume,
+            **({"cross_trainer": True} if self.cross_trainer else {}),
         }
 
 
@@ -698,6 +703,11 @@ class GetElementsRequest:
     consumer_index: int | None = None
     round: int | None = None
     shm: Any = None
+    #: A trainer of a cross-trainer job (``CrossTrainerCache``): its id, the position in the
+    #: task's stream of the next element it wants, and the elements of the stream it returned.
+    trainer_id: str | None = None
+    index: int = 0
+    returned: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> GetElementsRequest:
@@ -717,6 +727,9 @@ class GetElementsRequest:
             consumer_index=field(header, "consumer_index", int, None),
             round=field(header, "round", int, None),
             shm=header.get("shm"),
+            trainer_id=field(header, "trainer_id", (str, type(None)), None),
+            index=field(header, "index", int, 0),
+            returned=field(header, "returned", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -735,6 +748,8 @@ class GetElementsRequest:
         header["wait_ms"] = self.wait_ms
         if self.shm is not None:
             header["shm"] = self.shm
+        if self.trainer_id is not None:
+            header.update(trainer_id=self.trainer_id, index=self.index, returned=self.returned)
         return header
 
     def round_position(self) -> tuple[int, int]:
@@ -766,6 +781,8 @@ class TaskDef:
       skip: elements of the task's stream that a resumed consumer received already.
       exactly_once: the job hands out its splits exactly once (``ledger``).
       shared: a named job whose consumers share the task's elements.
+      cross_trainer: a cross-trainer job: every trainer reads every element of the task, which
+        keeps them for the trainers behind (``worker.trainer_cache``).
     """
 
     task_id: int
@@ -779,6 +796,7 @@ class TaskDef:
     skip: int = 0
     exactly_once: bool = False
     shared: bool = False
+    cross_trainer: bool = False
 
     @classmethod
     def from_header(cls, header: Any) -> TaskDef:
@@ -806,6 +824,7 @@ class TaskDef:
             skip=field(header, "skip", int, 0),
             exactly_once=field(header, "exactly_once", bool, False),
             shared=field(header, "shared", bool, False),
+            cross_trainer=field(header, "cross_trainer", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -822,6 +841,7 @@ class TaskDef:
             "skip": self.skip,
             "exactly_once": self.exactly_once,
             "shared": self.shared,
+            **({"cross_trainer": True} if self.cross_trainer else {}),
         }
 
 
@@ -1232,6 +1252,9 @@ class ElementsReply:
     gone: bool = False
     shm: dict[str, Any] | None = None
     shm_refused: str | None = None
+    #: In a cross-trainer job: the position in the task's stream of the first element carried
+    #: (past the one asked for when the trainer fell out of the cache's window).
+    first: int | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> ElementsReply:
@@ -1251,6 +1274,7 @@ class ElementsReply:
             gone=field(header, "gone", bool, False),
             shm=field(header, "shm", (dict, type(None)), None),
             shm_refused=field(header, "shm_refused", (str, type(None)), None),
+            first=field(header, "first", (int, type(None)), None),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1268,6 +1292,8 @@ class ElementsReply:
             header["shm"] = self.shm
         if self.shm_refused is not None:
             header["shm_refused"] = self.shm_refused
+        if self.first is not None:
+            header["first"] = self.first
         return header
 
 

@@ -5,6 +5,7 @@ Nothing here imports the dispatcher's or the workers' code: the client speaks to
 ``feedline.service.protocol``.
 """
 
+from feedline.service.client.cross_trainer import CrossTrainerCache
 from feedline.service.client.dataset import (
     DataServiceDataset,
     distribute,
@@ -12,4 +13,10 @@ from feedline.service.client.dataset import (
     register_dataset,
 )
 
-__all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
+__all__ = [
+    "CrossTrainerCache",
+    "DataServiceDataset",
+    "distribute",
+    "from_dataset_id",
+    "register_dataset",
+]

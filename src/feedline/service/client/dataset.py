@@ -42,6 +42,7 @@ from feedline.errors import (
     UnavailableError,
 )
 from feedline.service.client.channels import _bounded_call, _dispatcher
+from feedline.service.client.cross_trainer import CrossTrainerCache, TrainerPosition
 from feedline.service.client.job_reader import _JobReader
 from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
 from feedline.service.config import ShardingPolicy
@@ -73,6 +74,7 @@ def distribute(
     max_outstanding_requests: int | None = None,
     data_transfer_protocol: str | None = None,
     compression: str | None = "AUTO",
+    cross_trainer_cache: CrossTrainerCache | None = None,
     target_workers: str = "AUTO",
 ) -> Any:
     """A transformation (for ``dataset.apply``) that moves the dataset's processing onto the
@@ -104,6 +106,9 @@ def distribute(
       data_transfer_protocol: None (the default: replies of a worker on this host come through
         shared memory, others over gRPC) or ``"grpc"`` (every reply over gRPC).
       compression: ``"AUTO"`` (compress on the wire when it pays) or None.
+      cross_trainer_cache: a ``CrossTrainerCache``: this consumer is a trainer that reads
+        every element of the job ``job_name``, which the workers compute once for all its
+        trainers (needs ``job_name``; under ``parallel_epochs`` an infinite dataset).
       target_workers: ``"AUTO"``/``"ANY"`` (every worker) or ``"LOCAL"`` (only workers in this
         process).
 
@@ -120,6 +125,7 @@ def distribute(
         max_outstanding_requests,
         data_transfer_protocol,
         target_workers,
+        cross_trainer_cache,
     )
     _check_compression(compression)
 
@@ -161,6 +167,7 @@ def from_dataset_id(
     num_consumers: int | None = None,
     max_outstanding_requests: int | None = None,
     data_transfer_protocol: str | None = None,
+    cross_trainer_cache: CrossTrainerCache | None = None,
     target_workers: str = "AUTO",
 ) -> DataServiceDataset:
     """A dataset reading the registered dataset ``dataset_id`` from the service; the element
@@ -174,6 +181,7 @@ def from_dataset_id(
         max_outstanding_requests,
         data_transfer_protocol,
         target_workers,
+        cross_trainer_cache,
     )
     if not isinstance(dataset_id, str) or not dataset_id:
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
@@ -293,6 +301,17 @@ class DataServiceDataset(Dataset):
                 split_plan(source)  # a dataset without a splittable source fails here
             element_spec = source.element_spec
             cardinality = source.cardinality()
+            if (
+                params.trainer_id is not None
+                and params.mode == ShardingPolicy.OFF
+                and cardinality != INFINITE_CARDINALITY
+            ):
+                raise InvalidArgumentError(
+                    "cross_trainer_cache with processing_mode 'parallel_epochs' (OFF) needs an "
+                    f"infinite dataset, as in TensorFlow; this one has cardinality "
+                    f"{cardinality}. Add .repeat() before distribute, or read a finite epoch "
+                    "with 'distributed_epoch', where every trainer gets every element once"
+                )
         self._element_spec = element_spec
         self._source_cardinality = cardinality
 
@@ -306,7 +325,8 @@ class DataServiceDataset(Dataset):
         return self._params.job_name
 
     def _is_sharded_elsewhere(self) -> bool:
-        """Consumers of a named job split its data among themselves: auto-sharding keeps off."""
+        """Consumers of a named job split its data among themselves (and trainers of a
+        cross-trainer job each read all of it): auto-sharding keeps off."""
         return self._params.job_name is not None
 
     def _registered_id(self, timeout_s: float) -> str:
@@ -364,10 +384,26 @@ class _ServiceIterator(DatasetIterator):
         return self._reader.next()
 
     def _get_state(self) -> dict[str, Any]:
+        if self._reader.trainer is not None:
+            return self._reader.trainer_position().to_state()
         return self._reader.position().to_state()
 
     def _set_state(self, state: dict[str, Any]) -> None:
         params = self._reader.params
+        if params.trainer_id is not None:  # a trainer rejoins its job where it was
+            resume = TrainerPosition.from_state(state)
+            if resume.trainer_id != params.trainer_id:
+                raise InvalidArgumentError(
+                    f"the state is the position of trainer {resume.trainer_id!r}, and this "
+                    f"iterator reads as trainer {params.trainer_id!r}"
+                )
+            if self._closed:
+                raise InvalidArgumentError("the iterator is closed: restore into a new iterator")
+            self._reader.release()
+            self._reader = _JobReader(
+                self._service_dataset, self._iteration, self._timeout_s, resume
+            )
+            return
         check_checkpointable(int(params.mode), params.num_consumers, self._reader.exactly_once)
         position = position_from_state(state, int(params.mode))
         if self._closed:

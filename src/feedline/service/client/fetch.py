@@ -13,6 +13,7 @@ reader.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,8 +26,9 @@ from feedline._net import rpc as _rpc
 from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
-from feedline.errors import UnavailableError
+from feedline.errors import FeedlineError, UnavailableError
 from feedline.service.client.channels import _client
+from feedline.service.client.cross_trainer import TrainerPositions
 from feedline.service.client.queue import ElementQueue, Item
 from feedline.service.protocol import WORKER_SERVICE, ElementsReply, GetElementsRequest
 from feedline.service.shm import ConsumerChannels
@@ -38,6 +40,8 @@ REPLY_BYTES = 8 << 20
 #: The longest one RPC to a reachable server may take.
 RPC_TIMEOUT_S = 30.0
 _POLL_MS = 500
+
+logger = logging.getLogger(__name__)
 
 
 class ReaderLink(Protocol):
@@ -83,6 +87,8 @@ class Fetchers:
       consumer_index: the consumer's index in round robin, else None.
       timeout_s: how long a round-robin worker may stay unreachable.
       connect: the channel to a worker at an address.
+      trainer: in a cross-trainer job, the trainer's positions: each task is read from the
+        trainer's own position in its stream, and each element is tagged ``[position]``.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class Fetchers:
         consumer_index: int | None,
         timeout_s: float,
         connect: Callable[[str], _rpc.RpcClient] = lambda address: _client(address, WORKER_SERVICE),
+        trainer: TrainerPositions | None = None,
     ) -> None:
         self._queue = queue
         self._link = link
@@ -107,6 +114,7 @@ class Fetchers:
         self._consumer_index = consumer_index
         self._timeout_s = timeout_s
         self._connect = connect
+        self._trainer = trainer
         self._lock = threading.Lock()
         self._threads: dict[int, threading.Thread] = {}
 
@@ -179,12 +187,16 @@ class Fetchers:
 
     def _fetch_first_come(self, task_id: int) -> None:
         queue = self._queue
+        trainer = self._trainer
+        position = 0 if trainer is None else trainer.fetch_from(task_id)
         try:
             worker = self._connect(queue.address(task_id) or "")
             while not queue.closed:
                 if not queue.readable(task_id):
                     return
-                credits = queue.acquire()
+                # A trainer reads its own stream from the worker's cache: it asks for a batch at a
+                # time (a quarter of its queue), not an element at each step.
+                credits = queue.acquire(1 if trainer is None else queue.max_elements // 4)
                 if not credits:
                     return
                 with queue.reading(task_id):
@@ -196,12 +208,20 @@ class Fetchers:
                         held=len(queue),
                         max_elements=credits,
                         max_bytes=REPLY_BYTES,
+                        trainer_id=None if trainer is None else trainer.trainer_id,
+                        index=position,
+                        returned=0 if trainer is None else trainer.returned_in(task_id),
                     )
                     reply = self._read(worker, request)
                     if reply is None:
                         self._deliver([], credits, task_id)
                     else:
-                        self._deliver(reply.elements, credits, task_id, reply.header.tags)
+                        tags = reply.header.tags
+                        first = reply.header.first
+                        if trainer is not None and first is not None:  # their positions
+                            tags = [[first + i] for i in range(len(reply.elements))]
+                            position = first + len(reply.elements)
+                        self._deliver(reply.elements, credits, task_id, tags)
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
                     queue.wait_closed(0.1)
                 elif reply.header.error is not None:
@@ -209,9 +229,31 @@ class Fetchers:
                     return
                 elif reply.header.eos or reply.header.gone:
                     self._end_tasks([task_id], completed=reply.header.eos)
+                    if trainer is not None and reply.header.eos:
+                        self._returned_all(worker, task_id, trainer, position)
                     return
         except BaseException as error:
             self._link.fail(error)
+
+    def _returned_all(
+        self, worker: _rpc.RpcClient, task_id: int, trainer: TrainerPositions, end: int
+    ) -> None:
+        """A trainer's task ended: once ``next`` has returned its last element (at ``end``),
+        the worker hears so, and may count the task done for this trainer (a trainer that
+        stops reading first, or dies, holds the task, so that it can resume from its
+        checkpoint)."""
+        while trainer.returned_in(task_id) < end:
+            if self._queue.wait_closed(0.05) and trainer.returned_in(task_id) < end:
+                return  # released first: what it did not return is not acknowledged
+        request = GetElementsRequest(
+            task_id, wait_ms=0, trainer_id=trainer.trainer_id, index=end, returned=end
+        )
+        try:  # over gRPC: the reader may have released its shared memory already
+            worker.call_frame(
+                "GetElements", encode_frame(request.to_header()), timeout=RPC_TIMEOUT_S
+            )
+        except FeedlineError as error:  # the task holds on until the job is collected
+            logger.debug("task %d: acknowledging its end failed: %s", task_id, error)
 
     def _fetch_rounds(self, _: int) -> None:
         """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is

@@ -32,6 +32,7 @@ from feedline.errors import (
     UnavailableError,
 )
 from feedline.service.client.channels import _bounded_call, _dispatcher
+from feedline.service.client.cross_trainer import TrainerPosition, TrainerPositions
 from feedline.service.client.exactly_once import SplitReceipts
 from feedline.service.client.fetch import REPLY_BYTES, RPC_TIMEOUT_S, Fetchers
 from feedline.service.client.queue import ElementQueue
@@ -142,13 +143,21 @@ class _JobReader:
         dataset: DataServiceDataset,
         iteration: int,
         timeout_s: float,
-        resume: JobPosition | SplitPosition | None = None,
+        resume: JobPosition | SplitPosition | TrainerPosition | None = None,
     ) -> None:
         params = self._params = dataset._params
+        # A trainer of a cross-trainer job keeps its own positions and rejoins its job.
+        self.trainer: TrainerPositions | None = None
+        if params.trainer_id is not None:
+            restored = resume if isinstance(resume, TrainerPosition) else None
+            self.trainer = TrainerPositions(params.trainer_id, restored)
+            resume = None
         self._resume = resume
         self._dispatcher = _dispatcher(params.address)
         self._timeout_s = timeout_s
-        shared = params.job_name is not None and params.num_consumers is None
+        shared = (
+            params.job_name is not None and params.num_consumers is None and self.trainer is None
+        )
         default = _SHARED_OUTSTANDING if shared else _DEFAULT_OUTSTANDING
         self.queue = ElementQueue(params.max_outstanding_requests or default, _BUFFER_BYTES)
         # Replies from same-host workers through shared memory (_shm).
@@ -166,6 +175,12 @@ class _JobReader:
         joined = self._join(dataset, iteration)
         self._client_id = joined.client_id
         self._job_id = joined.job_id
+        if self.trainer is not None:
+            try:
+                self.trainer.check_job(joined.job_id, params.job_name)
+            except FailedPreconditionError:
+                self.release()
+                raise
         self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, joined.client_timeout_ms / 4000))
         # Exactly-once jobs (``ledger``): the [split, offset] received and returned.
         self._splits: SplitReceipts | None = None
@@ -181,6 +196,7 @@ class _JobReader:
             job_id=joined.job_id,
             consumer_index=params.consumer_index,
             timeout_s=timeout_s,
+            trainer=self.trainer,
         )
         self._answered_at = time.monotonic()
         self._apply_view(joined.view, 0)
@@ -217,6 +233,7 @@ class _JobReader:
             params.num_consumers,
             params.target_workers,
             None if self._resume is None else self._resume.to_state(),
+            cross_trainer=self.trainer is not None,
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -287,6 +304,13 @@ class _JobReader:
                 )
                 return True
             listed = [task for task in listed if task.address in local]
+        if self.trainer is not None:
+            # A task is done for the job once the trainers its worker knows read it all; this
+            # trainer (restarted from a checkpoint) may still have to: its worker says when.
+            listed = [
+                dataclasses.replace(task, state="running") if task.state == "done" else task
+                for task in listed
+            ]
         with self._lock:
             news = view.version != self._version
             self._version = view.version
@@ -401,6 +425,8 @@ class _JobReader:
             if item is not None:
                 if item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
+                elif item.tag is not None and self.trainer is not None:
+                    self.trainer.returned(item.task_id, item.tag[0])
                 return item.element
             if self.queue.closed:  # released before the end: nothing more comes
                 raise FailedPreconditionError(
@@ -461,6 +487,19 @@ class _JobReader:
         if not ShardingPolicy(self._params.mode).is_static:
             num_workers = len(tasks)
         return JobPosition(int(self._params.mode), num_workers, tuple(tasks))
+
+    def trainer_position(self) -> TrainerPosition:
+        """A cross-trainer job's trainer's position: per task, the elements ``next``
+        returned from its stream (the other trainers' reads do not count here).
+
+        Raises:
+          FailedPreconditionError: this consumer is not a trainer of a cross-trainer job.
+        """
+        if self.trainer is None:
+            raise FailedPreconditionError(
+                f"the consumer of job {self._job_id} is not a trainer of a cross-trainer job"
+            )
+        return self.trainer.position(self._job_id)
 
     def release(self, timeout: float = 5.0) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""

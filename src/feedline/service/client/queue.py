@@ -85,6 +85,7 @@ class ElementQueue:
         self._closed = threading.Event()
         self._items: collections.deque[Item] = collections.deque()
         self._credits = max_elements
+        self.max_elements = max_elements
         self._bytes = 0
         self._max_bytes = max_bytes
         self._error: BaseException | None = None
@@ -189,12 +190,15 @@ class ElementQueue:
             return waited
 
     # -- the fetch threads ---------------------------------------------------------------------
-    def acquire(self) -> int:
-        """Credits for one request, waiting for room: at most an even share among the tasks
-        that can be read; 0 once the queue is closed."""
+    def acquire(self, minimum: int = 1) -> int:
+        """Credits for one request, waiting for room (for ``minimum`` credits, or as many as
+        the queue holds when it is empty): at most an even share among the tasks that can be
+        read; 0 once the queue is closed."""
         with self._cond:
             while not self._closed.is_set() and (
-                self._credits <= 0 or self._bytes >= self._max_bytes
+                self._credits <= 0
+                or self._bytes >= self._max_bytes
+                or (self._credits < minimum and self._items)
             ):
                 self._cond.wait(0.5)
             if self._closed.is_set():

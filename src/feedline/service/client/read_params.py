@@ -8,6 +8,7 @@ from typing import Any
 
 from feedline._net import rpc as _rpc
 from feedline.errors import InvalidArgumentError
+from feedline.service.client.cross_trainer import trainer_id_of
 from feedline.service.config import ShardingPolicy
 from feedline.service.protocol import TARGET_WORKERS
 
@@ -28,6 +29,8 @@ class _ReadParams:
     # None: through shared memory with a worker on the same host, else gRPC (_shm);
     # "grpc": always gRPC.
     data_transfer_protocol: str | None = None
+    # A trainer of a cross-trainer job (CrossTrainerCache): it reads every element.
+    trainer_id: str | None = None
 
 
 def _read_params(
@@ -39,6 +42,7 @@ def _read_params(
     max_outstanding_requests: Any,
     data_transfer_protocol: Any,
     target_workers: Any,
+    cross_trainer_cache: Any = None,
 ) -> _ReadParams:
     mode = ShardingPolicy.parse(processing_mode)
     address = _rpc.parse_service(service)
@@ -77,6 +81,18 @@ def _read_params(
         raise InvalidArgumentError(
             f"target_workers must be one of {TARGET_WORKERS}, got {target_workers!r}"
         )
+    trainer_id = trainer_id_of(cross_trainer_cache, job_name)
+    if trainer_id is not None:
+        if num_consumers is not None:
+            raise InvalidArgumentError(
+                "cross_trainer_cache cannot be combined with consumer_index/num_consumers: "
+                "every trainer reads every element, round-robin consumers one each"
+            )
+        if mode not in (ShardingPolicy.OFF, ShardingPolicy.DYNAMIC):
+            raise InvalidArgumentError(
+                f"cross_trainer_cache needs processing_mode ShardingPolicy.OFF "
+                f"('parallel_epochs') or DYNAMIC ('distributed_epoch'), got {mode.name}"
+            )
     return _ReadParams(
         mode,
         address,
@@ -86,6 +102,7 @@ def _read_params(
         max_outstanding_requests,
         "ANY" if workers == "AUTO" else workers,
         data_transfer_protocol,
+        trainer_id,
     )
 
 

@@ -87,12 +87,16 @@ class Jobs:
                     f"so that the consumers stay in step; dataset {record.dataset_id} has "
                     f"cardinality {record.cardinality}. Add .repeat() at the end of the dataset"
                 )
+            if request.cross_trainer:
+                check_cross_trainer(request, mode, record.cardinality)
             job = self._find_job(request.job_name, request.iteration)
             if job is not None and position is not None:
                 self._collect_for_resume(job)
                 job = None
             if job is not None:
-                self._check_same_job(job, record, mode, num_consumers, request.target_workers)
+                self._check_same_job(
+                    job, record, mode, num_consumers, request.target_workers, request.cross_trainer
+                )
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
@@ -122,6 +126,7 @@ class Jobs:
         mode: ShardingPolicy,
         num_consumers: int | None,
         target_workers: str,
+        cross_trainer: bool = False,
     ) -> None:
         """A consumer joins a job by its name alone, as in TensorFlow: where it registered
         another dataset than the job's, it reads the job's dataset (TensorFlow's
@@ -136,6 +141,7 @@ class Jobs:
             ("processing mode", ShardingPolicy(job.mode).name, mode.name),
             ("num_consumers", job.num_consumers, num_consumers),
             ("target workers", job.target_workers, target_workers),
+            ("cross_trainer_cache", job.cross_trainer, cross_trainer),
         ):
             if theirs != mine:
                 diff.append(f"Existing {what}: <{theirs}>; got <{mine}>.")
@@ -202,7 +208,9 @@ class Jobs:
                     core.config.fault_tolerant_mode
                     and mode == ShardingPolicy.DYNAMIC
                     and num_consumers is None
+                    and not request.cross_trainer
                 ),
+                cross_trainer=request.cross_trainer,
             )
         )
         if isinstance(position, SplitPosition):
@@ -278,3 +286,36 @@ class Jobs:
         for client_id in job.client_ids:
             core.client_seen.pop(client_id, None)
         core.dataset_used[job.dataset_id] = core.clock()
+
+
+def check_cross_trainer(
+    request: GetOrCreateJobRequest, mode: ShardingPolicy, cardinality: int
+) -> None:
+    """What a cross-trainer job (``CrossTrainerCache``) asks of the request, as TensorFlow's
+    dispatcher checks it, and where feedline goes further (finite DYNAMIC epochs).
+
+    Raises:
+      FailedPreconditionError: no job name, round-robin reads, a static sharding policy, or a
+        finite dataset under ShardingPolicy.OFF.
+    """
+    if request.job_name is None:
+        raise FailedPreconditionError(
+            "cross_trainer_cache needs a job_name: the trainers share the job by its name"
+        )
+    if request.num_consumers is not None:
+        raise FailedPreconditionError(
+            "cross_trainer_cache cannot be combined with round-robin reads "
+            "(consumer_index/num_consumers): every trainer reads every element"
+        )
+    if mode not in (ShardingPolicy.OFF, ShardingPolicy.DYNAMIC):
+        raise FailedPreconditionError(
+            f"cross_trainer_cache needs ShardingPolicy.OFF or DYNAMIC, got {mode.name}: "
+            "statically sharded tasks are read by worker index, not shared by trainers"
+        )
+    if mode == ShardingPolicy.OFF and cardinality != _INFINITE:
+        raise FailedPreconditionError(
+            f"cross_trainer_cache with ShardingPolicy.OFF needs an infinite dataset (as in "
+            f"TensorFlow); dataset {request.dataset_id} has cardinality {cardinality}. Add "
+            ".repeat() at the end of the dataset, or read a finite epoch with "
+            "'distributed_epoch', where every trainer gets every element once"
+        )

@@ -125,6 +125,8 @@ class JobRecord:
     #: A DYNAMIC job of a fault-tolerant dispatcher: its splits are kept in a ``SplitLedger``
     #: and every element reaches the consumers once (``ledger``).
     exactly_once: bool = False
+    #: Its consumers are trainers that each read every element (``CrossTrainerCache``).
+    cross_trainer: bool = False
 
 
 @dataclasses.dataclass
@@ -163,6 +165,7 @@ class CreateJob:
     num_consumers: int | None
     target_workers: str
     exactly_once: bool = False
+    cross_trainer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

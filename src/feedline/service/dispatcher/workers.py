@@ -239,8 +239,10 @@ class Workers:
             fingerprint=state.datasets[job.dataset_id].fingerprint,
             skip=task.skip,
             exactly_once=job.exactly_once,
-            # Consumers of a named job share its tasks' elements first come, first served.
-            shared=job.job_name is not None and job.num_consumers is None,
+            # Consumers of a named job share its tasks' elements first come, first served;
+            # the trainers of a cross-trainer job each read all of them.
+            shared=job.job_name is not None and job.num_consumers is None and not job.cross_trainer,
+            cross_trainer=job.cross_trainer,
         )
 
     def _finish_job_if_done(self, job: JobRecord) -> None:

@@ -29,6 +29,11 @@ worker_heartbeat_failures_total             counter    heartbeats to the dispatc
 worker_tasks, worker_buffered_elements,     gauge      running tasks and what their buffers
 worker_buffered_bytes, worker_buffer_fill               hold; fill: the fullest buffer, 0..1
 worker_seconds_since_heartbeat              gauge      since the last answered heartbeat
+worker_trainer_position                     gauge      in a cross-trainer job, each trainer's
+                                                        position in a task's stream, by
+                                                        ``task`` and ``trainer``
+worker_trainer_cache_bytes                  gauge      what the tasks' cross-trainer caches
+                                                        hold, by ``where`` (memory, disk)
 ==========================================  =========  ======================================
 """
 
@@ -343,7 +348,11 @@ class WorkerTelemetry(_Telemetry):
             registry=registry,
         )
         self._snapshot = snapshot
-        registry.register(_Gauges(self._gauges, {}))
+        labels = {
+            "feedline_worker_trainer_position": ("task", "trainer"),
+            "feedline_worker_trainer_cache_bytes": ("where",),
+        }
+        registry.register(_Gauges(self._gauges, labels))
 
     def instrument(self, handler: Handler) -> Handler:
         """``handler`` (GetElements) timed and its errors counted (unchanged when not enabled)."""
@@ -395,6 +404,24 @@ class WorkerTelemetry(_Telemetry):
             "feedline_worker_buffer_fill",
             "How full the fullest task buffer is, from 0 to 1 (of its element or byte bound).",
             {(): max((t["fill"] for t in snap.tasks), default=0.0)},
+        )
+        caches = [(t["task_id"], t["trainer_cache"]) for t in snap.tasks if "trainer_cache" in t]
+        yield (
+            "feedline_worker_trainer_position",
+            "In a cross-trainer job: the elements of a task's stream before each trainer's next.",
+            {
+                (str(task_id), printable(trainer, 200)): float(position)
+                for task_id, cache in caches
+                for trainer, position in cache["trainers"].items()
+            },
+        )
+        yield (
+            "feedline_worker_trainer_cache_bytes",
+            "Bytes the tasks' cross-trainer caches hold, in memory and spilled to disk.",
+            {
+                ("memory",): float(sum(cache["memory_bytes"] for _, cache in caches)),
+                ("disk",): float(sum(cache["spilled_bytes"] for _, cache in caches)),
+            },
         )
         since = snap.since_heartbeat
         yield (

@@ -346,8 +346,19 @@ def _task_row(task: dict[str, Any]) -> list[Any]:
         task["elements"],
         task["elements_per_s"],
         round(task["bytes_per_s"]),
-        task["state"],
+        task["state"] + _trainers(task.get("trainer_cache")),
     ]
+
+
+def _trainers(cache: dict[str, Any] | None) -> str:
+    """A cross-trainer task's trainers and their positions, for its state column."""
+    if cache is None:
+        return ""
+    positions = ", ".join(f"{trainer} at {at}" for trainer, at in cache["trainers"].items())
+    return (
+        f"; {cache['mode']} [{cache['start']}, {cache['end']}), "
+        f"{cache['spilled']} spilled; trainers: {positions or 'none yet'}"
+    )
 
 
 _INPUT_COLUMNS = ["job", "bottleneck", "measured", "what to change", "one more worker"]

@@ -22,6 +22,7 @@ from feedline.errors import InvalidArgumentError
 from feedline.service.protocol import ElementsReply, GetElementsRequest
 from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.host import TaskHost
+from feedline.service.worker.trainer_cache import TrainerCache
 
 __all__ = ["TaskReplies", "wait_seconds"]
 
@@ -202,6 +203,35 @@ class TaskReplies:
             self._count(1, sum(leaf.nbytes for leaf in got))
         return self._reply(request, [got])
 
+    def get_cached(self, request: GetElementsRequest, cache: TrainerCache) -> bytes:
+        """The reply frame to a trainer's ``request`` in a cross-trainer job: the elements
+        from its position on, read from the task's ``cache``, and where they start.
+
+        Raises:
+          InvalidArgumentError: the request does not say which trainer asks.
+        """
+        if request.trainer_id is None:
+            raise InvalidArgumentError(
+                f"task {self.task_id} belongs to a cross-trainer job: its consumers read with "
+                "distribute(..., cross_trainer_cache=CrossTrainerCache(trainer_id))"
+            )
+        got = cache.read(
+            request.trainer_id,
+            max(0, request.index),
+            max(0, request.returned),
+            max(1, request.max_elements),
+            max(1, request.max_bytes),
+            wait_seconds(request),
+        )
+        if isinstance(got, Ending):
+            return end_frame(got, self._buffer.failure())
+        if got is None:
+            return encode_frame(ElementsReply().to_header())
+        first, elements = got
+        with self._buffer.cond:
+            self._count(len(elements), sum(leaf.nbytes for leaves in elements for leaf in leaves))
+        return self._reply(request, elements, first=first)
+
     def _count(self, elements: int, nbytes: int) -> None:
         """(Under the lock.) ``elements`` of ``nbytes`` were handed out."""
         self.served_elements += elements
@@ -213,9 +243,11 @@ class TaskReplies:
         request: GetElementsRequest,
         elements: list[list[Any]],
         tags: list[list[int]] | None = None,
+        first: int | None = None,
     ) -> bytes:
         meta, buffers = pack_elements(elements)
-        # In exactly-once jobs, tags: [split key, offset] of each element.
-        header = ElementsReply(meta=meta, tags=tags or None).to_header()
+        # In exactly-once jobs, tags: [split key, offset] of each element; in cross-trainer
+        # jobs, first: the position of the first element in the task's stream.
+        header = ElementsReply(meta=meta, tags=tags or None, first=first).to_header()
         # Through the consumer's shared-memory arena when it offers one (shm), else gRPC.
         return self._host.shm.reply(request.shm, request.task_id, header, buffers, self._compressor)

@@ -550,7 +550,12 @@ class WorkerServer:
                 or task_id in self._ended
             ):
                 return
-            task = Task(definition, self, TaskBuffer(task_id, memory=self._buffer_memory))
+            task = Task(
+                definition,
+                self,
+                TaskBuffer(task_id, memory=self._buffer_memory),
+                cache_bytes=self._config.cross_trainer_cache_size_bytes,
+            )
             self._tasks[task_id] = task
             self._task_started.notify_all()
         task.start()

@@ -18,7 +18,7 @@ from typing import Any
 from feedline import structure
 from feedline._net.remote_errors import error_report
 from feedline.data.auto_shard import ShardMode, auto_shard
-from feedline.data.dataset import Dataset, raw_elements
+from feedline.data.dataset import INFINITE_CARDINALITY, Dataset, raw_elements
 from feedline.data.options import AutoShardPolicy
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
@@ -36,6 +36,7 @@ from feedline.service.worker.host import TaskHost
 from feedline.service.worker.replay import SplitRunner
 from feedline.service.worker.replies import TaskReplies
 from feedline.service.worker.split_source import SplitProvider, with_split_source
+from feedline.service.worker.trainer_cache import CACHE_BYTES, TrainerCache
 
 __all__ = ["Task", "task_dataset"]
 
@@ -149,10 +150,15 @@ class Task:
       definition: the task, as the dispatcher defined it.
       host: the worker that runs it.
       buffer: the buffer to produce into (a new one, bounded as usual, by default).
+      cache_bytes: in a cross-trainer job, the bytes its ``TrainerCache`` keeps in memory.
     """
 
     def __init__(
-        self, definition: TaskDef, host: TaskHost, buffer: TaskBuffer | None = None
+        self,
+        definition: TaskDef,
+        host: TaskHost,
+        buffer: TaskBuffer | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self.task_id = definition.task_id
         #: The content fingerprint of the task's dataset (what the worker caches it by).
@@ -164,6 +170,8 @@ class Task:
             self.task_id, self._buffer, host, definition.num_consumers, definition.shared
         )
         self._splits = _DispatcherSplits(host, definition.job_id, self.task_id)
+        # A cross-trainer job: every trainer reads every element (``trainer_cache``).
+        self._cache = TrainerCache(self._buffer, cache_bytes) if definition.cross_trainer else None
         # Seconds per stage of the task's pipeline (``TaskLoad.stages``).
         self._stages = StageClock()
         self._thread = threading.Thread(
@@ -187,6 +195,8 @@ class Task:
     def stop(self) -> None:
         """Stops producing and drops what is buffered; its consumers' arenas are unmapped."""
         self._buffer.stop()
+        if self._cache is not None:
+            self._cache.close()
         self._host.shm.forget_task(self.task_id)
 
     def drain(self) -> None:
@@ -195,7 +205,10 @@ class Task:
         self._buffer.drain()
 
     def completed(self) -> bool:
-        """Whether the task's input ended and every element was handed out."""
+        """Whether the task's input ended and every element was handed out (to every trainer
+        it knows, in a cross-trainer job)."""
+        if self._cache is not None:
+            return self._cache.completed()
         return self._buffer.completed()
 
     def failure(self) -> dict[str, Any] | None:
@@ -204,6 +217,8 @@ class Task:
 
     def drained_out(self) -> bool:
         """Whether the task produces nothing more and has handed out what it had."""
+        if self._cache is not None:
+            return self._cache.drained_out()
         return self._buffer.drained_out()
 
     def load(self) -> TaskLoad:
@@ -217,7 +232,10 @@ class Task:
         return len(self._buffer)
 
     def get_elements(self, request: GetElementsRequest) -> bytes:
-        """The reply frame to a consumer's ``request`` (``TaskReplies.get_elements``)."""
+        """The reply frame to a consumer's ``request`` (``TaskReplies.get_elements``, or
+        ``get_cached`` in a cross-trainer job)."""
+        if self._cache is not None:
+            return self._replies.get_cached(request, self._cache)
         return self._replies.get_elements(request)
 
     def status(self, rates: Any) -> dict[str, Any]:
@@ -226,6 +244,10 @@ class Task:
         buffered, nbytes, state = self._buffer.state()
         _, _, per_s, bytes_per_s = rates.get(self.task_id)
         consumers = definition.num_consumers
+        if self._cache is not None:
+            readers = "trainers (cross-trainer cache)"
+        else:
+            readers = "shared" if consumers is None else f"round robin of {consumers}"
         return {
             "task_id": self.task_id,
             "job_id": definition.job_id,
@@ -233,7 +255,7 @@ class Task:
             "mode": definition.mode.name,
             "worker_index": definition.worker_index,
             "num_workers": definition.num_workers,
-            "consumers": "shared" if consumers is None else f"round robin of {consumers}",
+            "consumers": readers,
             "buffered": buffered,
             "buffered_bytes": nbytes,
             "fill": max(buffered / self._buffer.max_elements, nbytes / self._buffer.max_bytes),
@@ -241,6 +263,7 @@ class Task:
             "elements_per_s": per_s,
             "bytes_per_s": bytes_per_s,
             "state": state,
+            **({"trainer_cache": self._cache.state()} if self._cache is not None else {}),
         }
 
     def _produce(self) -> None:
@@ -251,6 +274,8 @@ class Task:
         try:
             dataset, compression = self._host.dataset(definition)
             self._replies.use_compression(compression)
+            if self._cache is not None:  # TensorFlow's sliding window for infinite datasets
+                self._cache.set_window(dataset.cardinality() == INFINITE_CARDINALITY)
             expected = structure.spec_structure(dataset.element_spec)
             if definition.exactly_once:
                 self._produce_splits(dataset, expected)

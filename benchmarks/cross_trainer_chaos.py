@@ -1,0 +1,204 @@
+"""Chaos for cross-trainer jobs: a trainer killed (kill -9) mid-epoch and restarted from its
+checkpoint, with real processes, counted over rounds.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/cross_trainer_chaos.py [--rounds 10] [--fault-at random]
+        [--fault-tolerant] [--elements 400]
+
+Each round starts a fresh cluster (``tests/service/procs.py``): a ``feedline dispatcher`` (with
+``--fault-tolerant``: on a fresh work dir, ``--fault-tolerant``), two ``feedline worker``
+processes and three trainer processes that read one ``distributed_epoch`` job of ``--elements``
+elements, each with a ``CrossTrainerCache`` of its own id. A trainer writes every element
+``next()`` returns as a line, and every 7 elements saves a checkpoint (its iterator's
+``get_state()`` and the lines written by then). Once the victim has read ``--fault-at`` of the
+epoch (a fraction, or ``random``: drawn in [0.05, 0.9] per round), it is killed with SIGKILL and
+started again: it drops the lines after its checkpoint (those steps are done again), restores
+the state and reads on. Per trainer, the round counts the elements lost (never written),
+duplicated (written twice) and whether a trainer hung (no end within ``--hang-seconds``). The
+promise: 0 lost, 0 duplicated, 0 hung, for every trainer. ``tests/service/client/
+test_cross_trainer.py`` runs two rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import random
+import signal
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.service.procs import ServiceProcesses  # noqa: E402
+
+TRAINERS = ("a", "b", "victim")
+#: Steps between a trainer's checkpoints.
+EVERY = 7
+
+# A trainer process: reads the epoch as trainer $TRAINER, writes every element it returns as a
+# line of $OUT, and every $EVERY elements saves its checkpoint (the state and the lines written
+# by then). Restarted with $RESUME, it takes up its checkpoint and reads on from there.
+TRAINER = """
+import json, os, time
+from pathlib import Path
+from feedline.data import Dataset
+from feedline.service import CrossTrainerCache, distribute
+from tests.launcher import report
+
+dataset = Dataset.range(int(os.environ["ELEMENTS"])).apply(
+    distribute(
+        "distributed_epoch",
+        os.environ["FEEDLINE_TARGET"],
+        job_name="epoch",
+        cross_trainer_cache=CrossTrainerCache(os.environ["TRAINER"]),
+    )
+)
+out, checkpoint = Path(os.environ["OUT"]), Path(os.environ["OUT"] + ".ckpt")
+iterator = iter(dataset)
+lines = []
+if os.environ.get("RESUME"):
+    saved = json.loads(checkpoint.read_text())
+    lines = out.read_text().split()[: saved["lines"]]
+    iterator.set_state(saved["state"])
+every, pause = int(os.environ["EVERY"]), float(os.environ["PAUSE"])
+with out.open("w", buffering=1) as log:
+    log.write("".join(f"{x}\\n" for x in lines))
+    for x in iterator:
+        lines.append(str(int(x)))
+        log.write(f"{int(x)}\\n")
+        if len(lines) % every == 0:
+            tmp = checkpoint.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"state": iterator.get_state(), "lines": len(lines)}))
+            tmp.replace(checkpoint)
+        time.sleep(pause)
+report(len(lines))
+"""
+
+
+@dataclasses.dataclass
+class Round:
+    """One round: where the victim was killed, and per trainer what it lost and got twice."""
+
+    fault_fraction: float
+    killed_at: int
+    lost: dict[str, int]
+    duplicated: dict[str, int]
+    hung: list[str]
+    failed: dict[str, str]
+
+    @property
+    def broken(self) -> bool:
+        """Whether the round broke the promise (0 lost, 0 duplicated, 0 hung, no failure)."""
+        return bool(
+            any(self.lost.values()) or any(self.duplicated.values()) or self.hung or self.failed
+        )
+
+
+def run_round(
+    workdir: pathlib.Path,
+    *,
+    elements: int = 400,
+    fault_fraction: float = 0.3,
+    fault_tolerant: bool = False,
+    hang_seconds: float = 90.0,
+) -> Round:
+    """Runs one round on a fresh cluster (module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    files = {name: workdir / f"{name}.txt" for name in TRAINERS}
+    common = {"ELEMENTS": str(elements), "EVERY": str(EVERY)}
+
+    def env(name: str, pause: float, **extra: str) -> dict[str, str]:
+        return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
+
+    kill_at = max(1, round(elements * fault_fraction))
+    with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
+        if fault_tolerant:
+            cluster.start_dispatcher("--work-dir", str(workdir / "journal"), "--fault-tolerant")
+        else:
+            cluster.start_dispatcher()
+        for _ in range(2):
+            cluster.start_worker()
+        trainers = cluster.run(
+            TRAINER,
+            [("a", env("a", 0.004)), ("b", env("b", 0.006)), ("victim", env("victim", 0.004))],
+            timeout=hang_seconds + 60,
+        )
+        deadline = time.monotonic() + 60
+        while not files["victim"].exists() or len(files["victim"].read_text().split()) < kill_at:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the victim did not read {kill_at} elements in 60 s")
+            time.sleep(0.01)
+        trainers.send("victim", signal.SIGKILL)
+        if trainers.wait_exit("victim", 30) is None:
+            raise RuntimeError("the victim outlived its kill -9 for 30 s")
+        killed_at = len(files["victim"].read_text().split())
+        restarted = cluster.run(
+            TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
+        )
+        hung = []
+        deadline = time.monotonic() + hang_seconds
+        for group, names in ((trainers, ("a", "b")), (restarted, ("victim",))):
+            for name in names:
+                while group.poll(name) is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if group.poll(name) is None:
+                    hung.append(name)
+        results = {**trainers.wait(), **restarted.wait()}
+    failed = {name: results[name].describe()[-2000:] for name in TRAINERS if not results[name].ok}
+    lost, duplicated = {}, {}
+    for name, path in files.items():
+        values = [int(x) for x in path.read_text().split()] if path.exists() else []
+        lost[name] = len(set(range(elements)) - set(values))
+        duplicated[name] = len(values) - len(set(values))
+    return Round(fault_fraction, killed_at, lost, duplicated, hung, failed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--elements", type=int, default=400)
+    parser.add_argument("--fault-at", default="random", help="a fraction of the epoch, or random")
+    parser.add_argument("--fault-tolerant", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    scratch = ROOT / "benchmarks" / "results" / f"cross-trainer-chaos-{stamp}"
+    rounds = []
+    print("| round | fault at | victim killed at | lost | duplicated | hung | verdict |")
+    print("|---:|---:|---:|---|---|---|---|")
+    for index in range(args.rounds):
+        fraction = rng.uniform(0.05, 0.9) if args.fault_at == "random" else float(args.fault_at)
+        row = run_round(
+            scratch / str(index),
+            elements=args.elements,
+            fault_fraction=fraction,
+            fault_tolerant=args.fault_tolerant,
+        )
+        rounds.append(row)
+        print(
+            f"| {index} | {fraction:.2f} | {row.killed_at} | {sum(row.lost.values())} "
+            f"| {sum(row.duplicated.values())} | {len(row.hung)} "
+            f"| {'broken: ' + json.dumps(row.failed)[:200] if row.broken else 'ok'} |",
+            flush=True,
+        )
+    print(
+        f"\n{len(rounds)} rounds, {len(rounds)} kills -9 "
+        f"({'fault-tolerant' if args.fault_tolerant else 'plain'} dispatcher): "
+        f"lost {sum(sum(r.lost.values()) for r in rounds)}, "
+        f"duplicated {sum(sum(r.duplicated.values()) for r in rounds)}, "
+        f"hung {sum(len(r.hung) for r in rounds)}, "
+        f"broken rounds {sum(r.broken for r in rounds)}"
+    )
+    if any(r.broken for r in rounds):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Tests of feedline/service/client/cross_trainer.py: trainers sharing one job by its name, each
+reading every element, against in-process servers; and a trainer killed -9 mid-epoch and
+restarted from its checkpoint, with real processes (``tests/service/procs.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from benchmarks.cross_trainer_chaos import run_round
+
+from feedline import service
+from feedline.data import Dataset
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.service.client import cross_trainer
+from feedline.service.client.cross_trainer import TrainerPosition
+from tests.service.conftest import Cluster
+from tests.service.http_helpers import fetch, scrape
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def trainer_dataset(
+    cluster: Cluster,
+    trainer_id: str,
+    dataset: Dataset,
+    mode: str = "distributed_epoch",
+    job_name: str = "shared",
+) -> Dataset:
+    return dataset.apply(
+        service.distribute(
+            mode,
+            cluster.target,
+            job_name=job_name,
+            cross_trainer_cache=service.CrossTrainerCache(trainer_id),
+        )
+    )
+
+
+def read_concurrently(iterables: dict[str, Any], pause: dict[str, float]) -> dict[str, list[int]]:
+    """Reads each iterable to its end on a thread of its own (pausing ``pause[name]`` seconds
+    after each element); what each read, as the ints of the elements' first values."""
+    got: dict[str, list[int]] = {name: [] for name in iterables}
+    errors: list[BaseException] = []
+
+    def read(name: str) -> None:
+        try:
+            for x in iterables[name]:
+                got[name].append(int(np.asarray(x).reshape(-1)[0]))
+                time.sleep(pause.get(name, 0.0))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=read, args=(name,), daemon=True) for name in iterables]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "a trainer hung"
+    assert not errors, errors
+    return got
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(cross_trainer).failed == 0
+
+
+def test_bad_arguments_say_what_to_change() -> None:
+    dataset = Dataset.range(4)
+    with pytest.raises(InvalidArgumentError, match="non-empty trainer_id"):
+        service.CrossTrainerCache("")
+    with pytest.raises(InvalidArgumentError, match="non-empty trainer_id"):
+        service.CrossTrainerCache(3)  # type: ignore[arg-type]
+    cache = service.CrossTrainerCache("a")
+    with pytest.raises(InvalidArgumentError, match="job_name must be set"):
+        service.distribute("distributed_epoch", "localhost:1", cross_trainer_cache=cache)
+    with pytest.raises(
+        InvalidArgumentError, match=r"must be a feedline\.service\.CrossTrainerCache"
+    ):
+        service.distribute(
+            "distributed_epoch", "localhost:1", job_name="j", cross_trainer_cache="a"
+        )
+    with pytest.raises(InvalidArgumentError, match="num_consumers"):
+        service.distribute(
+            "parallel_epochs",
+            "localhost:1",
+            job_name="j",
+            consumer_index=0,
+            num_consumers=2,
+            cross_trainer_cache=cache,
+        )
+    with pytest.raises(InvalidArgumentError, match=r"OFF .* or DYNAMIC"):
+        service.distribute(
+            service.ShardingPolicy.DATA, "localhost:1", job_name="j", cross_trainer_cache=cache
+        )
+    # TensorFlow's rule: under OFF the dataset must be infinite.
+    with pytest.raises(InvalidArgumentError, match=r"infinite dataset.*\.repeat\(\)"):
+        dataset.apply(
+            service.distribute(
+                "parallel_epochs", "localhost:1", job_name="j", cross_trainer_cache=cache
+            )
+        )
+    dataset.repeat().apply(
+        service.distribute(
+            "parallel_epochs", "localhost:1", job_name="j", cross_trainer_cache=cache
+        )
+    )
+    assert service.CrossTrainerCache("a") == cache and "'a'" in repr(cache)
+
+
+def test_the_dispatcher_checks_what_from_dataset_id_cannot(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(1)
+    finite = service.register_dataset(cluster.target, Dataset.range(4))
+    reader = service.from_dataset_id(
+        "parallel_epochs",
+        cluster.target,
+        finite,
+        job_name="j",
+        cross_trainer_cache=service.CrossTrainerCache("a"),
+    )
+    with pytest.raises(FailedPreconditionError, match="needs an infinite dataset"):
+        list(reader)
+    # A trainer and a plain consumer cannot share one job: they read it differently.
+    plain = Dataset.range(4).apply(
+        service.distribute("distributed_epoch", cluster.target, job_name="k")
+    )
+    plain_iterator = iter(plain)
+    with pytest.raises(InvalidArgumentError, match="cross_trainer_cache"):
+        iter(trainer_dataset(cluster, "a", Dataset.range(4), job_name="k"))
+    plain_iterator.close()
+
+
+def test_three_trainers_each_read_a_finite_epoch_once_computed_once(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(0)
+    for _ in range(2):  # a small cache: most of the epoch spills to disk
+        cluster.add_worker(cross_trainer_cache_size_bytes=4096)
+    elements = 600
+    dataset = Dataset.range(elements).map(lambda x: np.full(32, x))
+    trainers = {name: trainer_dataset(cluster, name, dataset) for name in ("a", "b", "slow")}
+    got = read_concurrently(trainers, {"slow": 0.002})
+    for name, values in got.items():
+        assert sorted(values) == list(range(elements)), name
+    served = sum(
+        task["elements"] for worker in cluster.workers for task in worker._status_snapshot().tasks
+    )
+    states = [
+        task["trainer_cache"]
+        for worker in cluster.workers
+        for task in worker._status_snapshot().tasks
+    ]
+    made = sum(state["end"] for state in states)
+    assert made == elements  # each element made once, by one of the workers
+    assert served == 3 * elements  # and handed to each of the three trainers
+    assert sum(state["spilled"] for state in states) > 0  # the slow trainer read the spill
+    for state in states:
+        assert state["trainers"] == {"a": state["end"], "b": state["end"], "slow": state["end"]}
+
+
+def test_an_infinite_dataset_under_off_keeps_tensorflows_sliding_window(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(0)
+    cluster.add_worker(cross_trainer_cache_size_bytes=8 * 20)  # 20 elements of 8 bytes
+    dataset = Dataset.range(1_000_000).repeat()
+    fast = iter(trainer_dataset(cluster, "fast", dataset, "parallel_epochs"))
+    first_fast = [int(next(fast)) for _ in range(500)]
+    slow = iter(trainer_dataset(cluster, "slow", dataset, "parallel_epochs"))
+    first_slow = int(next(slow))
+    assert first_fast == list(range(500))
+    # The slow trainer starts in the window (the newest 20 elements, and what the fast one's
+    # fetches pulled ahead), not at 0: elements before the window are gone.
+    assert first_slow > 400
+    rest = [int(next(slow)) for _ in range(5)]
+    assert rest == list(range(first_slow + 1, first_slow + 6))
+    fast.close()
+    slow.close()
+
+
+def test_a_restored_trainer_resumes_where_its_state_says_while_others_go_on(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(2)
+    dataset = Dataset.range(100)
+    steady = iter(trainer_dataset(cluster, "steady", dataset))
+    restarted = iter(trainer_dataset(cluster, "restarted", dataset))
+    before = [int(next(restarted)) for _ in range(30)]
+    state = restarted.get_state()
+    position = TrainerPosition.from_state(state)
+    assert position.trainer_id == "restarted" and sum(position.tasks.values()) == 30
+    more = [int(next(restarted)) for _ in range(10)]  # read, then lost with the process
+    restarted.close()
+    assert len(set(before + more)) == 40
+    again = iter(trainer_dataset(cluster, "restarted", dataset))
+    again.set_state(state)
+    after = [int(x) for x in again]
+    assert sorted(before + after) == list(range(100))
+    assert sorted(int(x) for x in steady) == list(range(100))
+    # Another trainer's state, or a plain position, is refused with the reason.
+    other = iter(trainer_dataset(cluster, "other", dataset))
+    with pytest.raises(InvalidArgumentError, match="position of trainer 'restarted'"):
+        other.set_state(state)
+    with pytest.raises(InvalidArgumentError, match="not the position of a trainer"):
+        other.set_state({"tasks": []})
+    other.close()
+
+
+def test_the_status_page_and_metrics_show_each_trainers_position(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(0)
+    worker = cluster.add_worker(status_port=0)
+    dataset = Dataset.range(50)
+    a = iter(trainer_dataset(cluster, "alpha", dataset))
+    b = iter(trainer_dataset(cluster, "beta", dataset))
+    assert len([next(a) for _ in range(50)]) == 50
+    assert int(next(b)) == 0
+    url = worker.status_url
+    assert url is not None
+    deadline = time.monotonic() + 30
+    while True:  # the position of a trainer is what it asked for last: "alpha" read all
+        samples = scrape(url)
+        positions = {
+            dict(labels)["trainer"]: value
+            for (name, labels), value in samples.items()
+            if name == "feedline_worker_trainer_position"
+        }
+        if positions.get("alpha") == 50 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert positions["alpha"] == 50 and 0 <= positions["beta"] <= 1, positions
+    status, _, page = fetch(url)
+    assert status == 200 and "trainers: alpha at 50, beta at" in page
+    a.close()
+    b.close()
+
+
+def test_a_dispatcher_restarted_on_its_journal_keeps_the_trainers_job(tmp_path: Path) -> None:
+    config = service.DispatcherConfig(work_dir=str(tmp_path), fault_tolerant_mode=True)
+    dispatcher = service.DispatchServer(config)
+    port = int(dispatcher.target.rsplit(":", 1)[1])
+    cluster = Cluster(dispatcher)
+    try:
+        for _ in range(2):
+            cluster.add_worker()
+        dataset = Dataset.range(200)
+        a = iter(trainer_dataset(cluster, "a", dataset))
+        b = iter(trainer_dataset(cluster, "b", dataset))
+        got_a = [int(next(a)) for _ in range(50)]
+        got_b = [int(next(b)) for _ in range(20)]
+        dispatcher.stop()
+        cluster.dispatcher = service.DispatchServer(dataclasses.replace(config, port=port))
+        got_a += [int(x) for x in a]
+        got_b += [int(x) for x in b]
+    finally:
+        cluster.stop()
+    assert sorted(got_a) == sorted(got_b) == list(range(200))
+
+
+@pytest.mark.parametrize(
+    ("fault_tolerant", "fault_fraction"),
+    [(False, 0.3), (True, 0.6)],
+    ids=["plain", "fault_tolerant"],
+)
+def test_a_trainer_killed_and_restarted_from_its_checkpoint_loses_and_repeats_nothing(
+    tmp_path: Path, fault_tolerant: bool, fault_fraction: float
+) -> None:
+    """Three trainer processes read one epoch; one is killed (kill -9) mid-epoch and restarted
+    from its last checkpoint (``benchmarks/cross_trainer_chaos.py``, one round each)."""
+    elements = 400
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=fault_fraction,
+        fault_tolerant=fault_tolerant,
+        hang_seconds=60,
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
