@@ -29,6 +29,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from feedline._net.rpc import RpcClient
+from feedline._net.rpc import TOKEN_ENV, TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
@@ -58,12 +59,14 @@ def _free_port() -> int:
 
 async def _load(
     address: str,
+    token: str,
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
     counts: Any,
 ) -> None:
     channel = grpc.aio.insecure_channel(address)
+    metadata = ((TOKEN_METADATA_KEY, token),)
     worker_call = channel.unary_unary(f"/{DISPATCHER_SERVICE}/WorkerHeartbeat")
     client_call = channel.unary_unary(f"/{DISPATCHER_SERVICE}/ClientHeartbeat")
     stop_at = time.monotonic() + seconds
@@ -73,7 +76,9 @@ async def _load(
         while time.monotonic() < stop_at:
             header = {"address": address, "current_tasks": tasks, "wait_ms": 1000}
             try:
-                reply, _ = decode_frame(await worker_call(encode_frame(header), timeout=30))
+                reply, _ = decode_frame(
+                    await worker_call(encode_frame(header), timeout=30, metadata=metadata)
+                )
             except grpc.RpcError:
                 counts[2] += 1
                 await asyncio.sleep(0.05)  # as a worker does
@@ -89,7 +94,9 @@ async def _load(
             started = time.monotonic()
             header = {"client_id": client_id, "version": version, "wait_ms": 1000}
             try:
-                reply, _ = decode_frame(await client_call(encode_frame(header), timeout=30))
+                reply, _ = decode_frame(
+                    await client_call(encode_frame(header), timeout=30, metadata=metadata)
+                )
             except grpc.RpcError as error:
                 counts[2] += 1
                 if error.code() == grpc.StatusCode.NOT_FOUND:  # released: it missed heartbeats
@@ -109,13 +116,14 @@ async def _load(
 
 def _load_process(
     address: str,
+    token: str,
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
     out: Any,
 ) -> None:
     counts = [0, 0, 0, 0]
-    asyncio.run(_load(address, workers, consumers, seconds, counts))
+    asyncio.run(_load(address, token, workers, consumers, seconds, counts))
     out.put(counts)
 
 
@@ -128,8 +136,10 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2)
     args = parser.parse_args()
     port = _free_port()
+    token = secrets.token_hex(16)  # every call is checked, as in a deployment
     dispatcher = subprocess.Popen(
         [sys.executable, "-c", _CLI, "dispatcher", "--port", str(port)],
+        env={**os.environ, TOKEN_ENV: token},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -138,7 +148,7 @@ def main() -> None:
         assert dispatcher.stdout is not None
         dispatcher.stdout.readline()  # the banner: it serves
         address = f"127.0.0.1:{port}"
-        client = RpcClient(address, DISPATCHER_SERVICE)
+        client = RpcClient(address, DISPATCHER_SERVICE, token)
         register = RegisterDatasetRequest(None, 1, None)
         shared, _ = client.upload(
             "RegisterDataset", register.to_header(), [b"shared", b"spec"], timeout=30
@@ -162,6 +172,7 @@ def main() -> None:
                 target=_load_process,
                 args=(
                     address,
+                    token,
                     workers[i::n],
                     consumers[i::n],
                     args.warmup + args.seconds + 1,
