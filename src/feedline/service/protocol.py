@@ -1217,6 +1217,8 @@ class ElementsReply:
     ``gone`` (stopped, or ended and drained), or the ``error`` report of the task's pipeline.
     ``shm`` and ``shm_refused`` are the shared-memory fields (``feedline.service.shm``), which
     a consumer's ``ConsumerChannels.received`` takes out of the header before this is read.
+    ``retry_after_ms`` comes with nothing yet from a worker that did not wait (too many requests
+    wait there already): the consumer waits that long on its side before asking again.
 
     Example:
       >>> ElementsReply.from_header({"gone": True}).to_header()
@@ -1232,6 +1234,7 @@ class ElementsReply:
     gone: bool = False
     shm: dict[str, Any] | None = None
     shm_refused: str | None = None
+    retry_after_ms: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> ElementsReply:
@@ -1251,6 +1254,7 @@ class ElementsReply:
             gone=field(header, "gone", bool, False),
             shm=field(header, "shm", (dict, type(None)), None),
             shm_refused=field(header, "shm_refused", (str, type(None)), None),
+            retry_after_ms=field(header, "retry_after_ms", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1268,6 +1272,8 @@ class ElementsReply:
             header["shm"] = self.shm
         if self.shm_refused is not None:
             header["shm_refused"] = self.shm_refused
+        if self.retry_after_ms:
+            header["retry_after_ms"] = self.retry_after_ms
         return header
 
 
