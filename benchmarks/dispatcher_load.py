@@ -16,16 +16,23 @@ Three kinds of processes, so that none measures another's GIL:
   without waiting); a consumer of the one shared job (``job_name``) heartbeats as a
   ``distribute`` consumer does (``wait_ms`` 1000, with the version of the job's view it has;
   after a reply without news, it waits out the rest of its second);
-- this process: once the load has run ``--warmup`` (3) seconds, an unrelated call
-  (``GetElementSpec`` of another dataset) every 20 ms for ``--seconds`` (15), each timed.
+- this process: the unrelated call (``GetElementSpec`` of another dataset) every 20 ms for
+  ``--idle-seconds`` (3) before any worker or consumer joins, the same dispatcher idle (the
+  peer of this run); then, once the load has run ``--warmup`` (3) seconds, every 20 ms for
+  ``--seconds`` (15), each timed.
 
-It prints the unrelated call's p50 and p99, and how many heartbeats the load made per second.
+It prints the unrelated call's p50 and p99 idle and under the load, how many heartbeats the
+load made per second and how many failed (with their status codes: a benchmark whose
+heartbeats are refused measures nothing), the dispatcher's CPU use under the load (in cores)
+and the machine's load average, which on a shared machine says how much of the tail is the
+machine's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing
 import os
@@ -64,6 +71,7 @@ async def _load(
     consumers: list[tuple[int, int]],
     seconds: float,
     counts: Any,
+    codes: collections.Counter[str],
 ) -> None:
     channel = grpc.aio.insecure_channel(address)
     metadata = ((TOKEN_METADATA_KEY, token),)
@@ -79,8 +87,9 @@ async def _load(
                 reply, _ = decode_frame(
                     await worker_call(encode_frame(header), timeout=30, metadata=metadata)
                 )
-            except grpc.RpcError:
+            except grpc.RpcError as error:
                 counts[2] += 1
+                codes[error.code().name] += 1
                 await asyncio.sleep(0.05)  # as a worker does
                 continue
             counts[0] += 1
@@ -99,6 +108,7 @@ async def _load(
                 )
             except grpc.RpcError as error:
                 counts[2] += 1
+                codes[error.code().name] += 1
                 if error.code() == grpc.StatusCode.NOT_FOUND:  # released: it missed heartbeats
                     counts[3] += 1
                     return
@@ -114,6 +124,25 @@ async def _load(
     await channel.close()
 
 
+def _time_calls(client: RpcClient, dataset_id: str, seconds: float) -> list[float]:
+    """The unrelated call, every 20 ms for ``seconds``: each one's time."""
+    latencies = []
+    stop_at = time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        started = time.perf_counter()
+        client.call("GetElementSpec", {"dataset_id": dataset_id}, timeout=60)
+        latencies.append(time.perf_counter() - started)
+        time.sleep(0.02)
+    return latencies
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _load_process(
     address: str,
     token: str,
@@ -123,8 +152,9 @@ def _load_process(
     out: Any,
 ) -> None:
     counts = [0, 0, 0, 0]
-    asyncio.run(_load(address, token, workers, consumers, seconds, counts))
-    out.put(counts)
+    codes: collections.Counter[str] = collections.Counter()
+    asyncio.run(_load(address, token, workers, consumers, seconds, counts, codes))
+    out.put((counts, dict(codes)))
 
 
 def main() -> None:
@@ -133,6 +163,7 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--load-processes", type=int, default=2)
     args = parser.parse_args()
     port = _free_port()
@@ -156,6 +187,8 @@ def main() -> None:
         other, _ = client.upload(
             "RegisterDataset", register.to_header(), [b"unrelated", b"spec"], timeout=30
         )
+        idle = _time_calls(client, other["dataset_id"], args.idle_seconds)
+        load_average = [os.getloadavg()[0]]
         workers = [f"fake-worker-{i}:1" for i in range(args.workers)]
         for worker in workers:  # registered first: the shared job has a task on each
             client.call("WorkerHeartbeat", {"address": worker, "wait_ms": 0}, timeout=30)
@@ -184,29 +217,36 @@ def main() -> None:
         for process in load:
             process.start()
         time.sleep(args.warmup)
-        latencies = []
-        stop_at = time.monotonic() + args.seconds
-        while time.monotonic() < stop_at:
-            started = time.perf_counter()
-            client.call("GetElementSpec", {"dataset_id": other["dataset_id"]}, timeout=60)
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.02)
-        counts = [out.get(timeout=300) for _ in load]
+        cpu = _cpu_seconds(dispatcher.pid)
+        latencies = _time_calls(client, other["dataset_id"], args.seconds)
+        cores = (_cpu_seconds(dispatcher.pid) - cpu) / args.seconds
+        load_average.append(os.getloadavg()[0])
+        results = [out.get(timeout=300) for _ in load]
         for process in load:
             process.join(30)
         client.close()
     finally:
         dispatcher.terminate()
         dispatcher.wait(30)
+    counts = [counts for counts, _ in results]
+    codes: collections.Counter[str] = collections.Counter()
+    for _, seen in results:
+        codes.update(seen)
     ms = np.asarray(latencies) * 1000
+    idle_ms = np.asarray(idle) * 1000
     total = args.warmup + args.seconds + 1
     result = {
         "workers": args.workers,
         "consumers": args.consumers,
         "calls": len(latencies),
+        "idle_p50_ms": float(np.percentile(idle_ms, 50)),
+        "idle_p99_ms": float(np.percentile(idle_ms, 99)),
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),
         "max_ms": float(ms.max()),
+        "dispatcher_cores": cores,
+        "load_average": load_average,
+        "failed_codes": dict(codes),
         "worker_heartbeats_per_s": sum(c[0] for c in counts) / total,
         "consumer_heartbeats_per_s": sum(c[1] for c in counts) / total,
         "failed_heartbeats": sum(c[2] for c in counts),
@@ -216,11 +256,13 @@ def main() -> None:
     print(
         f"{args.workers} workers, {args.consumers} consumers: unrelated call p50 "
         f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms (max {result['max_ms']:.1f}, "
-        f"{len(latencies)} calls); heartbeats/s: workers "
+        f"{len(latencies)} calls; idle: p50 {result['idle_p50_ms']:.2f} ms, p99 "
+        f"{result['idle_p99_ms']:.2f} ms); heartbeats/s: workers "
         f"{result['worker_heartbeats_per_s']:.0f}, consumers "
-        f"{result['consumer_heartbeats_per_s']:.0f}; failed {result['failed_heartbeats']}; "
-        "consumers released for missed heartbeats "
-        f"{result['consumers_released']}"
+        f"{result['consumer_heartbeats_per_s']:.0f}; failed {result['failed_heartbeats']} "
+        f"{dict(codes)}; consumers released for missed heartbeats "
+        f"{result['consumers_released']}; dispatcher CPU {cores:.2f} cores; load average "
+        f"{load_average[0]:.1f} -> {load_average[1]:.1f} on {os.cpu_count()} CPUs"
     )
     print(json.dumps(result))
 
