@@ -37,31 +37,19 @@ import json
 import multiprocessing
 import os
 import secrets
-import subprocess
-import sys
 import time
 from typing import Any
 
 import grpc
-import numpy as np
 
-from feedline._net.rpc import TOKEN_ENV, TOKEN_METADATA_KEY, RpcClient
+from _load import cpu_seconds, percentiles, start_cli, stop, time_calls
+from feedline._net.rpc import TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
     GetOrCreateJobRequest,
     RegisterDatasetRequest,
 )
-
-_CLI = "import sys\nfrom feedline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _load(
@@ -124,33 +112,10 @@ async def _load(
     await channel.close()
 
 
-def _time_calls(client: RpcClient, dataset_id: str, seconds: float) -> list[float]:
-    """The unrelated call, every 20 ms for ``seconds``: each one's time."""
-    latencies = []
-    stop_at = time.monotonic() + seconds
-    while time.monotonic() < stop_at:
-        started = time.perf_counter()
-        client.call("GetElementSpec", {"dataset_id": dataset_id}, timeout=60)
-        latencies.append(time.perf_counter() - started)
-        time.sleep(0.02)
-    return latencies
-
-
-def _cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _load_process(
-    address: str,
-    token: str,
-    workers: list[str],
-    consumers: list[tuple[int, int]],
-    seconds: float,
-    out: Any,
-) -> None:
+def _load_process(address: str, token: str, inbox: Any, out: Any) -> None:
+    """Says it is ready (imports done), then runs the workers and consumers it is sent."""
+    out.put("ready")
+    workers, consumers, seconds = inbox.get(timeout=600)
     counts = [0, 0, 0, 0]
     codes: collections.Counter[str] = collections.Counter()
     asyncio.run(_load(address, token, workers, consumers, seconds, counts, codes))
@@ -166,19 +131,11 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--load-processes", type=int, default=2)
     args = parser.parse_args()
-    port = _free_port()
     token = secrets.token_hex(16)  # every call is checked, as in a deployment
-    dispatcher = subprocess.Popen(
-        [sys.executable, "-c", _CLI, "dispatcher", "--port", str(port)],
-        env={**os.environ, TOKEN_ENV: token},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    dispatcher, banner = start_cli(["dispatcher", "--port", "0"], token)
+    load: list[Any] = []
     try:
-        assert dispatcher.stdout is not None
-        dispatcher.stdout.readline()  # the banner: it serves
-        address = f"127.0.0.1:{port}"
+        address = banner.rpartition("://")[2]
         client = RpcClient(address, DISPATCHER_SERVICE, token)
         register = RegisterDatasetRequest(None, 1, None)
         shared, _ = client.upload(
@@ -187,7 +144,25 @@ def main() -> None:
         other, _ = client.upload(
             "RegisterDataset", register.to_header(), [b"unrelated", b"spec"], timeout=30
         )
-        idle = _time_calls(client, other["dataset_id"], args.idle_seconds)
+
+        # The load's processes first, ready before any consumer joins: a consumer that
+        # heartbeats only after client_timeout_ms is released.
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        inboxes = [context.Queue() for _ in range(args.load_processes)]
+        load = [
+            context.Process(target=_load_process, args=(address, token, inbox, out))
+            for inbox in inboxes
+        ]
+        for process in load:
+            process.start()
+        for _ in load:
+            out.get(timeout=300)
+
+        def unrelated_call() -> None:
+            client.call("GetElementSpec", {"dataset_id": other["dataset_id"]}, timeout=60)
+
+        idle = time_calls(unrelated_call, args.idle_seconds)
         load_average = [os.getloadavg()[0]]
         workers = [f"fake-worker-{i}:1" for i in range(args.workers)]
         for worker in workers:  # registered first: the shared job has a task on each
@@ -197,53 +172,36 @@ def main() -> None:
         for _ in range(args.consumers):
             reply, _ = client.call("GetOrCreateJob", join.to_header(), timeout=30)
             consumers.append((reply["client_id"], reply["version"]))
-        context = multiprocessing.get_context("spawn")
-        out = context.Queue()
         n = args.load_processes
-        load = [
-            context.Process(
-                target=_load_process,
-                args=(
-                    address,
-                    token,
-                    workers[i::n],
-                    consumers[i::n],
-                    args.warmup + args.seconds + 1,
-                    out,
-                ),
-            )
-            for i in range(n)
-        ]
-        for process in load:
-            process.start()
+        for i, inbox in enumerate(inboxes):
+            inbox.put((workers[i::n], consumers[i::n], args.warmup + args.seconds + 1))
         time.sleep(args.warmup)
-        cpu = _cpu_seconds(dispatcher.pid)
-        latencies = _time_calls(client, other["dataset_id"], args.seconds)
-        cores = (_cpu_seconds(dispatcher.pid) - cpu) / args.seconds
+        cpu = cpu_seconds(dispatcher.pid)
+        latencies = time_calls(unrelated_call, args.seconds)
+        cores = (cpu_seconds(dispatcher.pid) - cpu) / args.seconds
         load_average.append(os.getloadavg()[0])
         results = [out.get(timeout=300) for _ in load]
         for process in load:
             process.join(30)
         client.close()
     finally:
-        dispatcher.terminate()
-        dispatcher.wait(30)
+        for process in load:
+            if process.is_alive():
+                process.kill()
+        stop(dispatcher)
     counts = [counts for counts, _ in results]
     codes: collections.Counter[str] = collections.Counter()
     for _, seen in results:
         codes.update(seen)
-    ms = np.asarray(latencies) * 1000
-    idle_ms = np.asarray(idle) * 1000
     total = args.warmup + args.seconds + 1
+    idle_figures = percentiles(idle)
     result = {
         "workers": args.workers,
         "consumers": args.consumers,
         "calls": len(latencies),
-        "idle_p50_ms": float(np.percentile(idle_ms, 50)),
-        "idle_p99_ms": float(np.percentile(idle_ms, 99)),
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "max_ms": float(ms.max()),
+        "idle_p50_ms": idle_figures["p50_ms"],
+        "idle_p99_ms": idle_figures["p99_ms"],
+        **percentiles(latencies),
         "dispatcher_cores": cores,
         "load_average": load_average,
         "failed_codes": dict(codes),
