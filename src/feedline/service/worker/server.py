@@ -25,7 +25,9 @@ buffers), but while another consumer of the task waits, the buffer is split betw
 consumer holding ``_AHEAD`` unread elements takes no more (``replies``). Round robin
 (``num_consumers``): the task cuts its output into rounds of ``num_consumers`` elements and
 consumer ``i`` gets element ``i`` of each round it asks for; nobody waits for a consumer that
-stopped asking, and rounds far behind the newest are dropped.
+stopped asking, and rounds far behind the newest are dropped. At most ``_MAX_WAITING_READS``
+requests wait here at once (each holds a server thread); the others are answered at once, with
+nothing ready and ``retry_after_ms``, which their consumer waits out on its side.
 
 Faults. Whatever fails while a task is built or run (shaping, unpickling, any element) fails the
 task: the worker reports it to the dispatcher at once (a heartbeat), which ends the job with
