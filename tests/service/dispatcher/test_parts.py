@@ -213,6 +213,25 @@ def test_a_jobs_view_is_built_once_per_change_and_shared_by_its_consumers() -> N
     assert decode_frame(heartbeat(second))[0]["consumers"] == 1
 
 
+def test_an_exactly_once_jobs_view_follows_its_split_cursor(tmp_path: Any) -> None:
+    # A split handed out moves no version, but the view's split cursor: the view kept is not
+    # reused past it.
+    parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    dataset_id = parts.register(units=4)
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id, mode=DYNAMIC)
+    (task,) = job["tasks"]
+    request = ClientHeartbeatRequest(job["client_id"], job["version"], wait_ms=0)
+    before = parts.call(parts.long_poll.client_heartbeat, request)
+    assert before["exactly_once"] is True
+    split = GetSplitRequest(job["job_id"], 0, task_id=task[0], request=0)
+    parts.call(parts.splits.get_split, split)
+    after = parts.call(parts.long_poll.client_heartbeat, request)
+    assert after["version"] == before["version"]
+    assert after["split_cursor"] == parts.core.state.split_cursors[(job["job_id"], 0)]
+    assert after["split_cursor"] != before["split_cursor"]
+
+
 def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None:
     parts = make_parts()
     dataset_id = parts.register(units=4)
