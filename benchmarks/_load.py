@@ -1,8 +1,10 @@
 """What ``dispatcher_load.py`` and ``worker_load.py`` share: a service process of the command
-line with a token, a timed unrelated call, the CPU a process used, and the figures printed."""
+line with a token, processes of simulated clients, a timed unrelated call, the CPU a process
+used, and the figures printed."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -39,6 +41,54 @@ def stop(process: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(30)
+
+
+class LoadProcesses:
+    """``count`` processes of simulated clients (spawned, ``nice`` nicer than this one), all
+    ready (their imports done) when this returns: slow starts do not eat into the load. Each
+    runs ``target(*args, *orders)`` once ``send`` gave it its orders, and its result comes back
+    through ``results``; ``close`` kills those still running."""
+
+    def __init__(
+        self, target: Callable[..., Any], args: tuple[Any, ...], count: int, nice: int = 0
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._out = context.Queue()
+        self._inboxes = [context.Queue() for _ in range(count)]
+        self._processes = [
+            context.Process(target=_run, args=(target, args, nice, inbox, self._out))
+            for inbox in self._inboxes
+        ]
+        for process in self._processes:
+            process.start()
+        for _ in self._processes:
+            self._out.get(timeout=300)
+
+    def send(self, orders: list[tuple[Any, ...]]) -> None:
+        """Starts the load: process ``i`` runs with ``orders[i]``."""
+        for inbox, order in zip(self._inboxes, orders, strict=True):
+            inbox.put(order)
+
+    def results(self) -> list[Any]:
+        """What each process returned, once all are done (in the order they finished)."""
+        results = [self._out.get(timeout=300) for _ in self._processes]
+        for process in self._processes:
+            process.join(30)
+        return results
+
+    def close(self) -> None:
+        for process in self._processes:
+            if process.is_alive():
+                process.kill()
+
+
+def _run(
+    target: Callable[..., Any], args: tuple[Any, ...], nice: int, inbox: Any, out: Any
+) -> None:
+    os.nice(nice)
+    out.put("ready")
+    orders = inbox.get(timeout=600)
+    out.put(target(*args, *orders))
 
 
 def time_calls(call: Callable[[], Any], seconds: float, every: float = 0.02) -> list[float]:

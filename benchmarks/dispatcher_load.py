@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import collections
 import json
-import multiprocessing
 import os
 import secrets
 import time
@@ -46,7 +45,7 @@ from typing import Any
 
 import grpc
 
-from _load import cpu_seconds, percentiles, start_cli, stop, time_calls
+from _load import LoadProcesses, cpu_seconds, percentiles, start_cli, stop, time_calls
 from feedline._net.rpc import TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import (
@@ -116,15 +115,18 @@ async def _load(
     await channel.close()
 
 
-def _load_process(address: str, token: str, nice: int, inbox: Any, out: Any) -> None:
-    """Says it is ready (imports done), then runs the workers and consumers it is sent."""
-    os.nice(nice)
-    out.put("ready")
-    workers, consumers, seconds = inbox.get(timeout=600)
+def _load_process(
+    address: str,
+    token: str,
+    workers: list[str],
+    consumers: list[tuple[int, int]],
+    seconds: float,
+) -> tuple[list[int], dict[str, int]]:
+    """Runs ``workers`` and ``consumers``: its counts and the codes of the failed calls."""
     counts = [0, 0, 0, 0]
     codes: collections.Counter[str] = collections.Counter()
     asyncio.run(_load(address, token, workers, consumers, seconds, counts, codes))
-    out.put((counts, dict(codes)))
+    return counts, dict(codes)
 
 
 def main() -> None:
@@ -144,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     token = secrets.token_hex(16)  # every call is checked, as in a deployment
     dispatcher, banner = start_cli(["dispatcher", "--port", "0"], token)
-    load: list[Any] = []
+    load = None
     try:
         address = banner.rpartition("://")[2]
         client = RpcClient(address, DISPATCHER_SERVICE, token)
@@ -158,17 +160,7 @@ def main() -> None:
 
         # The load's processes first, ready before any consumer joins: a consumer that
         # heartbeats only after client_timeout_ms is released.
-        context = multiprocessing.get_context("spawn")
-        out = context.Queue()
-        inboxes = [context.Queue() for _ in range(args.load_processes)]
-        load = [
-            context.Process(target=_load_process, args=(address, token, args.load_nice, inbox, out))
-            for inbox in inboxes
-        ]
-        for process in load:
-            process.start()
-        for _ in load:
-            out.get(timeout=300)
+        load = LoadProcesses(_load_process, (address, token), args.load_processes, args.load_nice)
 
         def unrelated_call() -> None:
             client.call("GetElementSpec", {"dataset_id": other["dataset_id"]}, timeout=60)
@@ -184,21 +176,18 @@ def main() -> None:
             reply, _ = client.call("GetOrCreateJob", join.to_header(), timeout=30)
             consumers.append((reply["client_id"], reply["version"]))
         n = args.load_processes
-        for i, inbox in enumerate(inboxes):
-            inbox.put((workers[i::n], consumers[i::n], args.warmup + args.seconds + 1))
+        seconds = args.warmup + args.seconds + 1
+        load.send([(workers[i::n], consumers[i::n], seconds) for i in range(n)])
         time.sleep(args.warmup)
         cpu = cpu_seconds(dispatcher.pid)
         latencies = time_calls(unrelated_call, args.seconds)
         cores = (cpu_seconds(dispatcher.pid) - cpu) / args.seconds
         load_average.append(os.getloadavg()[0])
-        results = [out.get(timeout=300) for _ in load]
-        for process in load:
-            process.join(30)
+        results = load.results()
         client.close()
     finally:
-        for process in load:
-            if process.is_alive():
-                process.kill()
+        if load is not None:
+            load.close()
         stop(dispatcher)
     counts = [counts for counts, _ in results]
     codes: collections.Counter[str] = collections.Counter()

@@ -28,15 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import secrets
 import time
-from typing import Any
 
 import grpc
 
-from _load import percentiles, start_cli, stop, time_calls
+from _load import LoadProcesses, percentiles, start_cli, stop, time_calls
 from feedline._net.rpc import TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import INCARNATION_SHIFT, WORKER_SERVICE, GetElementsRequest
@@ -72,11 +70,10 @@ async def _load(address: str, token: str, waiting: int, seconds: float) -> list[
     return counts
 
 
-def _load_process(address: str, token: str, inbox: Any, out: Any) -> None:
-    """Says it is ready (imports done), then runs the consumers it is told to."""
-    out.put("ready")
-    waiting, seconds = inbox.get(timeout=600)
-    out.put(asyncio.run(_load(address, token, waiting, seconds)))
+def _load_process(address: str, token: str, waiting: int, seconds: float) -> list[int]:
+    """Runs ``waiting`` consumers for ``seconds``: how many of their requests waited, were told
+    to retry, failed."""
+    return asyncio.run(_load(address, token, waiting, seconds))
 
 
 def main() -> None:
@@ -94,11 +91,7 @@ def main() -> None:
         dispatcher_address = banner.rpartition("://")[2]
         worker, banner = start_cli(["worker", "--dispatcher", dispatcher_address], token)
         address = banner.split(" serving at ")[1].split()[0]
-        context = multiprocessing.get_context("spawn")
-        inbox, out = context.Queue(), context.Queue()
-        load = context.Process(target=_load_process, args=(address, token, inbox, out))
-        load.start()
-        out.get(timeout=300)
+        load = LoadProcesses(_load_process, (address, token), 1)
         client = RpcClient(address, WORKER_SERVICE, token)
         unrelated = GetElementsRequest(_UNRELATED_TASK, wait_ms=0).to_header()
 
@@ -107,16 +100,15 @@ def main() -> None:
 
         idle = time_calls(unrelated_call, args.idle_seconds)
         load_average = [os.getloadavg()[0]]
-        inbox.put((args.waiting, args.warmup + args.seconds + 1))
+        load.send([(args.waiting, args.warmup + args.seconds + 1)])
         time.sleep(args.warmup)
         latencies = time_calls(unrelated_call, args.seconds)
         load_average.append(os.getloadavg()[0])
-        waited, told, failed = out.get(timeout=300)
-        load.join(30)
+        ((waited, told, failed),) = load.results()
         client.close()
     finally:
-        if load is not None and load.is_alive():
-            load.kill()
+        if load is not None:
+            load.close()
         if worker is not None:
             stop(worker)
         stop(dispatcher)

@@ -21,7 +21,7 @@ from feedline.data.options import AutoShardPolicy
 from feedline.service.client import fetch as _fetch
 from feedline.service.client import job_reader as _job_reader
 from feedline.service.protocol import JobView
-from tests.service.conftest import static_cluster
+from tests.service.conftest import static_cluster, waiting_reads_taken
 
 
 def ints(dataset: Any) -> list[int]:
@@ -822,34 +822,11 @@ def test_a_consumer_released_at_exit_stops_waiting_at_once(make_cluster: Any) ->
 def test_a_consumer_of_a_worker_whose_waiting_reads_are_taken_still_reads_everything(
     make_cluster: Any,
 ) -> None:
-    # Every read that may wait at the worker is taken (requests for a task it has not heard of
-    # yet, again and again): the consumer's requests that find nothing ready are answered at
-    # once with retry_after_ms, which it waits out, and it still reads every element.
-    from feedline._net.rpc import RpcClient
-    from feedline.service.protocol import INCARNATION_SHIFT, WORKER_SERVICE, GetElementsRequest
-    from feedline.service.worker import server as worker_module
-    from tests.service.dispatcher.test_server import wait_until
-
+    # Every read that may wait at the worker is taken: the consumer's requests that find
+    # nothing ready are answered at once with retry_after_ms, which it waits out, and it still
+    # reads every element.
     cluster = make_cluster(1)
-    worker = cluster.workers[0]
-    request = GetElementsRequest((7 << INCARNATION_SHIFT) + 1, wait_ms=1000).to_header()
-    client = RpcClient(worker.worker_address, WORKER_SERVICE)
-    stop = threading.Event()
-
-    def hold() -> None:
-        while not stop.is_set():
-            client.call("GetElements", request, timeout=30)
-
-    holders = [threading.Thread(target=hold) for _ in range(worker_module._MAX_WAITING_READS)]
-    for holder in holders:
-        holder.start()
-    try:
-        wait_until(lambda: worker._waiting_reads == len(holders), timeout=10)
+    with waiting_reads_taken(cluster.workers[0]):
         slow = Dataset.range(20).map(lambda x: (time.sleep(0.02), x)[1])  # nothing ready at first
         dataset = slow.apply(service.distribute("parallel_epochs", cluster.target))
         assert sorted(int(x) for x in dataset) == list(range(20))
-    finally:
-        stop.set()
-        for holder in holders:
-            holder.join(10)
-        client.close()

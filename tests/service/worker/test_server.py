@@ -4,19 +4,20 @@ module's table), and a worker's lifecycle."""
 from __future__ import annotations
 
 import pathlib
-import threading
 import time
 from typing import Any
 
 import pytest
 
 from feedline import errors, service
+from feedline._net.rpc import RpcClient
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.service.config import ShardingPolicy
-from feedline.service.protocol import local_worker_addresses
+from feedline.service.protocol import WORKER_SERVICE, local_worker_addresses
 from feedline.service.worker import server as worker_module
 from feedline.service.worker.task import task_dataset
+from tests.service.conftest import WAITING_READ, waiting_reads_taken
 from tests.service.dispatcher.test_server import wait_until
 
 
@@ -104,38 +105,16 @@ def test_get_elements_past_the_bound_are_answered_at_once_with_a_retry_time(
 ) -> None:
     # Waiting requests hold a server thread each: at most _MAX_WAITING_READS wait, the others
     # are told to wait on their consumer's side, so that the worker's threads stay free.
-    from feedline._net.rpc import RpcClient
-    from feedline.service.protocol import INCARNATION_SHIFT, WORKER_SERVICE, GetElementsRequest
-
     worker = make_cluster(1).workers[0]
-    bound = worker_module._MAX_WAITING_READS
-    # A task of a dispatcher life the worker has not heard of yet: requests for it wait for it.
-    request = GetElementsRequest((7 << INCARNATION_SHIFT) + 1, wait_ms=1000).to_header()
-    client = RpcClient(worker.worker_address, WORKER_SERVICE)
-    stop = threading.Event()
-
-    def wait_again_and_again() -> None:
-        while not stop.is_set():
-            client.call("GetElements", request, timeout=30)
-
-    waiters = [threading.Thread(target=wait_again_and_again) for _ in range(bound)]
-    for waiter in waiters:
-        waiter.start()
-    try:
-        wait_until(lambda: worker._waiting_reads == bound, timeout=10)
-        for _ in range(20):  # one may come as a waiter's request ends and it sends the next
-            reply, _ = client.call("GetElements", request, timeout=30)
+    with waiting_reads_taken(worker) as client:
+        for _ in range(20):  # one may come as a holder's request ends and it sends the next
+            reply, _ = client.call("GetElements", WAITING_READ, timeout=30)
             if reply != {"eos": False}:
                 break
         assert reply == {"eos": False, "retry_after_ms": 1000}
-    finally:
-        stop.set()
-        for waiter in waiters:
-            waiter.join(10)
-        client.close()
     assert worker._waiting_reads == 0
     # A request alone waits again (it is answered after its time, without a retry time).
     reply, _ = RpcClient(worker.worker_address, WORKER_SERVICE).call(
-        "GetElements", request, timeout=30
+        "GetElements", WAITING_READ, timeout=30
     )
     assert reply == {"eos": False}
