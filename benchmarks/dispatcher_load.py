@@ -16,28 +16,37 @@ Three kinds of processes, so that none measures another's GIL:
   without waiting); a consumer of the one shared job (``job_name``) heartbeats as a
   ``distribute`` consumer does (``wait_ms`` 1000, with the version of the job's view it has;
   after a reply without news, it waits out the rest of its second);
-- this process: once the load has run ``--warmup`` (3) seconds, an unrelated call
-  (``GetElementSpec`` of another dataset) every 20 ms for ``--seconds`` (15), each timed.
+- this process: the unrelated call (``GetElementSpec`` of another dataset) every 20 ms for
+  ``--idle-seconds`` (3) before any worker or consumer joins, the same dispatcher idle (the
+  peer of this run); then, once the load has run ``--warmup`` (3) seconds, every 20 ms for
+  ``--seconds`` (15), each timed.
 
-It prints the unrelated call's p50 and p99, and how many heartbeats the load made per second.
+On a machine shared with other work, ``nice -n -10 ... --load-nice 10`` (as root) puts the
+dispatcher and the probe ahead of the load's clients and of the rest of the machine, which is
+what a dispatcher on a machine of its own gets.
+
+It prints the unrelated call's p50 and p99 idle and under the load, how many heartbeats the
+load made per second and how many failed (with their status codes: a benchmark whose
+heartbeats are refused measures nothing), the dispatcher's CPU use under the load (in cores)
+and the machine's load average, which on a shared machine says how much of the tail is the
+machine's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
-import multiprocessing
 import os
-import subprocess
-import sys
+import secrets
 import time
 from typing import Any
 
 import grpc
-import numpy as np
 
-from feedline._net.rpc import RpcClient
+from _load import LoadProcesses, cpu_seconds, percentiles, start_cli, stop, time_calls
+from feedline._net.rpc import TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import (
     DISPATCHER_SERVICE,
@@ -45,25 +54,18 @@ from feedline.service.protocol import (
     RegisterDatasetRequest,
 )
 
-_CLI = "import sys\nfrom feedline.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 async def _load(
     address: str,
+    token: str,
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
     counts: Any,
+    codes: collections.Counter[str],
 ) -> None:
     channel = grpc.aio.insecure_channel(address)
+    metadata = ((TOKEN_METADATA_KEY, token),)
     worker_call = channel.unary_unary(f"/{DISPATCHER_SERVICE}/WorkerHeartbeat")
     client_call = channel.unary_unary(f"/{DISPATCHER_SERVICE}/ClientHeartbeat")
     stop_at = time.monotonic() + seconds
@@ -73,9 +75,12 @@ async def _load(
         while time.monotonic() < stop_at:
             header = {"address": address, "current_tasks": tasks, "wait_ms": 1000}
             try:
-                reply, _ = decode_frame(await worker_call(encode_frame(header), timeout=30))
-            except grpc.RpcError:
+                reply, _ = decode_frame(
+                    await worker_call(encode_frame(header), timeout=30, metadata=metadata)
+                )
+            except grpc.RpcError as error:
                 counts[2] += 1
+                codes[error.code().name] += 1
                 await asyncio.sleep(0.05)  # as a worker does
                 continue
             counts[0] += 1
@@ -89,9 +94,12 @@ async def _load(
             started = time.monotonic()
             header = {"client_id": client_id, "version": version, "wait_ms": 1000}
             try:
-                reply, _ = decode_frame(await client_call(encode_frame(header), timeout=30))
+                reply, _ = decode_frame(
+                    await client_call(encode_frame(header), timeout=30, metadata=metadata)
+                )
             except grpc.RpcError as error:
                 counts[2] += 1
+                codes[error.code().name] += 1
                 if error.code() == grpc.StatusCode.NOT_FOUND:  # released: it missed heartbeats
                     counts[3] += 1
                     return
@@ -109,14 +117,16 @@ async def _load(
 
 def _load_process(
     address: str,
+    token: str,
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
-    out: Any,
-) -> None:
+) -> tuple[list[int], dict[str, int]]:
+    """Runs ``workers`` and ``consumers``: its counts and the codes of the failed calls."""
     counts = [0, 0, 0, 0]
-    asyncio.run(_load(address, workers, consumers, seconds, counts))
-    out.put(counts)
+    codes: collections.Counter[str] = collections.Counter()
+    asyncio.run(_load(address, token, workers, consumers, seconds, counts, codes))
+    return counts, dict(codes)
 
 
 def main() -> None:
@@ -125,20 +135,21 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--load-nice",
+        type=int,
+        default=0,
+        help="run the load's processes this much nicer than the dispatcher and the probe",
+    )
     parser.add_argument("--load-processes", type=int, default=2)
     args = parser.parse_args()
-    port = _free_port()
-    dispatcher = subprocess.Popen(
-        [sys.executable, "-c", _CLI, "dispatcher", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    token = secrets.token_hex(16)  # every call is checked, as in a deployment
+    dispatcher, banner = start_cli(["dispatcher", "--port", "0"], token)
+    load = None
     try:
-        assert dispatcher.stdout is not None
-        dispatcher.stdout.readline()  # the banner: it serves
-        address = f"127.0.0.1:{port}"
-        client = RpcClient(address, DISPATCHER_SERVICE)
+        address = banner.rpartition("://")[2]
+        client = RpcClient(address, DISPATCHER_SERVICE, token)
         register = RegisterDatasetRequest(None, 1, None)
         shared, _ = client.upload(
             "RegisterDataset", register.to_header(), [b"shared", b"spec"], timeout=30
@@ -146,6 +157,16 @@ def main() -> None:
         other, _ = client.upload(
             "RegisterDataset", register.to_header(), [b"unrelated", b"spec"], timeout=30
         )
+
+        # The load's processes first, ready before any consumer joins: a consumer that
+        # heartbeats only after client_timeout_ms is released.
+        load = LoadProcesses(_load_process, (address, token), args.load_processes, args.load_nice)
+
+        def unrelated_call() -> None:
+            client.call("GetElementSpec", {"dataset_id": other["dataset_id"]}, timeout=60)
+
+        idle = time_calls(unrelated_call, args.idle_seconds)
+        load_average = [os.getloadavg()[0]]
         workers = [f"fake-worker-{i}:1" for i in range(args.workers)]
         for worker in workers:  # registered first: the shared job has a task on each
             client.call("WorkerHeartbeat", {"address": worker, "wait_ms": 0}, timeout=30)
@@ -154,48 +175,38 @@ def main() -> None:
         for _ in range(args.consumers):
             reply, _ = client.call("GetOrCreateJob", join.to_header(), timeout=30)
             consumers.append((reply["client_id"], reply["version"]))
-        context = multiprocessing.get_context("spawn")
-        out = context.Queue()
         n = args.load_processes
-        load = [
-            context.Process(
-                target=_load_process,
-                args=(
-                    address,
-                    workers[i::n],
-                    consumers[i::n],
-                    args.warmup + args.seconds + 1,
-                    out,
-                ),
-            )
-            for i in range(n)
-        ]
-        for process in load:
-            process.start()
+        seconds = args.warmup + args.seconds + 1
+        load.send([(workers[i::n], consumers[i::n], seconds) for i in range(n)])
         time.sleep(args.warmup)
-        latencies = []
-        stop_at = time.monotonic() + args.seconds
-        while time.monotonic() < stop_at:
-            started = time.perf_counter()
-            client.call("GetElementSpec", {"dataset_id": other["dataset_id"]}, timeout=60)
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.02)
-        counts = [out.get(timeout=300) for _ in load]
-        for process in load:
-            process.join(30)
+        cpu = cpu_seconds(dispatcher.pid)
+        latencies = time_calls(unrelated_call, args.seconds)
+        cores = (cpu_seconds(dispatcher.pid) - cpu) / args.seconds
+        load_average.append(os.getloadavg()[0])
+        results = load.results()
         client.close()
     finally:
-        dispatcher.terminate()
-        dispatcher.wait(30)
-    ms = np.asarray(latencies) * 1000
+        if load is not None:
+            load.close()
+        stop(dispatcher)
+    counts = [counts for counts, _ in results]
+    codes: collections.Counter[str] = collections.Counter()
+    for _, seen in results:
+        codes.update(seen)
     total = args.warmup + args.seconds + 1
+    idle_figures = percentiles(idle)
     result = {
         "workers": args.workers,
         "consumers": args.consumers,
         "calls": len(latencies),
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "max_ms": float(ms.max()),
+        "idle_p50_ms": idle_figures["p50_ms"],
+        "idle_p99_ms": idle_figures["p99_ms"],
+        **percentiles(latencies),
+        "dispatcher_cores": cores,
+        "nice": os.nice(0),
+        "load_nice": os.nice(0) + args.load_nice,
+        "load_average": load_average,
+        "failed_codes": dict(codes),
         "worker_heartbeats_per_s": sum(c[0] for c in counts) / total,
         "consumer_heartbeats_per_s": sum(c[1] for c in counts) / total,
         "failed_heartbeats": sum(c[2] for c in counts),
@@ -205,11 +216,13 @@ def main() -> None:
     print(
         f"{args.workers} workers, {args.consumers} consumers: unrelated call p50 "
         f"{result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms (max {result['max_ms']:.1f}, "
-        f"{len(latencies)} calls); heartbeats/s: workers "
+        f"{len(latencies)} calls; idle: p50 {result['idle_p50_ms']:.2f} ms, p99 "
+        f"{result['idle_p99_ms']:.2f} ms); heartbeats/s: workers "
         f"{result['worker_heartbeats_per_s']:.0f}, consumers "
-        f"{result['consumer_heartbeats_per_s']:.0f}; failed {result['failed_heartbeats']}; "
-        "consumers released for missed heartbeats "
-        f"{result['consumers_released']}"
+        f"{result['consumer_heartbeats_per_s']:.0f}; failed {result['failed_heartbeats']} "
+        f"{dict(codes)}; consumers released for missed heartbeats "
+        f"{result['consumers_released']}; dispatcher CPU {cores:.2f} cores; load average "
+        f"{load_average[0]:.1f} -> {load_average[1]:.1f} on {os.cpu_count()} CPUs"
     )
     print(json.dumps(result))
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from feedline import service
+from feedline._net.rpc import RpcClient
+from feedline.service.protocol import INCARNATION_SHIFT, WORKER_SERVICE, GetElementsRequest
+from feedline.service.worker import server as worker_module
 from tests.launcher import free_port
+
+#: A GetElements request for a task of a dispatcher life no worker has heard of yet: it waits
+#: at the worker for its task (up to a second), holding one of the worker's waiting reads.
+WAITING_READ = GetElementsRequest((7 << INCARNATION_SHIFT) + 1, wait_ms=1000).to_header()
 
 
 class Cluster:
@@ -64,3 +74,33 @@ def static_cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     for port, address in zip(ports, addresses, strict=True):
         cluster.add_worker(port=port, worker_address=address)
     return cluster
+
+
+@contextlib.contextmanager
+def waiting_reads_taken(worker: service.WorkerServer) -> Iterator[RpcClient]:
+    """Within the block, every read that may wait at ``worker`` is taken: as many threads as
+    ``_MAX_WAITING_READS`` send ``WAITING_READ`` again and again. Yields a client of the
+    worker."""
+    client = RpcClient(worker.worker_address, WORKER_SERVICE)
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            client.call("GetElements", WAITING_READ, timeout=30)
+
+    bound = worker_module._MAX_WAITING_READS
+    holders = [threading.Thread(target=hold, daemon=True) for _ in range(bound)]
+    for holder in holders:
+        holder.start()
+    try:
+        deadline = time.monotonic() + 10
+        while worker._waiting_reads < bound:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{bound} reads did not all wait at the worker within 10 s")
+            time.sleep(0.02)
+        yield client
+    finally:
+        stop.set()
+        for holder in holders:
+            holder.join(10)
+        client.close()

@@ -60,6 +60,7 @@ from feedline._net.wire import decode_frame, encode_frame
 
 __all__ = [
     "TOKEN_ENV",
+    "TOKEN_METADATA_KEY",
     "Handler",
     "RpcClient",
     "Server",
@@ -74,7 +75,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "FEEDLINE_SERVICE_TOKEN"
-_TOKEN_KEY = "feedline-token"
+#: The call metadata that carries the shared secret.
+TOKEN_METADATA_KEY = "feedline-token"
 _ERROR_TYPE_KEY = "feedline-error-type"
 _PROTOCOLS = ("grpc",)
 #: The largest unary request a server takes by default: control messages are small.
@@ -298,7 +300,7 @@ class _TokenCheck(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        sent = dict(handler_call_details.invocation_metadata or ()).get(_TOKEN_KEY, "")
+        sent = dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA_KEY, "")
         sent = sent if isinstance(sent, bytes) else str(sent).encode()
         if hmac.compare_digest(sent, self._token):
             return continuation(handler_call_details)
@@ -451,7 +453,9 @@ class RpcClient:
     ) -> None:
         self.address = address
         self._service_name = service_name
-        self._metadata: tuple[tuple[str, str], ...] | None = ((_TOKEN_KEY, token),) if token else ()
+        self._metadata: tuple[tuple[str, str], ...] | None = (
+            ((TOKEN_METADATA_KEY, token),) if token else ()
+        )
         host, _, port = address.rpartition(":")
         # Local mode: the local secret, looked up at the call (a server may make it later).
         self._local_port = int(port) if not token and port.isdigit() and is_loopback(host) else 0
@@ -494,7 +498,7 @@ class RpcClient:
                     f"this user's local secret is not sent to it. Set {TOKEN_ENV} to the "
                     "secret of that server's cluster to call it"
                 )
-            metadata = ((_TOKEN_KEY, secret),)
+            metadata = ((TOKEN_METADATA_KEY, secret),)
             if uids is None or uids:  # the listener is ours (or the system does not tell):
                 self._metadata = metadata  # keep the secret until the connection fails
             return metadata

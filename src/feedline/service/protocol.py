@@ -1237,6 +1237,8 @@ class ElementsReply:
     ``gone`` (stopped, or ended and drained), or the ``error`` report of the task's pipeline.
     ``shm`` and ``shm_refused`` are the shared-memory fields (``feedline.service.shm``), which
     a consumer's ``ConsumerChannels.received`` takes out of the header before this is read.
+    ``retry_after_ms`` comes with nothing yet from a worker that did not wait (too many requests
+    wait there already): the consumer waits that long on its side before asking again.
 
     Example:
       >>> ElementsReply.from_header({"gone": True}).to_header()
@@ -1255,6 +1257,7 @@ class ElementsReply:
     #: In a cross-trainer job: the position in the task's stream of the first element carried
     #: (past the one asked for when the trainer fell out of the cache's window).
     first: int | None = None
+    retry_after_ms: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> ElementsReply:
@@ -1275,6 +1278,7 @@ class ElementsReply:
             shm=field(header, "shm", (dict, type(None)), None),
             shm_refused=field(header, "shm_refused", (str, type(None)), None),
             first=field(header, "first", (int, type(None)), None),
+            retry_after_ms=field(header, "retry_after_ms", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1294,6 +1298,8 @@ class ElementsReply:
             header["shm_refused"] = self.shm_refused
         if self.first is not None:
             header["first"] = self.first
+        if self.retry_after_ms:
+            header["retry_after_ms"] = self.retry_after_ms
         return header
 
 

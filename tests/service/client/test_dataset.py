@@ -21,7 +21,7 @@ from feedline.data.options import AutoShardPolicy
 from feedline.service.client import fetch as _fetch
 from feedline.service.client import job_reader as _job_reader
 from feedline.service.protocol import JobView
-from tests.service.conftest import static_cluster
+from tests.service.conftest import static_cluster, waiting_reads_taken
 
 
 def ints(dataset: Any) -> list[int]:
@@ -817,3 +817,16 @@ def test_a_consumer_released_at_exit_stops_waiting_at_once(make_cluster: Any) ->
     reader.join(timeout=5)
     assert not reader.is_alive() and time.monotonic() - started < 2
     assert len(raised) == 1 and isinstance(raised[0], errors.FailedPreconditionError), raised
+
+
+def test_a_consumer_of_a_worker_whose_waiting_reads_are_taken_still_reads_everything(
+    make_cluster: Any,
+) -> None:
+    # Every read that may wait at the worker is taken: the consumer's requests that find
+    # nothing ready are answered at once with retry_after_ms, which it waits out, and it still
+    # reads every element.
+    cluster = make_cluster(1)
+    with waiting_reads_taken(cluster.workers[0]):
+        slow = Dataset.range(20).map(lambda x: (time.sleep(0.02), x)[1])  # nothing ready at first
+        dataset = slow.apply(service.distribute("parallel_epochs", cluster.target))
+        assert sorted(int(x) for x in dataset) == list(range(20))

@@ -98,6 +98,7 @@ def test_a_malformed_join_reply_is_an_invalid_argument(change: dict[str, Any], m
         {"eos": False, "meta": {"signatures": [], "count": 2}, "tags": [[0, 0], [0, 1]]},
         {"eos": False, "meta": {"signatures": [], "count": 1}},
         {"eos": False},
+        {"eos": False, "retry_after_ms": 500},
         {"eos": True},
         {"gone": True},
         {"error": {"type": "ValueError", "message": "bad", "traceback": ""}},

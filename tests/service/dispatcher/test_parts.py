@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from feedline import errors
+from feedline._net.wire import decode_frame
 from feedline.service import DispatcherConfig
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.datasets import Datasets
@@ -60,7 +61,9 @@ class Parts:
 
     def call(self, handler: Any, request: Any, buffers: tuple[bytes, ...] = ()) -> dict[str, Any]:
         """``handler``'s reply header to ``request`` (a protocol dataclass)."""
-        reply: Reply = handler(request.to_header(), [memoryview(b) for b in buffers])
+        reply: Reply | bytes = handler(request.to_header(), [memoryview(b) for b in buffers])
+        if isinstance(reply, bytes):  # a reply encoded by the handler (a kept job view's)
+            return decode_frame(reply)[0]
         return reply[0]
 
     def register(self, payload: bytes = b"dataset", units: int | None = 4) -> str:
@@ -176,6 +179,57 @@ def test_a_consumer_heartbeat_wakes_on_news_of_its_own_job_only() -> None:
     assert reply["tasks"] == [[my_task[0], "w1", "done"]]
     assert reply["finished"] is True
     assert reply["version"] == parts.core.job_versions[mine["job_id"]] != mine["version"]
+
+
+def test_a_jobs_view_is_built_once_per_change_and_shared_by_its_consumers() -> None:
+    parts = make_parts()
+    dataset_id = parts.register()
+    for address in ("w1", "w2"):
+        parts.heartbeat(address)
+    first = parts.join(dataset_id, job_name="shared")
+    second = parts.join(dataset_id, job_name="shared")
+    version = parts.core.job_versions[first["job_id"]]
+
+    def heartbeat(consumer: dict[str, Any]) -> bytes:
+        request = ClientHeartbeatRequest(consumer["client_id"], version, wait_ms=0)
+        reply = parts.long_poll.client_heartbeat(request.to_header(), [])
+        assert isinstance(reply, bytes)
+        return reply
+
+    # No news: both consumers get the very same encoded reply, built once.
+    kept = heartbeat(first)
+    assert heartbeat(second) is kept and heartbeat(first) is kept
+    assert decode_frame(kept)[0]["consumers"] == 2
+    # A task ends: the next heartbeat carries the change.
+    (task, _) = first["tasks"]
+    parts.heartbeat(task[1], current_tasks=(task[0],), finished_tasks=(task[0],))
+    news = heartbeat(second)
+    assert news is not kept
+    reply = decode_frame(news)[0]
+    assert reply["version"] == parts.core.job_versions[first["job_id"]] > version
+    assert [t for t in reply["tasks"] if t[0] == task[0]] == [[task[0], task[1], "done"]]
+    # A consumer leaves: so does its count.
+    parts.call(parts.jobs.release_client, ReleaseClientRequest(first["client_id"]))
+    assert decode_frame(heartbeat(second))[0]["consumers"] == 1
+
+
+def test_an_exactly_once_jobs_view_follows_its_split_cursor(tmp_path: Any) -> None:
+    # A split handed out moves no version, but the view's split cursor: the view kept is not
+    # reused past it.
+    parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    dataset_id = parts.register(units=4)
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id, mode=DYNAMIC)
+    (task,) = job["tasks"]
+    request = ClientHeartbeatRequest(job["client_id"], job["version"], wait_ms=0)
+    before = parts.call(parts.long_poll.client_heartbeat, request)
+    assert before["exactly_once"] is True
+    split = GetSplitRequest(job["job_id"], 0, task_id=task[0], request=0)
+    parts.call(parts.splits.get_split, split)
+    after = parts.call(parts.long_poll.client_heartbeat, request)
+    assert after["version"] == before["version"]
+    assert after["split_cursor"] == parts.core.state.split_cursors[(job["job_id"], 0)]
+    assert after["split_cursor"] != before["split_cursor"]
 
 
 def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None:

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 
 from feedline import errors, service
+from feedline._net.rpc import RpcClient
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
 from feedline.service.config import ShardingPolicy
-from feedline.service.protocol import local_worker_addresses
+from feedline.service.protocol import WORKER_SERVICE, local_worker_addresses
 from feedline.service.worker import server as worker_module
 from feedline.service.worker.task import task_dataset
+from tests.service.conftest import WAITING_READ, waiting_reads_taken
 from tests.service.dispatcher.test_server import wait_until
 
 
@@ -96,3 +98,23 @@ def test_a_worker_drops_a_dataset_no_task_has_run_for_a_while(
         int(x)
         for x in Dataset.range(2).apply(service.distribute("parallel_epochs", cluster.target))
     ) == [0, 1]
+
+
+def test_get_elements_past_the_bound_are_answered_at_once_with_a_retry_time(
+    make_cluster: Any,
+) -> None:
+    # Waiting requests hold a server thread each: at most _MAX_WAITING_READS wait, the others
+    # are told to wait on their consumer's side, so that the worker's threads stay free.
+    worker = make_cluster(1).workers[0]
+    with waiting_reads_taken(worker) as client:
+        for _ in range(20):  # one may come as a holder's request ends and it sends the next
+            reply, _ = client.call("GetElements", WAITING_READ, timeout=30)
+            if reply != {"eos": False}:
+                break
+        assert reply == {"eos": False, "retry_after_ms": 1000}
+    assert worker._waiting_reads == 0
+    # A request alone waits again (it is answered after its time, without a retry time).
+    reply, _ = RpcClient(worker.worker_address, WORKER_SERVICE).call(
+        "GetElements", WAITING_READ, timeout=30
+    )
+    assert reply == {"eos": False}

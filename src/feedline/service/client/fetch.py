@@ -224,6 +224,8 @@ class Fetchers:
                         self._deliver(reply.elements, credits, task_id, tags)
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
                     queue.wait_closed(0.1)
+                elif reply.header.retry_after_ms:  # the worker did not wait: this side does
+                    queue.wait_closed(reply.header.retry_after_ms / 1000)
                 elif reply.header.error is not None:
                     self._link.fail(error_from_report(reply.header.error))
                     return
@@ -316,4 +318,6 @@ class Fetchers:
                 return reply
             if reply is None:
                 self._queue.wait_closed(0.1)
+            elif reply.header.retry_after_ms:  # the worker did not wait: this side does
+                self._queue.wait_closed(reply.header.retry_after_ms / 1000)
         return None

@@ -282,6 +282,7 @@ class Jobs:
         core = self._core
         core.apply(RemoveJob(job.job_id))
         core.job_versions.pop(job.job_id, None)
+        self._long_poll.forget(job.job_id)
         core.job_idle_since.pop(job.job_id, None)
         for client_id in job.client_ids:
             core.client_seen.pop(client_id, None)

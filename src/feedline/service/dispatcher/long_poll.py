@@ -5,6 +5,11 @@ it too), takes what a consumer of an exactly-once job reports (``ledger``), and 
 wait for news of its own job (``core.DispatcherCore.wait``). At most ``_MAX_WAITING_CONSUMERS``
 consumer heartbeats wait at once (past that a heartbeat is answered at once and the consumer
 waits on its side), so that long polls never take every thread of the server.
+
+A job's view is built once per change: it is kept, with the heartbeat reply that carries it
+encoded, until the job's version (or, in an exactly-once job, its split cursor) moves, so that
+the many heartbeats of a job's consumers that bring no news cost a lookup, not a view of all its
+tasks each (about 0.7 ms for 256 tasks, under the lock).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from feedline._net.wire import encode_frame
 from feedline.errors import NotFoundError
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import JobRecord, ReportSplits
@@ -43,9 +49,35 @@ class LongPoll:
         self._core = core
         # Consumer heartbeats waiting here now (at most _MAX_WAITING_CONSUMERS).
         self._waiting_consumers = 0
+        # Each job's last view: (what it was built for, the view, the heartbeat reply that
+        # carries it, encoded once asked for).
+        self._views: dict[int, tuple[tuple[int, int, Any], JobView, list[bytes]]] = {}
 
     def job_view(self, job: JobRecord) -> JobView:
         """What a consumer of ``job`` needs to know of it (under the lock)."""
+        return self._view_entry(job)[1]
+
+    def forget(self, job_id: int) -> None:
+        """Drops what is kept of job ``job_id``'s view (it was collected; under the lock)."""
+        self._views.pop(job_id, None)
+
+    def _view_entry(self, job: JobRecord) -> tuple[tuple[int, int, Any], JobView, list[bytes]]:
+        core = self._core
+        cursor = core.state.split_cursors.get((job.job_id, 0)) if job.exactly_once else None
+        built_for = (core.incarnation, core.job_versions[job.job_id], cursor)
+        entry = self._views.get(job.job_id)
+        if entry is None or entry[0] != built_for:
+            entry = self._views[job.job_id] = (built_for, self._build_view(job), [])
+        return entry
+
+    def _reply_frame(self, job: JobRecord) -> bytes:
+        """The encoded heartbeat reply of a consumer of ``job`` without ``splits_done``."""
+        _, view, frame = self._view_entry(job)
+        if not frame:
+            frame.append(encode_frame(HeartbeatReply(self._core.incarnation, view).to_header()))
+        return frame[0]
+
+    def _build_view(self, job: JobRecord) -> JobView:
         state = self._core.state
         tasks = tuple(
             TaskView(
@@ -90,7 +122,7 @@ class LongPoll:
         keys = {key for key, _ in received} | {k for k in request.holding if isinstance(k, int)}
         return tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
 
-    def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+    def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
         after ``wait_ms``; with ``splits_done`` for a consumer of an exactly-once job."""
         request = ClientHeartbeatRequest.from_header(header)
@@ -117,6 +149,8 @@ class LongPoll:
                     or core.stopped.is_set()
                     or self._waiting_consumers >= _MAX_WAITING_CONSUMERS
                 ):
+                    if done is None:
+                        return self._reply_frame(job)
                     reply = HeartbeatReply(core.incarnation, self.job_view(job), done)
                     return reply.to_header(), ()
                 self._waiting_consumers += 1

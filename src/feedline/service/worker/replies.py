@@ -24,7 +24,7 @@ from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.host import TaskHost
 from feedline.service.worker.trainer_cache import TrainerCache
 
-__all__ = ["TaskReplies", "wait_seconds"]
+__all__ = ["NOTHING_YET", "TaskReplies", "wait_seconds"]
 
 # The longest a GetElements request waits for elements.
 _MAX_WAIT_S = 1.0
@@ -37,6 +37,10 @@ _HUNGRY_S = 0.05
 # consumer of the job (two at least) asks: consumers that start together share its first
 # elements. A job read by one consumer alone starts this much later.
 _GATHER_S = 0.1
+
+
+#: The reply that says nothing yet: the consumer asks again.
+NOTHING_YET = encode_frame(ElementsReply().to_header())
 
 
 def wait_seconds(request: GetElementsRequest) -> float:
@@ -139,7 +143,7 @@ class TaskReplies:
                     if len(self._hungry) > 64:
                         now = time.monotonic()
                         self._hungry = {c: t for c, t in self._hungry.items() if t > now}
-                return encode_frame(ElementsReply().to_header())
+                return NOTHING_YET
             self._hungry.pop(consumer, None)
             self._handed_out = True
             self._count(len(elements), taken)
@@ -199,7 +203,7 @@ class TaskReplies:
                 return end_frame(got, buffer.failure())
             if got is None:
                 # nothing yet: the consumer asks again
-                return encode_frame(ElementsReply().to_header())
+                return NOTHING_YET
             self._count(1, sum(leaf.nbytes for leaf in got))
         return self._reply(request, [got])
 

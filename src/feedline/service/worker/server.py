@@ -25,7 +25,9 @@ buffers), but while another consumer of the task waits, the buffer is split betw
 consumer holding ``_AHEAD`` unread elements takes no more (``replies``). Round robin
 (``num_consumers``): the task cuts its output into rounds of ``num_consumers`` elements and
 consumer ``i`` gets element ``i`` of each round it asks for; nobody waits for a consumer that
-stopped asking, and rounds far behind the newest are dropped.
+stopped asking, and rounds far behind the newest are dropped. At most ``_MAX_WAITING_READS``
+requests wait here at once (each holds a server thread); the others are answered at once, with
+nothing ready and ``retry_after_ms``, which their consumer waits out on its side.
 
 Faults. Whatever fails while a task is built or run (shaping, unpickling, any element) fails the
 task: the worker reports it to the dispatcher at once (a heartbeat), which ends the job with
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -83,7 +86,7 @@ from feedline.service.status.page import WorkerSnapshot, render_worker
 from feedline.service.status.server import StatusServer
 from feedline.service.worker.buffer import TaskBuffer
 from feedline.service.worker.memory import BufferMemory
-from feedline.service.worker.replies import wait_seconds
+from feedline.service.worker.replies import NOTHING_YET, wait_seconds
 from feedline.service.worker.task import Task
 
 __all__ = ["WorkerServer"]
@@ -97,6 +100,10 @@ _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
 # An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
 _DATASET_KEEP_S = 10.0
+# The most GetElements requests that wait here at once for elements or for their task (each
+# holds one of the server's threads): past that a request is answered at once, and with nothing
+# ready its consumer waits on its side, so that waiting consumers never take every thread.
+_MAX_WAITING_READS = 16
 
 
 class WorkerServer:
@@ -147,6 +154,8 @@ class WorkerServer:
         self._past_incarnations: set[int] = set()
         self._lock = threading.Lock()
         self._task_started = threading.Condition(self._lock)
+        # GetElements requests allowed to wait now (at most _MAX_WAITING_READS).
+        self._waiting_reads = 0
         self._reply_lock = threading.Lock()
         self._stopped = threading.Event()
         self._draining = threading.Event()
@@ -624,7 +633,27 @@ class WorkerServer:
 
     # -- consumers --------------------------------------------------------------------------
     def _get_elements(self, header: dict[str, Any], buffers: list[memoryview]) -> bytes:
+        """GetElements: at most ``_MAX_WAITING_READS`` requests wait here at once (each holds a
+        server thread); past that a request is answered at once, with what is ready or with
+        nothing yet and ``retry_after_ms``, and its consumer waits on its side."""
         request = GetElementsRequest.from_header(header)
+        with self._lock:
+            may_wait = self._waiting_reads < _MAX_WAITING_READS
+            if may_wait:
+                self._waiting_reads += 1
+        if may_wait:
+            try:
+                return self._serve_elements(request)
+            finally:
+                with self._lock:
+                    self._waiting_reads -= 1
+        frame = self._serve_elements(dataclasses.replace(request, wait_ms=0))
+        retry_ms = int(wait_seconds(request) * 1000)
+        if frame is NOTHING_YET and retry_ms:
+            return encode_frame(ElementsReply(retry_after_ms=retry_ms).to_header())
+        return frame
+
+    def _serve_elements(self, request: GetElementsRequest) -> bytes:
         task_id = request.task_id
         deadline = time.monotonic() + wait_seconds(request)
         with self._lock:
@@ -651,5 +680,5 @@ class WorkerServer:
         elif self._stopped.is_set() or self._draining.is_set():
             reply = ElementsReply(gone=True)
         else:  # nothing yet: the consumer asks again
-            reply = ElementsReply()
+            return NOTHING_YET
         return encode_frame(reply.to_header())
