@@ -229,8 +229,8 @@ class TaskReplies:
         )
         if isinstance(got, Ending):
             return end_frame(got, self._buffer.failure())
-        if got is None:
-            return encode_frame(ElementsReply().to_header())
+        if got is None:  # nothing yet: the trainer asks again
+            return NOTHING_YET
         first, elements = got
         with self._buffer.cond:
             self._count(len(elements), sum(leaf.nbytes for leaves in elements for leaf in leaves))
