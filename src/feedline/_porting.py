@@ -107,10 +107,6 @@ REPLACEMENTS: dict[str, str] = {
     "data.experimental.make_saveable_from_iterator": (
         "use iterator.get_state() / set_state(), or feedline.train.Checkpoint(iterator=it)"
     ),
-    "data.experimental.distributed_save": (
-        "not available yet; save from one process with Dataset.save(path) (or read a job of the "
-        "data service and save that)"
-    ),
     "data.experimental.service.CrossTrainerCache": (
         "not available yet; give each trainer its own job, or share one job_name (each element "
         "then goes to one of the trainers)"

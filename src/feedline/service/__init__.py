@@ -18,6 +18,7 @@ from feedline import _porting
 from feedline.service.client import (
     DataServiceDataset,
     distribute,
+    distributed_save,
     from_dataset_id,
     register_dataset,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "distributed_save",
     "from_dataset_id",
     "local_token",
     "register_dataset",

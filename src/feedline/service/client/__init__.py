@@ -11,5 +11,12 @@ from feedline.service.client.dataset import (
     from_dataset_id,
     register_dataset,
 )
+from feedline.service.client.save import distributed_save
 
-__all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
+__all__ = [
+    "DataServiceDataset",
+    "distribute",
+    "distributed_save",
+    "from_dataset_id",
+    "register_dataset",
+]
