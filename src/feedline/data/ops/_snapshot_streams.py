@@ -76,7 +76,8 @@ def committed_chunks(stream_dir: str) -> list[tuple[str, int]]:
 def start_save(
     path: str, run: str, element_spec: Any, codec: str, num_streams: int, **facts: Any
 ) -> None:
-    """Writes the run's metadata, then ``SAVING`` (``run``, ``num_streams`` and ``facts``):
+    """Writes the run's metadata, then ``SAVING`` (``run``, ``codec``, ``num_streams`` and
+    ``facts``):
     from then on a reader can follow the save. Idempotent."""
     fs.makedirs(fs.join(path, run))
     meta = {
@@ -86,7 +87,7 @@ def start_save(
         "sharding": STREAMS,
     }
     write_json(fs.join(path, run, METADATA), meta)
-    body = {"format": FORMAT, "run": run, "num_streams": num_streams, **facts}
+    body = {"format": FORMAT, "run": run, "codec": codec, "num_streams": num_streams, **facts}
     write_json(fs.join(path, SAVING), body)
 
 

@@ -126,7 +126,6 @@ class Snapshots:
                 start.codec,
                 start.num_streams,
                 fingerprint=start.fingerprint,
-                codec=start.codec,
                 cursor=start.cursor,
             )
         with core.lock:
