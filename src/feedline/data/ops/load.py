@@ -28,7 +28,7 @@ from feedline.data.ops._snapshot_format import (
     shard_dir,
     spec_from_json,
 )
-from feedline.data.ops._snapshot_streams import read_saving
+from feedline.data.ops._snapshot_streams import STREAMS, read_saving
 from feedline.data.ops.load_while_writing import LoadWhileWritingDataset
 from feedline.errors import InvalidArgumentError, NotFoundError
 
@@ -201,7 +201,13 @@ class LoadDataset(Dataset):
             )
         if element_spec is not None:
             spec = _check_spec(element_spec, spec, path)
-        if finished is None:
+        if finished is not None and wait and finished.sharding == STREAMS and not reader_func:
+            # A distributed save read with wait=True reads the same way whether it has finished
+            # or not, so that a position saved while it was written restores after.
+            inner: Dataset = LoadWhileWritingDataset(
+                path, finished.run, len(finished.shards), spec
+            )
+        elif finished is None:
             assert saving is not None
             if reader_func is not None:
                 raise InvalidArgumentError(
@@ -209,7 +215,7 @@ class LoadDataset(Dataset):
                     "is takes no reader_func (the reader follows the streams as their chunks "
                     "are committed); pass reader_func=None, or load it once it is finished"
                 )
-            inner: Dataset = LoadWhileWritingDataset(
+            inner = LoadWhileWritingDataset(
                 path, str(saving["run"]), int(saving["num_streams"]), spec
             )
         else:
