@@ -323,6 +323,7 @@ class DispatchServer:
                 telemetry=self._telemetry,
                 loads=loads,
                 desired_workers=desired_workers(loads),
+                saves=self._snapshots.progress(),
             )
 
     def __enter__(self) -> DispatchServer:
