@@ -169,11 +169,11 @@ def test_a_damaged_chunk_is_data_loss_naming_it(tmp_path: pathlib.Path) -> None:
     data = bytearray(pathlib.Path(chunk).read_bytes())
     data[-6] ^= 0xFF
     pathlib.Path(chunk).write_bytes(bytes(data))
-    with pytest.raises(DataLossError, match="chunk_00000001_2.flchunk") as raised:
+    with pytest.raises(DataLossError, match=r"chunk_00000001_2\.flchunk") as raised:
         list(Dataset.load(path, wait=True))
     assert raised.value.filename == chunk
     streams.finish_save(path, "run", 1)
-    with pytest.raises(DataLossError, match="chunk_00000001_2.flchunk"):
+    with pytest.raises(DataLossError, match=r"chunk_00000001_2\.flchunk"):
         list(Dataset.load(path))
 
 

@@ -79,9 +79,9 @@ def test_a_source_that_does_not_split_is_one_stream(
 ) -> None:
     cluster = make_cluster(1)
     path = str(tmp_path / "snapshot")
-    dataset = Dataset.from_generator(lambda: iter(range(7)), output_signature=exp.get_structure(
-        Dataset.range(1)
-    ))
+    dataset = Dataset.from_generator(
+        lambda: iter(range(7)), output_signature=exp.get_structure(Dataset.range(1))
+    )
     service.distributed_save(dataset, path, cluster.target, compression=None)
     assert read_saving(path)["num_streams"] == 1  # type: ignore[index]
     wait_until(lambda: is_finished(path))
@@ -134,8 +134,15 @@ def test_a_dropped_worker_frees_its_streams_and_the_state_round_trips() -> None:
     updates = [
         RegisterWorker("w1:1"),
         RegisterWorker("w2:1"),
-        StartSnapshot("/s", "d1", "00ff", "run", "LZ4", 3, {"num_units": 9, "split_size": 3,
-                                                           "position": 0, "seed": None}),
+        StartSnapshot(
+            "/s",
+            "d1",
+            "00ff",
+            "run",
+            "LZ4",
+            3,
+            {"num_units": 9, "split_size": 3, "position": 0, "seed": None},
+        ),
         AssignStream("/s", 0, "w1:1"),
         AssignStream("/s", 1, "w2:1"),
         FinishStream("/s", 0),

@@ -67,7 +67,7 @@ def committed_chunks(stream_dir: str) -> list[tuple[str, int]]:
         match = _CHUNK.match(name)
         if match:
             found[int(match.group(1))] = (name, int(match.group(2)))
-    chunks = []
+    chunks: list[tuple[str, int]] = []
     while len(chunks) in found:
         chunks.append(found[len(chunks)])
     return chunks

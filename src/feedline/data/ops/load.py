@@ -204,9 +204,7 @@ class LoadDataset(Dataset):
         if finished is not None and wait and finished.sharding == STREAMS and not reader_func:
             # A distributed save read with wait=True reads the same way whether it has finished
             # or not, so that a position saved while it was written restores after.
-            inner: Dataset = LoadWhileWritingDataset(
-                path, finished.run, len(finished.shards), spec
-            )
+            inner: Dataset = LoadWhileWritingDataset(path, finished.run, len(finished.shards), spec)
         elif finished is None:
             assert saving is not None
             if reader_func is not None:

@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, IteratorContext
-from feedline.data.ops._snapshot_format import ChunkCursor, is_finished, read_finished, shard_dir
 from feedline.data.ops import _snapshot_fs as fs
+from feedline.data.ops._snapshot_format import ChunkCursor, is_finished, read_finished, shard_dir
 from feedline.data.ops._snapshot_streams import committed_chunks
 from feedline.errors import DataLossError
 

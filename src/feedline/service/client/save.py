@@ -87,4 +87,3 @@ def distributed_save(
         (timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000,
         f"starting the distributed_save to {path}",
     )
-

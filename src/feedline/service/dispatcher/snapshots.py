@@ -262,9 +262,10 @@ class Snapshots:
         """Every save's progress (under the lock)."""
         found = []
         for snapshot in self._core.state.snapshots.values():
-            reported = [self._progress.get((snapshot.path, s), (0, 0, 0)) for s in range(
-                snapshot.num_streams
-            )]
+            reported = [
+                self._progress.get((snapshot.path, s), (0, 0, 0))
+                for s in range(snapshot.num_streams)
+            ]
             found.append(
                 SaveProgress(
                     snapshot.path,
@@ -278,4 +279,3 @@ class Snapshots:
                 )
             )
         return found
-

@@ -29,6 +29,7 @@ from feedline.service.protocol import INCARNATION_SHIFT, incarnation_of
 
 __all__ = [
     "AcquireClient",
+    "AssignStream",
     "ClientRecord",
     "CountSplit",
     "CreateJob",
@@ -36,6 +37,8 @@ __all__ = [
     "DatasetRecord",
     "DispatcherState",
     "FinishJob",
+    "FinishSnapshot",
+    "FinishStream",
     "FinishTask",
     "HandOutSplits",
     "JobRecord",
@@ -50,9 +53,6 @@ __all__ = [
     "ReportSplits",
     "ResumeSplits",
     "SnapshotRecord",
-    "AssignStream",
-    "FinishSnapshot",
-    "FinishStream",
     "StartSnapshot",
     "TaskRecord",
     "Update",

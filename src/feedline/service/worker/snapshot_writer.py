@@ -100,8 +100,10 @@ class SnapshotWriterLoop:
             except Exception:
                 if self._stopped.is_set():
                     return
-                logger.exception("worker %s: writing a snapshot stream failed; trying again",
-                                 self._host.worker_address)
+                logger.exception(
+                    "worker %s: writing a snapshot stream failed; trying again",
+                    self._host.worker_address,
+                )
 
     def write(self, stream: SnapshotStreamReply) -> bool:
         """Writes ``stream`` to its end and reports it; False where the worker stopped first."""
