@@ -35,7 +35,7 @@ __all__ = ["SnapshotHost", "SnapshotWriterLoop"]
 logger = logging.getLogger(__name__)
 
 #: How long a worker without a stream to write waits before it asks again.
-POLL_S = 0.5
+POLL_S = 1.0
 
 
 class SnapshotHost(Protocol):
