@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from feedline import errors, service
+from feedline._net import rpc as _rpc
 from feedline.data import Dataset
 from feedline.data import experimental as exp
 from feedline.data.ops._snapshot_format import is_finished
@@ -31,6 +32,13 @@ from feedline.service.dispatcher.state import (
     state_to_json,
     update_from_json,
     update_to_json,
+)
+from feedline.service.protocol import (
+    DISPATCHER_SERVICE,
+    GetSnapshotStreamRequest,
+    SnapshotProgressRequest,
+    SnapshotRequest,
+    SnapshotStreamReply,
 )
 from tests.service.http_helpers import fetch, scrape, table, value
 
@@ -168,3 +176,76 @@ def test_bad_arguments_are_refused(make_cluster: Any, tmp_path: pathlib.Path) ->
         exp.distributed_save(pairs(2), str(tmp_path), cluster.address, compression="ZIP")
     with pytest.raises(errors.InvalidArgumentError, match="host:port"):
         exp.distributed_save(pairs(2), str(tmp_path), "")
+
+
+SNAPSHOT = {
+    "path": "s3://bucket/snapshot",
+    "dataset_id": "12",
+    "fingerprint": "00112233aabbccdd",
+    "codec": "LZ4",
+    "element_spec": {"spec": {"shape": [], "dtype": "<i8"}},
+}
+PROGRESS = {
+    "address": "localhost:5051",
+    "path": "/data/snapshot",
+    "stream": 3,
+    "chunks": 2,
+    "elements": 2048,
+    "nbytes": 1 << 20,
+    "done": False,
+}
+STREAM = {
+    "path": "/data/snapshot",
+    "stream": 3,
+    "dataset_id": "12",
+    "fingerprint": "ab",
+    "run": "r",
+    "codec": "NONE",
+    "units": [9, 10, 11],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "header"),
+    [
+        (SnapshotRequest, SNAPSHOT),
+        (SnapshotProgressRequest, PROGRESS),
+        (SnapshotStreamReply, STREAM),
+        (SnapshotStreamReply, {**STREAM, "units": None}),
+        (GetSnapshotStreamRequest, {"address": "localhost:5051"}),
+    ],
+)
+def test_a_header_reads_back_to_itself(kind: Any, header: dict[str, Any]) -> None:
+    message = kind.from_header(header)
+    assert message.to_header() == header
+    assert SnapshotStreamReply.from_header({"stream": None}) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "message"),
+    [
+        (SnapshotRequest, {**SNAPSHOT, "codec": "ZIP"}, "unknown codec"),
+        (SnapshotRequest, {**SNAPSHOT, "path": ""}, "path must not be empty"),
+        (SnapshotRequest, {**SNAPSHOT, "path": "a\nb"}, "printable"),
+        (SnapshotProgressRequest, {**PROGRESS, "elements": -1}, "elements must be >= 0"),
+        (SnapshotProgressRequest, {**PROGRESS, "done": 1}, "'done'"),
+        (GetSnapshotStreamRequest, {"address": 5}, "'address'"),
+    ],
+)
+def test_a_malformed_header_is_refused(kind: Any, header: dict[str, Any], message: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        kind.from_header(header)
+
+
+def test_a_malformed_call_is_refused_and_the_dispatcher_serves_on(make_cluster: Any) -> None:
+    cluster = make_cluster(0)
+    raw = _rpc.RpcClient(cluster.address, DISPATCHER_SERVICE)
+    with pytest.raises(errors.InvalidArgumentError, match="path"):
+        raw.call("Snapshot", {**SNAPSHOT, "path": 3}, timeout=5)
+    with pytest.raises(errors.NotFoundError, match="no dataset"):
+        raw.call("Snapshot", SNAPSHOT, timeout=5)
+    with pytest.raises(errors.NotFoundError, match="no distributed_save"):
+        raw.call("SnapshotProgress", PROGRESS, timeout=5)
+    reply, _ = raw.call("GetSnapshotStream", {"address": "nobody:1"}, timeout=5)
+    assert reply == {"stream": None}
+    raw.close()
