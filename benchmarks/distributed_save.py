@@ -38,12 +38,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import write_results  # noqa: E402
+from tests.launcher import free_port  # noqa: E402
+from tests.service.procs import ServiceProcesses  # noqa: E402
+
 from feedline import service  # noqa: E402
 from feedline.data import Dataset  # noqa: E402
 from feedline.data.experimental import SHARD_HINT  # noqa: E402
 from feedline.data.ops._snapshot_format import is_finished  # noqa: E402
-from tests.launcher import free_port  # noqa: E402
-from tests.service.procs import ServiceProcesses  # noqa: E402
 
 COST_S = 0.002
 WIDTH = 1024
