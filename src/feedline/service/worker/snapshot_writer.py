@@ -22,6 +22,7 @@ from feedline.data.dataset import Dataset
 from feedline.data.ops import _snapshot_fs as fs
 from feedline.data.ops._snapshot_format import shard_dir
 from feedline.data.ops._snapshot_streams import StreamWriter
+from feedline.errors import UnavailableError
 from feedline.service.protocol import (
     GetDatasetDefRequest,
     GetSnapshotStreamRequest,
@@ -97,6 +98,8 @@ class SnapshotWriterLoop:
                 stream = SnapshotStreamReply.from_header(reply)
                 if stream is not None and self.write(stream):
                     pause = 0.0
+            except UnavailableError as error:  # the heartbeat says so already
+                logger.debug("worker %s: %s", self._host.worker_address, error)
             except Exception:
                 if self._stopped.is_set():
                     return
