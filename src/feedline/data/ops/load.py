@@ -5,6 +5,10 @@ unfinished snapshot is an error at once), then builds the dataset that reads it:
 ``SnapshotShardDataset`` per shard, given as a dataset of datasets to ``reader_func``, which
 combines them, as in TensorFlow. The iterator's state is the reader's: where ``reader_func``
 interleaves the shards, the chunk and row reached in each open shard.
+
+With ``wait=True`` a snapshot that ``distributed_save`` writes (or wrote) is read by
+``load_while_writing.LoadWhileWritingDataset``, which follows its streams as their chunks are
+committed and ends with the save.
 """
 
 from __future__ import annotations
