@@ -1556,7 +1556,8 @@ class SnapshotStreamReply:
 class SnapshotProgressRequest:
     """SnapshotProgress: the worker at ``address`` committed a chunk of stream ``stream`` of
     the save to ``path``: the stream now has ``chunks`` chunks, ``elements`` elements and
-    ``nbytes`` bytes; ``done`` once its DONE file is written."""
+    ``nbytes`` bytes; ``done`` once its DONE file is written. ``error``: the dataset raised
+    this (``"Type: message"``) while the stream was written, which fails the save."""
 
     address: str
     path: str
@@ -1565,6 +1566,7 @@ class SnapshotProgressRequest:
     elements: int
     nbytes: int
     done: bool
+    error: str | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -1581,6 +1583,7 @@ class SnapshotProgressRequest:
             _count(header, "elements"),
             _count(header, "nbytes"),
             field(header, "done", bool),
+            field(header, "error", (str, type(None)), None),
         )
 
     def to_header(self) -> dict[str, Any]:

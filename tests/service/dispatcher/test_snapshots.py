@@ -137,6 +137,27 @@ def test_an_unfinished_save_resumes_where_its_files_are(
     assert sorted(int(x) for x, _ in Dataset.load(path)) == list(range(20))
 
 
+def fails_at_seven(x: Any) -> Any:
+    if int(x) == 7:
+        raise ValueError("no seven")
+    return x
+
+
+def test_a_dataset_that_raises_fails_the_save(make_cluster: Any, tmp_path: pathlib.Path) -> None:
+    cluster = make_cluster(2, status_port=0)
+    path = str(tmp_path / "snapshot")
+    exp.distributed_save(Dataset.range(40).map(fails_at_seven), path, cluster.address)
+    with pytest.raises(errors.FailedPreconditionError, match="ValueError: no seven"):
+        for _ in Dataset.load(path, wait=True):
+            pass
+    assert cluster.dispatcher._state.snapshots[path].error.startswith("ValueError: no seven")
+    with pytest.raises(errors.FailedPreconditionError, match="failed"):
+        exp.distributed_save(Dataset.range(40).map(fails_at_seven), path, cluster.address)
+    (row,) = table(fetch(cluster.dispatcher.status_url)[2], "Saves (distributed_save)")
+    assert row["state"] == "failed"
+    assert not is_finished(path)
+
+
 def test_a_dropped_worker_frees_its_streams_and_the_state_round_trips() -> None:
     state = DispatcherState(incarnation=7)
     updates = [
@@ -193,6 +214,7 @@ PROGRESS = {
     "elements": 2048,
     "nbytes": 1 << 20,
     "done": False,
+    "error": None,
 }
 STREAM = {
     "path": "/data/snapshot",

@@ -9,6 +9,7 @@ is while it runs (described in docs/snapshot_format.md)::
     <path>/<run>/shard_<stream>/chunk_<k>_<count>.flchunk  chunk k of the stream, count elements
     <path>/<run>/shard_<stream>/DONE                       JSON: the stream is complete
     <path>/DONE                                            as in every run: the save is finished
+    <path>/ERROR                                           JSON: the save failed, and why
 
 A chunk is committed when its file appears (files are published whole), so a stream's
 committed elements are its chunks ``0, 1, ...`` that exist, and their counts are in their
@@ -46,6 +47,8 @@ from feedline.data.ops._snapshot_format import (
 from feedline.errors import DataLossError
 
 SAVING = "SAVING"
+#: Written where a save failed: its dataset raised while a stream was written.
+ERROR = "ERROR"
 #: The ``sharding`` of the metadata of a distributed save's run: one shard per stream.
 STREAMS = "streams"
 #: A chunk is committed at the latest this long after its first element was buffered.
@@ -95,6 +98,18 @@ def read_saving(path: str) -> dict[str, Any] | None:
     """What ``SAVING`` says of the save running at ``path``, None where there is none."""
     try:
         return read_json(fs.join(path, SAVING))
+    except FileNotFoundError:
+        return None
+
+
+def write_error(path: str, message: str) -> None:
+    write_json(fs.join(path, ERROR), {"format": FORMAT, "error": message})
+
+
+def read_error(path: str) -> str | None:
+    """Why the save at ``path`` failed, None where it did not."""
+    try:
+        return str(read_json(fs.join(path, ERROR))["error"])
     except FileNotFoundError:
         return None
 

@@ -21,8 +21,8 @@ from typing import Any
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops import _snapshot_fs as fs
 from feedline.data.ops._snapshot_format import ChunkCursor, is_finished, read_finished, shard_dir
-from feedline.data.ops._snapshot_streams import committed_chunks
-from feedline.errors import DataLossError
+from feedline.data.ops._snapshot_streams import committed_chunks, read_error
+from feedline.errors import DataLossError, FailedPreconditionError
 
 #: The longest pause between two looks for new chunks.
 MAX_POLL_S = 0.5
@@ -128,6 +128,13 @@ class _LoadWhileWritingIterator(DatasetIterator):
         grew = False
         for stream, directory in enumerate(self._dirs):
             grew |= self._extend(stream, tuple(committed_chunks(directory)))
+        if not grew:
+            error = read_error(self._path)
+            if error is not None:
+                raise FailedPreconditionError(
+                    f"load(wait=True): the distributed_save to {self._path} failed, so it will "
+                    f"not finish: {error}"
+                )
         return grew
 
     def _extend(self, stream: int, chunks: tuple[tuple[str, int], ...]) -> bool:

@@ -30,11 +30,24 @@ import uuid
 from typing import Any
 
 from feedline.data.ops._snapshot_format import is_finished, spec_from_json
-from feedline.data.ops._snapshot_streams import finish_save, read_saving, start_save
-from feedline.errors import AlreadyExistsError, FeedlineError, InvalidArgumentError, NotFoundError
+from feedline.data.ops._snapshot_streams import (
+    finish_save,
+    read_error,
+    read_saving,
+    start_save,
+    write_error,
+)
+from feedline.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    FeedlineError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import (
     AssignStream,
+    FailSnapshot,
     FinishSnapshot,
     FinishStream,
     SnapshotRecord,
@@ -65,6 +78,14 @@ class SaveProgress:
     elements: int
     nbytes: int
     finished: bool
+    error: str | None = None
+
+
+def _failed(path: str, error: str) -> str:
+    return (
+        f"distributed_save: the save to {path} failed ({error}); fix the dataset, then remove "
+        "the directory (or save to another path) and save again"
+    )
 
 
 class Snapshots:
@@ -100,6 +121,9 @@ class Snapshots:
                 f"distributed_save: {request.path} already holds a finished snapshot; load it "
                 "with Dataset.load, or save to another path (or remove it first)"
             )
+        failed = read_error(request.path)
+        if failed is not None:
+            raise FailedPreconditionError(_failed(request.path, failed))
         saving = read_saving(request.path)
         if saving is not None:
             if saving.get("fingerprint") != request.fingerprint:
@@ -150,6 +174,8 @@ class Snapshots:
                 f"this dataset's {request.fingerprint}) runs to {request.path}; save to another "
                 "path"
             )
+        if known.error is not None:
+            raise FailedPreconditionError(_failed(request.path, known.error))
         if known.finished:
             raise AlreadyExistsError(
                 f"distributed_save: {request.path} already holds a finished snapshot; load it "
@@ -184,7 +210,9 @@ class Snapshots:
         with core.lock:
             if request.address not in core.state.workers:  # dropped: it registers again first
                 return {"stream": None}, ()
-            running = [s for s in core.state.snapshots.values() if not s.finished]
+            running = [
+                s for s in core.state.snapshots.values() if not s.finished and s.error is None
+            ]
             for snapshot in running:
                 for stream, writer in enumerate(snapshot.writers):
                     if writer == request.address and not snapshot.done[stream]:
@@ -218,6 +246,7 @@ class Snapshots:
         """SnapshotProgress: a worker committed a chunk, or completed its stream."""
         request = SnapshotProgressRequest.from_header(header)
         core = self._core
+        message = ""
         with core.lock:
             snapshot = core.state.snapshots.get(request.path)
             if snapshot is None or not 0 <= request.stream < snapshot.num_streams:
@@ -231,6 +260,13 @@ class Snapshots:
             )
             if request.done and not snapshot.done[request.stream]:
                 core.apply(FinishStream(request.path, request.stream))
+            failed = request.error is not None and snapshot.error is None
+            if failed:
+                message = f"{request.error} (stream {request.stream}, worker {request.address})"
+                core.apply(FailSnapshot(request.path, message))
+                logger.error("distributed_save to %s failed: %s", request.path, message)
+        if failed:
+            write_error(request.path, message)
         self._finish_complete()
         return {}, ()
 
@@ -242,7 +278,7 @@ class Snapshots:
             complete = [
                 (s.path, s.run, s.num_streams)
                 for s in core.state.snapshots.values()
-                if not s.finished and all(s.done)
+                if not s.finished and s.error is None and all(s.done)
             ]
         for path, run, streams in complete:
             try:
@@ -276,6 +312,7 @@ class Snapshots:
                     sum(r[1] for r in reported),
                     sum(r[2] for r in reported),
                     snapshot.finished,
+                    snapshot.error,
                 )
             )
         return found

@@ -36,6 +36,7 @@ __all__ = [
     "CreateTask",
     "DatasetRecord",
     "DispatcherState",
+    "FailSnapshot",
     "FinishJob",
     "FinishSnapshot",
     "FinishStream",
@@ -159,6 +160,8 @@ class SnapshotRecord:
     writers: list[str | None]
     done: list[bool]
     finished: bool = False
+    #: Why the save failed (the dataset raised while a stream was written), None if it did not.
+    error: str | None = None
 
 
 # -- updates ----------------------------------------------------------------------------------
@@ -328,6 +331,14 @@ class FinishStream:
 
 
 @dataclasses.dataclass(frozen=True)
+class FailSnapshot:
+    """The save to ``path`` failed: its dataset raised ``error`` while a stream was written."""
+
+    path: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
 class FinishSnapshot:
     """The save to ``path`` is finished (its DONE file is written)."""
 
@@ -371,6 +382,7 @@ Update = (
     | AssignStream
     | FinishStream
     | FinishSnapshot
+    | FailSnapshot
 )
 _UPDATES: dict[str, type] = {kind.__name__: kind for kind in typing.get_args(Update)}
 
@@ -550,6 +562,10 @@ class DispatcherState:
                 snapshot.writers[stream] = None
             case FinishSnapshot(path):
                 self.snapshots[path].finished = True
+            case FailSnapshot(path, error):
+                snapshot = self.snapshots[path]
+                snapshot.error = error
+                snapshot.writers = [None] * snapshot.num_streams
             case _:
                 raise InvalidArgumentError(f"not a dispatcher update: {update!r}")
 

@@ -327,7 +327,7 @@ def _save_row(save: Any) -> list[Any]:
         save.chunks,
         save.elements,
         save.nbytes,
-        "finished" if save.finished else "running",
+        "failed" if save.error else "finished" if save.finished else "running",
     ]
 
 

@@ -5,15 +5,16 @@ save's dataset over the stream's source units (``split_source``; the whole datas
 source does not split), writes the elements as chunks (``_snapshot_streams.StreamWriter``:
 each committed within a few MB or seconds) and reports each chunk and the stream's end
 (``SnapshotProgress``). A stream that a worker takes over from a dead one starts after the
-chunks already committed. A stream whose dataset fails is logged and tried again after a
-pause, so a passing failure (a store that is briefly unreachable) does not end the save.
+chunks already committed. A stream whose files cannot be written is logged and tried again
+after a pause, so a passing failure (a store that is briefly unreachable) does not end the
+save; a dataset that raises fails the save (the dispatcher writes its ``ERROR`` file).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import cloudpickle
@@ -35,6 +36,8 @@ __all__ = ["SnapshotHost", "SnapshotWriterLoop"]
 
 logger = logging.getLogger(__name__)
 
+#: The longest error message a worker reports.
+_MAX_ERROR_CHARS = 4000
 #: How long a worker without a stream to write waits before it asks again.
 POLL_S = 1.0
 
@@ -52,6 +55,22 @@ class SnapshotHost(Protocol):
     ) -> tuple[dict[str, Any], list[memoryview]]:
         """One call to the dispatcher, tried again while it cannot be reached."""
         ...
+
+
+class _DatasetError(Exception):
+    """The save's dataset raised while a stream was written (not the writing of files)."""
+
+
+def _elements(iterator: Iterator[Any]) -> Iterator[Any]:
+    """The elements of ``iterator``; what it raises comes as a ``_DatasetError``."""
+    while True:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            return
+        except Exception as error:
+            raise _DatasetError(f"{type(error).__name__}: {error}") from error
+        yield element
 
 
 class _OneSplit:
@@ -134,8 +153,30 @@ class SnapshotWriterLoop:
         writer = StreamWriter(directory, dataset.element_spec, stream.codec, on_commit=report)
         iterator = iter(dataset)
         try:
-            if not writer.write(iterator, self._stopped.is_set):
+            if not writer.write(_elements(iterator), self._stopped.is_set):
                 return False
+        except _DatasetError as error:  # the save fails: running the stream again cannot help
+            logger.error(
+                "worker %s: the dataset of the save to %s raised in stream %d: %s",
+                self._host.worker_address,
+                stream.path,
+                stream.stream,
+                error,
+            )
+            request = SnapshotProgressRequest(
+                self._host.worker_address,
+                stream.path,
+                stream.stream,
+                len(writer.chunks),
+                writer.committed,
+                writer.nbytes,
+                False,
+                str(error)[:_MAX_ERROR_CHARS],
+            )
+            self._host.call_dispatcher(
+                "SnapshotProgress", request.to_header(), f"reporting the failure of {stream.path}"
+            )
+            return False
         finally:
             iterator.close()
         report(len(writer.chunks), writer.committed, writer.nbytes, done=True)
