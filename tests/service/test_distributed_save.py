@@ -118,7 +118,9 @@ def test_a_worker_killed_mid_chunk_leaves_every_element_once(
             # The stream's first chunk was committed before the kill, and is kept.
             assert any(name.startswith("chunk_00000000_16") for name in fs.listdir(stream))
             wait_until(lambda: is_finished(path), 90, "the save finishes")
-            assert dispatcher._state.snapshots[path].finished
+            # The dispatcher records the save as finished once it has written DONE.
+            record = dispatcher._state.snapshots[path]
+            wait_until(lambda: record.finished, 30, "the dispatcher records the end")
     found = saved(path)
     check_exactly_once(found)
     # The killed worker's committed chunk stays: elements 100-115 are its own.
