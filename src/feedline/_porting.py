@@ -107,10 +107,6 @@ REPLACEMENTS: dict[str, str] = {
     "data.experimental.make_saveable_from_iterator": (
         "use iterator.get_state() / set_state(), or feedline.train.Checkpoint(iterator=it)"
     ),
-    "data.experimental.distributed_save": (
-        "not available yet; save from one process with Dataset.save(path) (or read a job of the "
-        "data service and save that)"
-    ),
     # tf.distribute.experimental.
     "distribute.experimental.CentralStorageStrategy": (
         "use feedline.distribute.MirroredStrategy: PyTorch keeps no central variable store"

@@ -119,6 +119,10 @@ DIFFERENCES: dict[str, str] = {
         "last transformation of the pipeline"
     ),
     "data.experimental.dense_to_ragged_batch": "as Dataset.ragged_batch",
+    "data.experimental.distributed_save": (
+        "the snapshot is in feedline's format (docs/snapshot_format.md), one stream per split of "
+        "the source; the dataset must yield the same elements each time a split runs"
+    ),
     "data.experimental.dense_to_sparse_batch": "as Dataset.sparse_batch",
     "data.experimental.service.CrossTrainerCache": (
         "also reads finite epochs under distributed_epoch: every trainer gets every element "

@@ -216,7 +216,7 @@ def test_loading_an_unfinished_snapshot_is_not_found(tmp_path: pathlib.Path) -> 
     os.remove(tmp_path / fmt.DONE)
     with pytest.raises(NotFoundError, match="holds no finished snapshot"):
         Dataset.load(str(tmp_path))
-    with pytest.raises(NotFoundError, match="while it is being written is not supported yet"):
+    with pytest.raises(NotFoundError, match="no distributed_save is writing one"):
         Dataset.load(str(tmp_path), wait=True)
 
 

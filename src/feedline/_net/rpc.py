@@ -105,6 +105,7 @@ _STATUS_OF: list[tuple[type[errors.FeedlineError], grpc.StatusCode]] = [
     (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
     (errors.DataLossError, grpc.StatusCode.DATA_LOSS),
+    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
 ]
 _ERRORS: dict[grpc.StatusCode, type[errors.FeedlineError]] = {
     code: error for error, code in _STATUS_OF

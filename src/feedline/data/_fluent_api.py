@@ -927,11 +927,15 @@ class FluentAPI:
           reader_func: ``reader_func(datasets)`` gets a dataset whose elements are the
             datasets of the shards and returns the dataset to read; by default they are
             interleaved, one element of each in turn, in parallel.
-          wait: TensorFlow reads a snapshot still being written with it; feedline reads
-            finished snapshots only, and says so where the snapshot is unfinished.
+          wait: read a snapshot that ``distributed_save`` is still writing: the elements of
+            each chunk as soon as it is committed, ending when the save is done (a finished
+            distributed save is read the same way, so a position saved while it was written
+            restores after); takes no ``reader_func`` while the save runs. A ``Dataset.save``
+            still running is read once it finishes.
 
         Raises:
-          NotFoundError: ``path`` holds no finished snapshot.
+          NotFoundError: ``path`` holds no finished snapshot (and, with ``wait``, no
+            ``distributed_save`` is writing one).
           DataLossError: when read, a chunk is missing, truncated or damaged.
 
         Example:

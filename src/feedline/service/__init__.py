@@ -19,6 +19,7 @@ from feedline.service.client import (
     CrossTrainerCache,
     DataServiceDataset,
     distribute,
+    distributed_save,
     from_dataset_id,
     register_dataset,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerServer",
     "distribute",
+    "distributed_save",
     "from_dataset_id",
     "local_token",
     "register_dataset",

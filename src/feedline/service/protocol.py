@@ -1463,3 +1463,161 @@ class LoadReply:
             "jobs": [job.to_header() for job in self.jobs],
             "consumers": self.consumers,
         }
+
+
+# -- distributed_save -------------------------------------------------------------------------
+
+_MAX_PATH_CHARS = 4096
+
+
+def _path(header: dict[str, Any]) -> str:
+    """``header["path"]``: where a snapshot is written, non-empty printable text."""
+    path = _text(field(header, "path", str), "path", _MAX_PATH_CHARS)
+    if not path:
+        raise InvalidArgumentError("malformed request: path must not be empty")
+    return path
+
+
+def _count(header: dict[str, Any], name: str) -> int:
+    value = field(header, name, int)
+    if value < 0:
+        raise InvalidArgumentError(f"malformed request: {name} must be >= 0, got {value}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotRequest:
+    """Snapshot: a client starts ``distributed_save`` of dataset ``dataset_id`` to ``path``
+    (or resumes the unfinished one there).
+
+    Attributes:
+      path: the snapshot's directory (a local path or a URL of the file-system layer).
+      dataset_id: the registered dataset.
+      fingerprint: the dataset's fingerprint (``Dataset.fingerprint``, 16 hex digits): a
+        snapshot of another dataset at ``path`` is refused.
+      codec: the chunks' compression (``NONE``, ``GZIP``, ``LZ4`` or ``SNAPPY``).
+      element_spec: the element spec as JSON (``_snapshot_format.spec_to_json``).
+    """
+
+    path: str
+    dataset_id: str
+    fingerprint: str
+    codec: str
+    element_spec: Any
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or mistyped.
+        """
+        codec = field(header, "codec", str)
+        if codec not in ("NONE", "GZIP", "LZ4", "SNAPPY"):
+            raise InvalidArgumentError(f"malformed request: unknown codec {codec!r}")
+        return cls(
+            _path(header),
+            _dataset_id(header),
+            _text(field(header, "fingerprint", str), "fingerprint", 64),
+            codec,
+            field(header, "element_spec", (dict, list)),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class GetSnapshotStreamRequest:
+    """GetSnapshotStream: the worker at ``address`` asks for a stream of a save to write (the
+    one it writes already, if any)."""
+
+    address: str
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: the address is missing or malformed.
+        """
+        return cls(_worker_address(header))
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return {"address": self.address}
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotStreamReply:
+    """A stream to write: stream ``stream`` of the save to ``path`` (run ``run``), the dataset
+    (``dataset_id``, ``fingerprint``) run over the source units ``units`` (None: the whole
+    dataset, whose source does not split), chunks compressed with ``codec``."""
+
+    path: str
+    stream: int
+    dataset_id: str
+    fingerprint: str
+    run: str
+    codec: str
+    units: list[int] | None
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self | None:
+        """The stream in ``header``, None where the dispatcher has none to give."""
+        if field(header, "stream", (int, type(None)), None) is None:
+            return None
+        units = field(header, "units", (list, type(None)))
+        return cls(
+            _path(header),
+            _count(header, "stream"),
+            _dataset_id(header),
+            field(header, "fingerprint", str),
+            field(header, "run", str),
+            field(header, "codec", str),
+            None if units is None else list(_ints(header, "units")),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this reply."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotProgressRequest:
+    """SnapshotProgress: the worker at ``address`` committed a chunk of stream ``stream`` of
+    the save to ``path``: the stream now has ``chunks`` chunks, ``elements`` elements and
+    ``nbytes`` bytes; ``done`` once its DONE file is written. ``error``: the dataset raised
+    this (``"Type: message"``) while the stream was written, which fails the save."""
+
+    address: str
+    path: str
+    stream: int
+    chunks: int
+    elements: int
+    nbytes: int
+    done: bool
+    error: str | None = None
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing, mistyped or negative.
+        """
+        return cls(
+            _worker_address(header),
+            _path(header),
+            _count(header, "stream"),
+            _count(header, "chunks"),
+            _count(header, "elements"),
+            _count(header, "nbytes"),
+            field(header, "done", bool),
+            field(header, "error", (str, type(None)), None),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return {**dataclasses.asdict(self), "address": self.address}

@@ -95,6 +95,7 @@ __all__ = [
     "copy_to_device",
     "dense_to_ragged_batch",
     "dense_to_sparse_batch",
+    "distributed_save",
     "enable_debug_mode",
     "enumerate_dataset",
     "from_list",
@@ -125,7 +126,7 @@ __all__ = [
 ]
 
 # ``feedline.data.experimental.service`` is the data service, a layer above feedline.data:
-# imported on first use only.
+# imported on first use only, as is ``distributed_save``, which the service's workers run.
 # ``make_batched_features_dataset`` reads files (feedline.data) and parses Examples (feedline.io),
 # and ``TFRecordWriter`` writes a dataset with feedline.io's writer; feedline.data and feedline.io
 # do not import each other, so both live above them and are imported on first use.
@@ -135,5 +136,6 @@ __getattr__, __dir__ = _porting.lazy_attributes(
         "TFRecordWriter": "feedline._dataset_writer:TFRecordWriter",
         "make_batched_features_dataset": "feedline._batched_features:make_batched_features_dataset",
         "service": "feedline.service",
+        "distributed_save": "feedline.service.client.save:distributed_save",
     },
 )

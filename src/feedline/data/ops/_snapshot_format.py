@@ -557,6 +557,16 @@ class ChunkCursor:
         ]
         self._loaded = self.chunk
 
+    @property
+    def chunks(self) -> tuple[tuple[str, int], ...]:
+        """The chunks this cursor reads: names and element counts."""
+        return self._chunks
+
+    def extend(self, chunks: tuple[tuple[str, int], ...]) -> None:
+        """Reads ``chunks`` from now on: the chunks known so far and more after them (a
+        stream still being written)."""
+        self._chunks = chunks
+
     def next(self) -> Any:
         while self.chunk < len(self._chunks) and self.row >= self._chunks[self.chunk][1]:
             self.chunk, self.row = self.chunk + 1, 0

@@ -29,6 +29,7 @@ def exists(path: str) -> bool:
         return os.path.exists(path)
     fs, inner = _fs.filesystem(path)
     with _fs.translate_errors(path, "snapshot"):
+        fs.invalidate_cache(inner)  # another process may have written it since a listing
         return bool(fs.exists(inner))
 
 
@@ -72,6 +73,7 @@ def read_bytes(path: str) -> bytes:
             return f.read()
     fs, inner = _fs.filesystem(path)
     with _fs.translate_errors(path, "snapshot"):
+        fs.invalidate_cache(inner)  # another process may have written it since a listing
         return bytes(fs.cat_file(inner))
 
 

@@ -5,6 +5,10 @@ unfinished snapshot is an error at once), then builds the dataset that reads it:
 ``SnapshotShardDataset`` per shard, given as a dataset of datasets to ``reader_func``, which
 combines them, as in TensorFlow. The iterator's state is the reader's: where ``reader_func``
 interleaves the shards, the chunk and row reached in each open shard.
+
+With ``wait=True`` a snapshot that ``distributed_save`` writes (or wrote) is read by
+``load_while_writing.LoadWhileWritingDataset``, which follows its streams as their chunks are
+committed and ends with the save.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from feedline.data.autotune import cpu_budget
 from feedline.data.dataset import AUTOTUNE, Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops import _snapshot_fs as fs
 from feedline.data.ops._snapshot_format import (
+    METADATA,
     ChunkCursor,
     Finished,
     read_finished,
+    read_json,
     resolve_codec,
     shard_dir,
+    spec_from_json,
 )
+from feedline.data.ops._snapshot_streams import STREAMS, read_saving
+from feedline.data.ops.load_while_writing import LoadWhileWritingDataset
 from feedline.errors import InvalidArgumentError, NotFoundError
 
 ROUND_ROBIN = "round_robin"
@@ -168,40 +177,67 @@ class LoadDataset(Dataset):
         wait: bool = False,
     ) -> None:
         path = os.fspath(path)
+        saving = None
         try:
-            finished = read_finished(path, "load")
+            finished: Finished | None = read_finished(path, "load")
         except NotFoundError as error:
-            if wait and fs.exists(path):
+            saving = read_saving(path) if wait else None
+            if wait and saving is None and fs.exists(path):
                 raise NotFoundError(
-                    f"load(wait=True): {path} holds no finished snapshot, and reading a snapshot "
-                    "while it is being written is not supported yet; load it once its save has "
-                    "finished",
+                    f"load(wait=True): {path} holds no finished snapshot and no distributed_save "
+                    "is writing one (its SAVING file is missing); a Dataset.save still running "
+                    "can be loaded once it finishes",
                     name=path,
                 ) from error
-            raise
-        if compression is not None:
-            codec = resolve_codec(compression, "load")
-            if codec != finished.codec:
-                raise InvalidArgumentError(
-                    f"load: {path} was saved with compression {finished.codec!r}, not "
-                    f"{compression!r}; pass compression={finished.codec!r} or None"
-                )
-        spec = finished.element_spec
+            if saving is None:
+                raise
+            finished = None
+        if finished is not None:
+            codec, spec = finished.codec, finished.element_spec
+        else:
+            assert saving is not None
+            meta = read_json(fs.join(path, saving["run"], METADATA))
+            codec, spec = str(meta["codec"]), spec_from_json(meta["element_spec"])
+        if compression is not None and resolve_codec(compression, "load") != codec:
+            raise InvalidArgumentError(
+                f"load: {path} was saved with compression {codec!r}, not "
+                f"{compression!r}; pass compression={codec!r} or None"
+            )
         if element_spec is not None:
             spec = _check_spec(element_spec, spec, path)
-        shards = tuple(
-            SnapshotShardDataset(shard_dir(finished.run_dir, s.shard), s.chunks, spec)
-            for s in finished.shards
-        )
-        datasets = SnapshotShardListDataset(shards, spec)
-        reader = reader_func or default_reader(finished, datasets.options())
-        inner = reader(datasets)
-        if not isinstance(inner, Dataset):
-            raise TypeError(f"load: reader_func must return a Dataset, got {type(inner).__name__}")
+        if finished is not None and wait and finished.sharding == STREAMS and not reader_func:
+            # A distributed save read with wait=True reads the same way whether it has finished
+            # or not, so that a position saved while it was written restores after.
+            inner: Dataset = LoadWhileWritingDataset(path, finished.run, len(finished.shards), spec)
+        elif finished is None:
+            assert saving is not None
+            if reader_func is not None:
+                raise InvalidArgumentError(
+                    f"load(wait=True): {path} is still being written, and reading it while it "
+                    "is takes no reader_func (the reader follows the streams as their chunks "
+                    "are committed); pass reader_func=None, or load it once it is finished"
+                )
+            inner = LoadWhileWritingDataset(
+                path, str(saving["run"]), int(saving["num_streams"]), spec
+            )
+        else:
+            shards = tuple(
+                SnapshotShardDataset(shard_dir(finished.run_dir, s.shard), s.chunks, spec)
+                for s in finished.shards
+            )
+            datasets = SnapshotShardListDataset(shards, spec)
+            reader = reader_func or default_reader(finished, datasets.options())
+            inner = reader(datasets)
+            if not isinstance(inner, Dataset):
+                raise TypeError(
+                    f"load: reader_func must return a Dataset, got {type(inner).__name__}"
+                )
         super().__init__((inner,))
         self._path = path
         self._element_spec = spec
-        self._saved_elements = finished.elements if reader_func is None else None
+        self._saved_elements = (
+            finished.elements if finished is not None and reader_func is None else None
+        )
 
     def _cardinality(self) -> int:
         if self._saved_elements is not None:

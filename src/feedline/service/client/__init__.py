@@ -12,11 +12,13 @@ from feedline.service.client.dataset import (
     from_dataset_id,
     register_dataset,
 )
+from feedline.service.client.save import distributed_save
 
 __all__ = [
     "CrossTrainerCache",
     "DataServiceDataset",
     "distribute",
+    "distributed_save",
     "from_dataset_id",
     "register_dataset",
 ]

@@ -97,6 +97,7 @@ class Collector:
         core = self._core
         state = core.state
         read = {job.dataset_id for job in state.jobs.values()}
+        read |= {s.dataset_id for s in state.snapshots.values() if not s.finished}
         for dataset_id in list(state.datasets):
             if dataset_id in read:
                 continue

@@ -53,6 +53,10 @@ GetSplit            the next split of a DYNAMIC job's repetition, or none; a tas
 GetLoad             the workers the running jobs need (``demand``), each worker with its load
                     and whether it may drain, each running job's load (``protocol.LoadReply``):
                     what ``feedline autoscale`` and ``feedline diagnose`` read
+Snapshot            ``distributed_save``: a save of a registered dataset to a path starts, or
+                    resumes (``snapshots``)
+GetSnapshotStream   a worker asks for the stream of a save it writes, or a new one
+SnapshotProgress    a worker committed a chunk of its stream, or completed it
 ==================  ============================================================================
 
 Every reply to a heartbeat and to GetOrCreateJob carries the dispatcher's ``incarnation``, drawn
@@ -87,6 +91,7 @@ from feedline.service.dispatcher.gc import Collector
 from feedline.service.dispatcher.jobs import Jobs
 from feedline.service.dispatcher.journal import JOURNAL_FILE, Journal
 from feedline.service.dispatcher.long_poll import LongPoll
+from feedline.service.dispatcher.snapshots import Snapshots
 from feedline.service.dispatcher.split_handout import SplitHandout
 from feedline.service.dispatcher.state import DispatcherState
 from feedline.service.dispatcher.workers import Workers
@@ -148,6 +153,7 @@ class DispatchServer:
         self._workers = Workers(core, self._telemetry)
         self._jobs = Jobs(core, self._datasets, self._workers, self._long_poll)
         self._split_handout = SplitHandout(core)
+        self._snapshots = Snapshots(core)
         self._collector = Collector(core, self._jobs, self._workers, self._telemetry)
         self._durability = Durability(core, self.stop)
         if self._config.fault_tolerant_mode:
@@ -188,6 +194,9 @@ class DispatchServer:
             "WorkerHeartbeat": self._workers.worker_heartbeat,
             "GetSplit": self._split_handout.get_split,
             "GetLoad": self._get_load,
+            "Snapshot": self._snapshots.snapshot,
+            "GetSnapshotStream": self._snapshots.get_snapshot_stream,
+            "SnapshotProgress": self._snapshots.snapshot_progress,
         }
         if self._durability.journal is not None:
             durable = self._durability.durable
@@ -314,6 +323,7 @@ class DispatchServer:
                 telemetry=self._telemetry,
                 loads=loads,
                 desired_workers=desired_workers(loads),
+                saves=self._snapshots.progress(),
             )
 
     def __enter__(self) -> DispatchServer:

@@ -29,13 +29,17 @@ from feedline.service.protocol import INCARNATION_SHIFT, incarnation_of
 
 __all__ = [
     "AcquireClient",
+    "AssignStream",
     "ClientRecord",
     "CountSplit",
     "CreateJob",
     "CreateTask",
     "DatasetRecord",
     "DispatcherState",
+    "FailSnapshot",
     "FinishJob",
+    "FinishSnapshot",
+    "FinishStream",
     "FinishTask",
     "HandOutSplits",
     "JobRecord",
@@ -49,6 +53,8 @@ __all__ = [
     "ReplaySplit",
     "ReportSplits",
     "ResumeSplits",
+    "SnapshotRecord",
+    "StartSnapshot",
     "TaskRecord",
     "Update",
     "state_from_json",
@@ -134,6 +140,30 @@ class ClientRecord:
     client_id: int
     job_id: int
     released: bool = False
+
+
+@dataclasses.dataclass
+class SnapshotRecord:
+    """A ``distributed_save`` of dataset ``dataset_id`` to ``path``: its ``num_streams``
+    streams, which worker writes each (None: nobody yet) and which are complete.
+
+    ``cursor`` (a ``SplitCursor``'s JSON, None for a dataset whose source does not split: one
+    stream) fixes each stream's units: stream ``i`` is the split at positions
+    ``i * split_size`` to ``(i + 1) * split_size``.
+    """
+
+    path: str
+    dataset_id: str
+    fingerprint: str
+    run: str
+    codec: str
+    num_streams: int
+    cursor: dict[str, Any] | None
+    writers: list[str | None]
+    done: list[bool]
+    finished: bool = False
+    #: Why the save failed (the dataset raised while a stream was written), None if it did not.
+    error: str | None = None
 
 
 # -- updates ----------------------------------------------------------------------------------
@@ -274,6 +304,51 @@ class ResumeSplits:
 
 
 @dataclasses.dataclass(frozen=True)
+class StartSnapshot:
+    """A ``distributed_save`` begins (or, found unfinished at its path, resumes)."""
+
+    path: str
+    dataset_id: str
+    fingerprint: str
+    run: str
+    codec: str
+    num_streams: int
+    cursor: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class AssignStream:
+    """Stream ``stream`` of the save to ``path`` is written by the worker at ``worker``."""
+
+    path: str
+    stream: int
+    worker: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishStream:
+    """Stream ``stream`` of the save to ``path`` is complete (its DONE file is written)."""
+
+    path: str
+    stream: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FailSnapshot:
+    """The save to ``path`` failed: its dataset raised ``error`` while a stream was written."""
+
+    path: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishSnapshot:
+    """The save to ``path`` is finished (its DONE file is written)."""
+
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RemoveJob:
     """The job is collected: it, its tasks, its consumers and its split cursors are forgotten
     (a named job's name then starts a new job)."""
@@ -306,6 +381,11 @@ Update = (
     | ResumeSplits
     | RemoveJob
     | RemoveDataset
+    | StartSnapshot
+    | AssignStream
+    | FinishStream
+    | FinishSnapshot
+    | FailSnapshot
 )
 _UPDATES: dict[str, type] = {kind.__name__: kind for kind in typing.get_args(Update)}
 
@@ -366,6 +446,8 @@ class DispatcherState:
         self.split_cursors: dict[tuple[int, int], dict[str, Any]] = {}
         #: The split ledgers of the exactly-once jobs.
         self.ledgers: dict[int, SplitLedger] = {}
+        #: The ``distributed_save`` runs, by path.
+        self.snapshots: dict[str, SnapshotRecord] = {}
         self.next_id = (incarnation << INCARNATION_SHIFT) + 1
 
     def new_id(self) -> int:
@@ -389,6 +471,8 @@ class DispatcherState:
                 self.workers[address] = WorkerRecord(address, tuple(tags))
             case RemoveWorker(address):
                 self.workers.pop(address, None)
+                for snapshot in self.snapshots.values():  # its streams go to other workers
+                    snapshot.writers = [None if w == address else w for w in snapshot.writers]
                 for task in self.worker_tasks(address):
                     if not task.finished:
                         task.finished = task.lost = True
@@ -467,6 +551,24 @@ class DispatcherState:
                 record = self.datasets.pop(dataset_id)
                 if self.dataset_by_fingerprint.get(record.fingerprint) == dataset_id:
                     del self.dataset_by_fingerprint[record.fingerprint]
+            case StartSnapshot():
+                fields = dataclasses.asdict(update)
+                count = update.num_streams
+                self.snapshots[update.path] = SnapshotRecord(
+                    **fields, writers=[None] * count, done=[False] * count
+                )
+            case AssignStream(path, stream, worker):
+                self.snapshots[path].writers[stream] = worker
+            case FinishStream(path, stream):
+                snapshot = self.snapshots[path]
+                snapshot.done[stream] = True
+                snapshot.writers[stream] = None
+            case FinishSnapshot(path):
+                self.snapshots[path].finished = True
+            case FailSnapshot(path, error):
+                snapshot = self.snapshots[path]
+                snapshot.error = error
+                snapshot.writers = [None] * snapshot.num_streams
             case _:
                 raise InvalidArgumentError(f"not a dispatcher update: {update!r}")
 
@@ -528,6 +630,7 @@ def state_to_json(state: DispatcherState) -> dict[str, Any]:
         "clients": [dataclasses.asdict(c) for c in state.clients.values()],
         "split_cursors": [[j, r, cursor] for (j, r), cursor in state.split_cursors.items()],
         "ledgers": [[j, ledger.to_json()] for j, ledger in state.ledgers.items()],
+        "snapshots": [dataclasses.asdict(s) for s in state.snapshots.values()],
     }
 
 
@@ -565,6 +668,9 @@ def state_from_json(data: dict[str, Any]) -> DispatcherState:
             state.clients[client.client_id] = client
         state.split_cursors = {(int(j), int(r)): dict(c) for j, r, c in data["split_cursors"]}
         state.ledgers = {int(j): SplitLedger.from_json(d) for j, d in data.get("ledgers", ())}
+        for fields in data.get("snapshots", ()):
+            snapshot = SnapshotRecord(**fields)
+            state.snapshots[snapshot.path] = snapshot
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise InvalidArgumentError(f"not a dispatcher state snapshot: {error!r}") from error
     return state

@@ -20,6 +20,10 @@ dispatcher_workers, _datasets, _consumers   gauge      registered workers, datas
 dispatcher_desired_workers                  gauge      workers the running jobs need
                                                         (``dispatcher.demand``; 0: none runs)
 dispatcher_jobs, dispatcher_tasks           gauge      by ``state``
+dispatcher_save_streams                     gauge      streams of each ``distributed_save``, by
+                                                        ``path`` and ``state`` (done, writing,
+                                                        waiting)
+dispatcher_save_chunks, _elements, _bytes   gauge      what its workers committed, by ``path``
 worker_elements_served_total                counter    elements handed to consumers
 worker_bytes_served_total                   counter    their bytes (array bytes, uncompressed)
 worker_get_elements_duration_seconds        histogram  GetElements handling time (with its wait)
@@ -235,7 +239,14 @@ class DispatcherTelemetry(_Telemetry):
         for kind in ("worker", "consumer"):
             self._missed.labels(kind)
         self._snapshot = snapshot
-        labels = {"feedline_dispatcher_jobs": ("state",), "feedline_dispatcher_tasks": ("state",)}
+        labels = {
+            "feedline_dispatcher_jobs": ("state",),
+            "feedline_dispatcher_tasks": ("state",),
+            "feedline_dispatcher_save_streams": ("path", "state"),
+            "feedline_dispatcher_save_chunks": ("path",),
+            "feedline_dispatcher_save_elements": ("path",),
+            "feedline_dispatcher_save_bytes": ("path",),
+        }
         registry.register(_Gauges(self._gauges, labels))
 
     def instrument(self, handlers: dict[str, Handler]) -> dict[str, Handler]:
@@ -299,6 +310,23 @@ class DispatcherTelemetry(_Telemetry):
                 tasks[state] += job["tasks"][state]
         yield "feedline_dispatcher_jobs", "Jobs, by state.", {(k,): v for k, v in jobs.items()}
         yield "feedline_dispatcher_tasks", "Tasks, by state.", {(k,): v for k, v in tasks.items()}
+        streams: dict[tuple[str, ...], float] = {}
+        for save in snap.saves:
+            waiting = save.streams - save.streams_done - save.writing
+            for state, count in (("done", save.streams_done), ("writing", save.writing)):
+                streams[(save.path, state)] = count
+            streams[(save.path, "waiting")] = waiting
+        yield (
+            "feedline_dispatcher_save_streams",
+            "Streams of each distributed_save, by path and state.",
+            streams,
+        )
+        for name, what in (("chunks", "Chunks"), ("elements", "Elements"), ("nbytes", "Bytes")):
+            yield (
+                f"feedline_dispatcher_save_{name.removeprefix('n')}",
+                f"{what} each distributed_save's workers committed, by path.",
+                {(save.path,): getattr(save, name) for save in snap.saves},
+            )
 
 
 class WorkerTelemetry(_Telemetry):

@@ -58,6 +58,8 @@ class DispatcherSnapshot:
     desired_workers: int = 0
     #: Each running job's load (``dispatcher.demand.JobLoad``).
     loads: list[Any] = dataclasses.field(default_factory=list)
+    #: Each ``distributed_save``'s progress (``dispatcher.snapshots.SaveProgress``).
+    saves: list[Any] = dataclasses.field(default_factory=list)
 
     @classmethod
     def capture(
@@ -73,6 +75,7 @@ class DispatcherSnapshot:
         telemetry: Any,
         loads: Sequence[Any] = (),
         desired_workers: int = 0,
+        saves: Sequence[Any] = (),
     ) -> DispatcherSnapshot:
         """The snapshot of a dispatcher whose lock the caller holds.
 
@@ -86,6 +89,7 @@ class DispatcherSnapshot:
           telemetry: its ``DispatcherTelemetry`` (served counts and rates, recent errors).
           loads: each running job's load (``dispatcher.demand.JobLoad``).
           desired_workers: the workers the running jobs need.
+          saves: each ``distributed_save``'s progress (``dispatcher.snapshots.SaveProgress``).
         """
         now = time.monotonic()
 
@@ -189,6 +193,7 @@ class DispatcherSnapshot:
             live_workers=len(set(state.workers) - draining),
             desired_workers=desired_workers,
             loads=list(loads),
+            saves=list(saves),
         )
 
 
@@ -275,6 +280,7 @@ _JOB_COLUMNS = [
 ]  # fmt: skip
 _DATASET_COLUMNS = ["dataset", "cardinality", "fingerprint", "bytes", "splittable", "jobs"]
 _CONSUMER_COLUMNS = ["consumer", "job", "last heartbeat", "state"]
+_SAVE_COLUMNS = ["path", "streams done", "streams writing", "chunks", "elements", "bytes", "state"]
 _TASK_COLUMNS = [
     "task", "job", "dataset", "mode", "shard", "consumers", "buffered", "buffered bytes",
     "elements served", "elements/s", "bytes/s", "state",
@@ -310,6 +316,18 @@ def _job_row(job: dict[str, Any]) -> list[Any]:
         job["elements_per_s"],
         round(job["bytes_per_s"]),
         state,
+    ]
+
+
+def _save_row(save: Any) -> list[Any]:
+    return [
+        save.path,
+        f"{save.streams_done} of {save.streams}",
+        save.writing,
+        save.chunks,
+        save.elements,
+        save.nbytes,
+        "failed" if save.error else "finished" if save.finished else "running",
     ]
 
 
@@ -386,6 +404,7 @@ def render_dispatcher(snap: DispatcherSnapshot) -> str:
         _table("Jobs", _JOB_COLUMNS, snap.jobs, _job_row),
         _table("Datasets", _DATASET_COLUMNS, snap.datasets, _dataset_row),
         _table("Consumers", _CONSUMER_COLUMNS, snap.consumers, _consumer_row),
+        _table("Saves (distributed_save)", _SAVE_COLUMNS, snap.saves, _save_row),
         _table("Input", _INPUT_COLUMNS, _diagnoses(snap), list),
         _errors(snap.errors),
     ]

@@ -87,6 +87,7 @@ from feedline.service.status.server import StatusServer
 from feedline.service.worker.buffer import TaskBuffer
 from feedline.service.worker.memory import BufferMemory
 from feedline.service.worker.replies import NOTHING_YET, wait_seconds
+from feedline.service.worker.snapshot_writer import SnapshotWriterLoop
 from feedline.service.worker.task import Task
 
 __all__ = ["WorkerServer"]
@@ -165,6 +166,8 @@ class WorkerServer:
         self._server: Any = None
         self._address: str | None = None
         self._heartbeat_thread: threading.Thread | None = None
+        # Writes the streams of distributed_save that the dispatcher hands this worker.
+        self._snapshot_thread: threading.Thread | None = None
         # The status page and metrics (``status_port``): counted only when served.
         self._started_at = time.monotonic()
         self._telemetry = WorkerTelemetry(config.status_port is not None, self._status_snapshot)
@@ -242,6 +245,12 @@ class WorkerServer:
             target=self._heartbeat_loop, name=f"feedline-worker-{port}-heartbeat", daemon=True
         )
         self._heartbeat_thread.start()
+        self._snapshot_thread = threading.Thread(
+            target=SnapshotWriterLoop(self, self._stopped).run,
+            name=f"feedline-worker-{port}-snapshot",
+            daemon=True,
+        )
+        self._snapshot_thread.start()
         logger.info("worker %s registered with %s", self._address, self._dispatcher.address)
 
     def join(self) -> None:
