@@ -18,7 +18,7 @@ from tests.service.procs import ServiceProcesses
 
 pytestmark = pytest.mark.timeout(240)
 
-ELEMENTS, BATCH, SAVE_FREQ, KILL_AT = 480, 8, 5, 13
+ELEMENTS, BATCH, SAVE_FREQ = 480, 8, 5
 
 _TRAINER = f"""
 import json, os, sys, time
@@ -59,7 +59,7 @@ with BackupAndRestore(checkpoint, os.path.join(folder, "backup"), save_freq={SAV
         ids = [i for part in strategy.experimental_local_results(batch) for i in part.tolist()]
         log.write(json.dumps([step, ids]) + "\\n")
         log.flush()
-        if attempt == 0 and step == {KILL_AT} and rank == 1:
+        if attempt == 0 and step == int(os.environ["KILL_AT"]) and rank == 1:
             with open(os.path.join(folder, "pid.tmp"), "w") as f:
                 f.write(str(os.getpid()))
             os.replace(os.path.join(folder, "pid.tmp"), os.path.join(folder, "pid"))
@@ -81,15 +81,18 @@ def _committed(folder: pathlib.Path, rank: int, restarted_at: int) -> list[int]:
     return ids
 
 
+@pytest.mark.parametrize(
+    "kill_at", [13, 3], ids=["after-a-backup", "before-the-first-backup"]
+)
 def test_a_kill_9_mid_epoch_trains_on_every_element_of_a_shared_job_once(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, kill_at: int
 ) -> None:
     with ServiceProcesses(timeout=200) as cluster:
         cluster.start_dispatcher("--fault-tolerant", "--work-dir", str(tmp_path / "dispatcher"))
         cluster.start_worker()
         procs = cluster.run(
             _TRAINER,
-            [("torchrun", {})],
+            [("torchrun", {"KILL_AT": str(kill_at)})],
             argv=[str(tmp_path)],
             torchrun=Torchrun(nproc_per_node=2, max_restarts=1),
             timeout=180,
@@ -101,7 +104,7 @@ def test_a_kill_9_mid_epoch_trains_on_every_element_of_a_shared_job_once(
     assert results["torchrun"].returncode == 0, results["torchrun"].describe()
     starts = {reports[f"rank:{rank}"]["start"] for rank in range(2)}
     assert {reports[f"rank:{rank}"]["attempt"] for rank in range(2)} == {1}
-    assert starts == {(KILL_AT // SAVE_FREQ) * SAVE_FREQ}
+    assert starts == {(kill_at // SAVE_FREQ) * SAVE_FREQ}
     restarted_at = starts.pop()
     trained = _committed(tmp_path, 0, restarted_at) + _committed(tmp_path, 1, restarted_at)
     assert sorted(trained) == list(range(ELEMENTS))
