@@ -153,18 +153,35 @@ def tf_config_envs(
 class Torchrun:
     """Run a process as torchrun's launcher on one node: ``python -m torch.distributed.run
     --nnodes 1 --nproc-per-node N --max-restarts R --master-addr 127.0.0.1 --master-port P``,
-    each worker's output of each attempt kept in its own file."""
+    each worker's output of each attempt kept in its own file.
+
+    With ``nnodes`` (``"MIN:MAX"``) it is one elastic agent of several, each a process of its
+    own ("node"), meeting at ``port`` through torchrun's c10d rendezvous (``--rdzv-backend
+    c10d``): the agents restart their workers when a node joins or is lost."""
 
     nproc_per_node: int
     max_restarts: int = 0
     port: int | None = None
+    nnodes: str | None = None
 
     def command(self, log_dir: Path) -> list[str]:
+        common = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            str(self.nproc_per_node), "--max-restarts", str(self.max_restarts), "--log-dir",
+            str(log_dir), "--redirects", "3",
+        ]  # fmt: skip
+        if self.nnodes is None:
+            return [
+                *common, "--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port",
+                str(self.port or free_port()),
+            ]  # fmt: skip
+        if self.port is None:
+            raise ValueError("elastic agents meet at one port: give Torchrun(port=...)")
         return [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", str(self.nproc_per_node), "--max-restarts",
-            str(self.max_restarts), "--master-addr", "127.0.0.1", "--master-port",
-            str(self.port or free_port()), "--log-dir", str(log_dir), "--redirects", "3",
+            *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
+            "--rdzv-conf", "join_timeout=60,last_call_timeout=1,close_timeout=10",
+            "--monitor-interval", "0.2",
         ]  # fmt: skip
 
 
