@@ -149,6 +149,13 @@ def tf_config_envs(
     ]
 
 
+# Quick rounds: one second for late nodes, a lost node noticed within about three seconds.
+_ELASTIC_RENDEZVOUS = (
+    "join_timeout=60,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,"
+    "keep_alive_max_attempt=3"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Torchrun:
     """Run a process as torchrun's launcher on one node: ``python -m torch.distributed.run
@@ -180,7 +187,7 @@ class Torchrun:
         return [
             *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
-            "--rdzv-conf", "join_timeout=60,last_call_timeout=1,close_timeout=10",
+            "--rdzv-conf", _ELASTIC_RENDEZVOUS,
             "--monitor-interval", "0.2",
         ]  # fmt: skip
 

@@ -17,8 +17,9 @@ Example:
   >>> other = {"input": {"done": [[4, 4]], SHARE: "job 'a'"}, "batches": []}
   >>> share_paths(own)
   [('input',)]
-  >>> gathered(own, [own, other], group="g1", lead=False)["input"][SHARES]
-  [{'done': [[0, 4]], 'feedline.cluster_share': "job 'a'"}, {'done': [[4, 4]], 'feedline.cluster_share': "job 'a'"}]
+  >>> restored = gathered(own, [own, other], group="g1", lead=False)["input"]
+  >>> [share["done"] for share in restored[SHARES]], restored[GROUP], restored[LEAD]
+  ([[[0, 4]], [[4, 4]]], 'g1', False)
 """
 
 from __future__ import annotations

@@ -81,9 +81,7 @@ def _committed(folder: pathlib.Path, rank: int, restarted_at: int) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize(
-    "kill_at", [13, 3], ids=["after-a-backup", "before-the-first-backup"]
-)
+@pytest.mark.parametrize("kill_at", [13, 3], ids=["after-a-backup", "before-the-first-backup"])
 def test_a_kill_9_mid_epoch_trains_on_every_element_of_a_shared_job_once(
     tmp_path: pathlib.Path, kill_at: int
 ) -> None:

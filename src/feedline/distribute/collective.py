@@ -73,15 +73,15 @@ def _meeting_generation(store: dist.Store, rank: int, world_size: int, timeout_s
     deadline = time.monotonic() + timeout_s
     if rank == 0:
         generation = int(store.add(f"{prefix}/generation", 1))
-        answered: dict[int, bytes] = {}
+        answered: dict[int, str] = {}
         waiting = set(range(1, world_size))
         while waiting:
             for peer in sorted(waiting):
                 question = f"{prefix}/ask/{peer}"
                 if store.check([question]):
-                    token = store.get(question)
+                    token = store.get(question).decode()
                     if answered.get(peer) != token:
-                        store.set(f"{prefix}/answer/{peer}", token + b":%d" % generation)
+                        store.set(f"{prefix}/answer/{peer}", f"{token}:{generation}")
                         answered[peer] = token
                 if store.check([f"{prefix}/{generation}/heard/{peer}"]):
                     waiting.discard(peer)
@@ -92,15 +92,15 @@ def _meeting_generation(store: dist.Store, rank: int, world_size: int, timeout_s
                 )
             time.sleep(_MEET_POLL_SECONDS if waiting else 0)
         return generation
-    token = uuid.uuid4().hex.encode()
+    token = uuid.uuid4().hex
     store.set(f"{prefix}/ask/{rank}", token)
     answer = f"{prefix}/answer/{rank}"
     while True:
         if store.check([answer]):
-            mine, _, generation = store.get(answer).partition(b":")
+            mine, _, told = store.get(answer).decode().partition(":")
             if mine == token:
-                store.set(f"{prefix}/{int(generation)}/heard/{rank}", b"1")
-                return int(generation)
+                store.set(f"{prefix}/{told}/heard/{rank}", "1")
+                return int(told)
         if time.monotonic() > deadline:
             raise UnavailableError(
                 f"worker {rank} of {world_size}: worker 0 of this start of the group did not "
