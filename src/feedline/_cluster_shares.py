@@ -27,7 +27,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["GROUP", "LEAD", "SHARE", "SHARES", "gathered", "is_gathered", "share_paths"]
+__all__ = [
+    "GROUP",
+    "LEAD",
+    "SHARE",
+    "SHARES",
+    "gathered",
+    "is_gathered",
+    "share_paths",
+    "without_shares",
+]
 
 #: The key of a state part that is one worker's share of a position the cluster shares.
 SHARE = "feedline.cluster_share"
@@ -75,6 +84,13 @@ def gathered(own: Any, states: Sequence[Any], *, group: str, lead: bool) -> Any:
         shares = [_at(state, path) for state in states]
         own = _replaced(own, path, {SHARES: shares, GROUP: group, LEAD: lead})
     return own
+
+
+def without_shares(state: Any) -> Any:
+    """``state`` with each share replaced by None: what is left is the workers' own."""
+    for path in share_paths(state):
+        state = _replaced(state, path, None)
+    return state
 
 
 def is_gathered(state: Any) -> bool:

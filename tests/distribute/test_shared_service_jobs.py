@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.launcher import Torchrun
+from tests.launcher import Torchrun, run, torchrun_envs
 from tests.service.procs import ServiceProcesses
 
 pytestmark = pytest.mark.timeout(240)
@@ -106,3 +106,45 @@ def test_a_kill_9_mid_epoch_trains_on_every_element_of_a_shared_job_once(
     restarted_at = starts.pop()
     trained = _committed(tmp_path, 0, restarted_at) + _committed(tmp_path, 1, restarted_at)
     assert sorted(trained) == list(range(ELEMENTS))
+
+
+_SAVE_THEN_RESTORE = f"""
+import itertools, os, sys
+import feedline.data as fd
+import feedline.distribute as fdist
+from feedline.service import distribute
+from feedline.train import Checkpoint
+from tests.launcher import report
+
+folder, steps = sys.argv[1], int(sys.argv[2])
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=30))
+dataset_fn = lambda context: (fd.Dataset.range({ELEMENTS})
+    .apply(distribute("distributed_epoch", os.environ["FEEDLINE_TARGET"], job_name="shared"))
+    .batch({BATCH}))
+iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+checkpoint = Checkpoint(iterator=iterator)
+if steps == 0:
+    checkpoint.restore(os.path.join(folder, "ckpt-1"))
+ids = []
+for batch in itertools.islice(iterator, steps or None):
+    ids += [i for part in strategy.experimental_local_results(batch) for i in part.tolist()]
+if steps:
+    checkpoint.save(os.path.join(folder, "ckpt"))
+report(ids)
+"""
+
+
+@pytest.mark.parametrize("after", [3, 1])
+def test_a_shared_job_saved_on_two_workers_resumes_on_any_number(
+    tmp_path: pathlib.Path, after: int
+) -> None:
+    with ServiceProcesses(timeout=120) as cluster:
+        cluster.start_dispatcher("--fault-tolerant", "--work-dir", str(tmp_path / "dispatcher"))
+        cluster.start_worker()
+        env = {"FEEDLINE_TARGET": cluster.target}
+        before = run(_SAVE_THEN_RESTORE, torchrun_envs(2), argv=[str(tmp_path), "7"], env=env)
+        rest = run(_SAVE_THEN_RESTORE, torchrun_envs(after), argv=[str(tmp_path), "0"], env=env)
+    read = [i for results in (before, rest) for r in results.values() for i in r.result]
+    assert sum(len(r.result) for r in before.values()) == 2 * 7 * BATCH
+    assert sorted(read) == list(range(ELEMENTS))

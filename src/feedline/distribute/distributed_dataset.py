@@ -351,16 +351,12 @@ class DistributedIterator:
                 raise InvalidArgumentError(f"cannot restore the distributed iterator: {problem}")
             workers = state["workers"]
             state = _iterator_state.local_state(state, self._layout)
-            if self._layout.num_workers > 1 and state is workers[self._layout.worker_index]:
-                # Input the workers share (a data service job) resumes from every share.
-                _shared_input.restore(
-                    state,
-                    workers,
-                    self._layout.worker_index,
-                    self._dataset._gather,
-                    self._set_own_state,
-                )
-                return
+            # Input the workers share (a data service job) resumes from every worker's share.
+            _shared_input.restore(
+                state, workers, self._layout.worker_index, self._dataset._gather,
+                self._set_own_state,
+            )  # fmt: skip
+            return
         self._set_own_state(state)
 
     def _set_own_state(self, state: dict[str, Any]) -> None:
