@@ -355,7 +355,11 @@ class _ServiceIterator(DatasetIterator):
     after it come next (OFF and static sharding, and DYNAMIC with a fault-tolerant dispatcher,
     whose position is the splits and offsets returned; round robin raises
     ``FailedPreconditionError``). A saved position is the job's only if this consumer read the
-    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it.
+    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it,
+    except in an exactly-once job, where it returns this consumer's *share*
+    (``feedline._cluster_shares``: what it returned). A share resumes only with every other
+    consumer's, as a cluster's checkpoint restores them: the lead consumer resumes a job named
+    after this one and the restore's token at their union, and the others join that job.
     """
 
     def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:

@@ -454,7 +454,9 @@ class _JobReader:
                 f"cannot save the position of a consumer of job {self._job_id} "
                 f"({self.job_name!r}): {joined} consumers joined it and share "
                 "its elements first come, first served, so what one of them received is "
-                "not the job's position. Give each checkpointed consumer its own job_name"
+                "not the job's position. Give each checkpointed consumer its own job_name, or "
+                "read with ShardingPolicy.DYNAMIC from a fault-tolerant dispatcher, whose "
+                "consumers save shares that a cluster's checkpoint restores together"
             )
         if self._splits is not None:
             done, partial = self._splits.position()
