@@ -40,7 +40,10 @@ def dataset_fn(context):
             .apply(distribute("distributed_epoch", target, job_name="shared"))
             .batch({BATCH}))
 
-iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+if os.environ["API"] == "function":
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+else:  # every worker reads its own pipeline: AUTO sharding leaves a shared job whole
+    iterator = iter(strategy.experimental_distribute_dataset(dataset_fn(None)))
 with strategy.scope():
     weight = torch.nn.Parameter(torch.zeros(()))
 checkpoint = Checkpoint(weight=weight, iterator=iterator)
@@ -81,16 +84,20 @@ def _committed(folder: pathlib.Path, rank: int, restarted_at: int) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("kill_at", [13, 3], ids=["after-a-backup", "before-the-first-backup"])
+@pytest.mark.parametrize(
+    ("kill_at", "api"),
+    [(13, "function"), (3, "distribute_dataset")],
+    ids=["after-a-backup", "before-the-first-backup"],
+)
 def test_a_kill_9_mid_epoch_trains_on_every_element_of_a_shared_job_once(
-    tmp_path: pathlib.Path, kill_at: int
+    tmp_path: pathlib.Path, kill_at: int, api: str
 ) -> None:
     with ServiceProcesses(timeout=200) as cluster:
         cluster.start_dispatcher("--fault-tolerant", "--work-dir", str(tmp_path / "dispatcher"))
         cluster.start_worker()
         procs = cluster.run(
             _TRAINER,
-            [("torchrun", {"KILL_AT": str(kill_at)})],
+            [("torchrun", {"KILL_AT": str(kill_at), "API": api})],
             argv=[str(tmp_path)],
             torchrun=Torchrun(nproc_per_node=2, max_restarts=1),
             timeout=180,

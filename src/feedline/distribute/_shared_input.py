@@ -48,7 +48,11 @@ def restore(
     with its shares gathered: worker 0 first, the others once it is done (a collective: every
     worker calls it)."""
     paths = cluster_shares.share_paths(own)
-    if not any(gather(bool(paths))):
+    found = gather(bool(paths))
+    if len(found) != len(workers) and len(found) == 1:
+        set_state(own)  # no collective (workers made apart): a share alone is refused
+        return
+    if not any(found):
         set_state(own)
         return
     if not paths:
@@ -68,13 +72,22 @@ def restore(
 
 def start(
     get_state: Callable[[], dict[str, Any]],
+    num_workers: int,
     worker_index: int,
     gather: Gather,
     set_state: Callable[[dict[str, Any]], None],
 ) -> None:
     """Moves a new iterator's shared job to a job of this start of the cluster alone (see the
     module docstring): a collective, after every worker joined the job (so that each sees the
-    others in it)."""
-    gather("every worker joined the shared job")
-    own = get_state()
-    restore(own, gather(own), worker_index, gather, set_state)
+    others in it). Nothing moves where the workers have no collective (each made its input
+    apart) or the input cannot be checkpointed (a job that is not exactly-once)."""
+    if len(gather("every worker joined the shared job")) != num_workers:
+        return
+    try:
+        own: dict[str, Any] | None = get_state()
+    except FailedPreconditionError:
+        own = None
+    states = gather(own)
+    if own is None or any(state is None for state in states):
+        return
+    restore(own, states, worker_index, gather, set_state)

@@ -211,9 +211,11 @@ class DistributedIterator:
             count == UNKNOWN_CARDINALITY or len(set(dataset._gather(count))) != 1
         )
         if _shared_input.reads_shared_input(dataset._source.steps, self._layout.num_workers):
+            layout = self._layout
             _shared_input.start(
-                self.get_state, self._layout.worker_index, dataset._gather, self._set_own_state
-            )
+                self.get_state, layout.num_workers, layout.worker_index, dataset._gather,
+                self._set_own_state,
+            )  # fmt: skip
 
     @property
     def element_spec(self) -> Any:
