@@ -9,10 +9,15 @@ restarted) is what test_shared_service_jobs.py and train/test_backup_and_restore
 
 from __future__ import annotations
 
+import datetime
 import pathlib
+import threading
 
 import pytest
+import torch.distributed as dist
 
+from feedline.distribute.collective import _meeting_generation
+from feedline.errors import UnavailableError
 from tests.launcher import Processes, Torchrun, free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -69,3 +74,36 @@ def test_agents_that_joined_in_different_rounds_meet(tmp_path: pathlib.Path) -> 
         (1, 2.0, True),
     ]
     assert sorted(r["restarts"] for r in reports) == [0, 1]
+
+
+def test_each_start_of_a_group_meets_under_one_generation_in_a_store_that_outlives_it() -> None:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def start(world_size: int, ranks: range) -> dict[int, int]:
+        """The generation each rank of ``ranks`` learns (one thread per worker)."""
+        got: dict[int, int] = {}
+
+        def worker(rank: int) -> None:
+            store = dist.TCPStore(
+                "127.0.0.1", server.port, is_master=False,
+                timeout=datetime.timedelta(seconds=10),
+            )  # fmt: skip
+            got[rank] = _meeting_generation(store, rank, world_size, timeout_s=10)
+
+        threads = [threading.Thread(target=worker, args=(r,)) for r in ranks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        return got
+
+    first = start(3, range(3))
+    # A later start, in the same store, whose workers come in any order (the keys of the
+    # first start are still there): one new generation for all.
+    second = start(2, range(1, -1, -1))
+    assert len(set(first.values())) == 1 and len(set(second.values())) == 1
+    assert second[0] == first[0] + 1
+    # A worker whose rank 0 never comes waits no longer than its timeout.
+    store = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    with pytest.raises(UnavailableError, match=r"worker 0 of this start .* did not answer"):
+        _meeting_generation(store, 1, 2, timeout_s=0.5)
