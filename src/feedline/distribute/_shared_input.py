@@ -40,16 +40,17 @@ def reads_shared_input(steps: Dataset, num_workers: int) -> bool:
 def restore(
     own: dict[str, Any],
     workers: list[dict[str, Any]],
+    num_workers: int,
     worker_index: int,
     gather: Gather,
     set_state: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Restores this worker's state ``own`` (of ``workers``, every worker's, in worker order)
-    with its shares gathered: worker 0 first, the others once it is done (a collective: every
-    worker calls it)."""
+    """Restores this worker's state ``own`` with the shares of ``workers`` (every worker's
+    state when it was saved, in worker order) gathered: worker 0 of the ``num_workers`` now
+    first, the others once it is done (a collective: every worker calls it)."""
     paths = cluster_shares.share_paths(own)
     found = gather(bool(paths))
-    if len(found) != len(workers) and len(found) == 1:
+    if len(found) != num_workers:
         set_state(own)  # no collective (workers made apart): a share alone is refused
         return
     if not any(found):
@@ -90,4 +91,4 @@ def start(
     states = gather(own)
     if own is None or any(state is None for state in states):
         return
-    restore(own, states, worker_index, gather, set_state)
+    restore(own, states, num_workers, worker_index, gather, set_state)

@@ -354,8 +354,9 @@ class DistributedIterator:
             workers = state["workers"]
             state = _iterator_state.local_state(state, self._layout)
             # Input the workers share (a data service job) resumes from every worker's share.
+            layout = self._layout
             _shared_input.restore(
-                state, workers, self._layout.worker_index, self._dataset._gather,
+                state, workers, layout.num_workers, layout.worker_index, self._dataset._gather,
                 self._set_own_state,
             )  # fmt: skip
             return
