@@ -151,8 +151,7 @@ def tf_config_envs(
 
 # Quick rounds: one second for late nodes, a lost node noticed within about three seconds.
 _ELASTIC_RENDEZVOUS = (
-    "join_timeout=60,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,"
-    "keep_alive_max_attempt=3"
+    "last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 )
 
 
@@ -170,6 +169,7 @@ class Torchrun:
     max_restarts: int = 0
     port: int | None = None
     nnodes: str | None = None
+    join_timeout: int = 60  # how long agents wait for MIN nodes at a rendezvous
 
     def command(self, log_dir: Path) -> list[str]:
         common = [
@@ -187,7 +187,7 @@ class Torchrun:
         return [
             *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
-            "--rdzv-conf", _ELASTIC_RENDEZVOUS,
+            "--rdzv-conf", f"join_timeout={self.join_timeout},{_ELASTIC_RENDEZVOUS}",
             "--monitor-interval", "0.2",
         ]  # fmt: skip
 

@@ -309,3 +309,44 @@ def test_a_lost_node_resumes_on_fewer_workers_with_the_input_re_sharded_exactly(
             for i in json.loads(line)[1]
         ]
     assert sorted(trained) == list(range(ROWS))
+
+
+_BELOW_MIN = """
+import os, pathlib, sys, time
+import torch
+import feedline.distribute as fdist
+
+folder = pathlib.Path(sys.argv[1])
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=30))
+(folder / f"ready-{strategy.extended.worker_index}").write_text("")
+for step in range(1000):
+    strategy.reduce("SUM", strategy.run(lambda: torch.tensor(1.0)), axis=None)
+    time.sleep(0.05)
+"""
+
+
+def test_fewer_nodes_than_the_minimum_end_the_job_after_the_rendezvous_timeout(
+    tmp_path: pathlib.Path,
+) -> None:
+    torchrun = Torchrun(
+        nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:2", join_timeout=15
+    )
+
+    def nodes(name: str) -> Processes:
+        return Processes(_BELOW_MIN, [(name, {})], argv=[str(tmp_path)], torchrun=torchrun)
+
+    with nodes("node0") as first:
+        _wait_listening(torchrun.port)  # node0's agent hosts the rendezvous store
+        with nodes("node1") as second:
+            for rank in range(2):
+                second.wait_for(tmp_path / f"ready-{rank}", timeout=120)
+            second.send("node1", signal.SIGKILL)
+            code = first.wait_exit("node0", timeout=90)
+            printed = first.worker_outputs("node0", "stderr")
+        launcher = first.output("node0", "stderr")
+    assert code not in (0, None)  # ended, with an error
+    assert "RendezvousTimeoutError" in launcher
+    # The worker left says which worker is gone, not just that a collective failed.
+    error = next(line for line in printed[(0, 0)].splitlines() if "UnavailableError" in line)
+    assert "stopped answering: worker" in error or "host worker 0 (rank 0) is unreachable" in error

@@ -221,10 +221,12 @@ class Collective:
     def _beat(self) -> None:
         store = self._store
         assert store is not None
-        while not self._stop.wait(_HEARTBEAT_SECONDS):
+        while True:  # the first beat at once: a worker lost in its first second is told too
             try:
                 store.set(str(self.rank), repr(time.time()))
             except Exception:  # the store's host is gone; the next collective reports it
+                return
+            if self._stop.wait(_HEARTBEAT_SECONDS):
                 return
 
     def _silent_peers(self) -> list[int] | None:
