@@ -44,17 +44,21 @@ def restore(
     worker_index: int,
     gather: Gather,
     set_state: Callable[[dict[str, Any]], None],
+    *,
+    fresh: bool = False,
 ) -> None:
     """Restores this worker's state ``own`` with the shares of ``workers`` (every worker's
     state when it was saved, in worker order) gathered: worker 0 of the ``num_workers`` now
-    first, the others once it is done (a collective: every worker calls it)."""
+    first, the others once it is done (a collective: every worker calls it). ``fresh``: the
+    iterator is new, and stays as it is where no worker's state holds a share."""
     paths = cluster_shares.share_paths(own)
     found = gather(bool(paths))
     if len(found) != num_workers:
         set_state(own)  # no collective (workers made apart): a share alone is refused
         return
     if not any(found):
-        set_state(own)
+        if not fresh:
+            set_state(own)
         return
     if not paths:
         raise FailedPreconditionError(
@@ -91,4 +95,4 @@ def start(
     states = gather(own)
     if own is None or any(state is None for state in states):
         return
-    restore(own, states, num_workers, worker_index, gather, set_state)
+    restore(own, states, num_workers, worker_index, gather, set_state, fresh=True)
