@@ -149,22 +149,46 @@ def tf_config_envs(
     ]
 
 
+# Quick rounds: one second for late nodes, a lost node noticed within about three seconds.
+_ELASTIC_RENDEZVOUS = (
+    "last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Torchrun:
     """Run a process as torchrun's launcher on one node: ``python -m torch.distributed.run
     --nnodes 1 --nproc-per-node N --max-restarts R --master-addr 127.0.0.1 --master-port P``,
-    each worker's output of each attempt kept in its own file."""
+    each worker's output of each attempt kept in its own file.
+
+    With ``nnodes`` (``"MIN:MAX"``) it is one elastic agent of several, each a process of its
+    own ("node"), meeting at ``port`` through torchrun's c10d rendezvous (``--rdzv-backend
+    c10d``): the agents restart their workers when a node joins or is lost."""
 
     nproc_per_node: int
     max_restarts: int = 0
     port: int | None = None
+    nnodes: str | None = None
+    join_timeout: int = 60  # how long agents wait for MIN nodes at a rendezvous
 
     def command(self, log_dir: Path) -> list[str]:
+        common = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            str(self.nproc_per_node), "--max-restarts", str(self.max_restarts), "--log-dir",
+            str(log_dir), "--redirects", "3",
+        ]  # fmt: skip
+        if self.nnodes is None:
+            return [
+                *common, "--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port",
+                str(self.port or free_port()),
+            ]  # fmt: skip
+        if self.port is None:
+            raise ValueError("elastic agents meet at one port: give Torchrun(port=...)")
         return [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", str(self.nproc_per_node), "--max-restarts",
-            str(self.max_restarts), "--master-addr", "127.0.0.1", "--master-port",
-            str(self.port or free_port()), "--log-dir", str(log_dir), "--redirects", "3",
+            *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
+            "--rdzv-conf", f"join_timeout={self.join_timeout},{_ELASTIC_RENDEZVOUS}",
+            "--monitor-interval", "0.2",
         ]  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from feedline import _cluster_shares as cluster_shares
 from feedline import errors, service
 from feedline.data import Dataset
 from feedline.service import position as _position
@@ -316,6 +317,36 @@ def test_a_job_shared_by_several_consumers_cannot_be_saved(make_cluster: Any) ->
         one.set_state(state)
     two.close()
     one.close()
+
+
+def test_consumers_sharing_an_exactly_once_job_save_shares_that_resume_only_together(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    cluster = make_cluster(1, work_dir=str(tmp_path / "work"), fault_tolerant_mode=True)
+
+    def make() -> Dataset:
+        return Dataset.range(40).apply(
+            service.distribute(
+                "distributed_epoch", cluster.target, job_name="shared", max_outstanding_requests=1
+            )
+        )
+
+    one, two = iter(make()), iter(make())  # each the first pass: the same job
+    before = _take(one, 5) + _take(two, 5)
+    shares = [one.get_state(), two.get_state()]
+    assert all(share[cluster_shares.SHARE] == "data service job 'shared'" for share in shares)
+    with pytest.raises(errors.FailedPreconditionError, match="every consumer's share"):
+        one.set_state(shares[0])
+    one.close()
+    two.close()
+    # Restored together: the lead resumes a job of its own at the union, the other joins it.
+    lead, other = iter(make()), iter(make())
+    for iterator, leads in ((lead, True), (other, False)):
+        iterator.set_state(
+            {cluster_shares.SHARES: shares, cluster_shares.GROUP: "g", cluster_shares.LEAD: leads}
+        )
+    after = [int(x) for x in lead] + [int(x) for x in other]
+    assert sorted(before + after) == list(range(40))
 
 
 def test_a_state_of_another_mode_is_refused(make_cluster: Any) -> None:

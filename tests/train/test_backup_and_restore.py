@@ -4,9 +4,12 @@ from the last backup, input position included, ending with an uninterrupted run'
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
+import socket
+import time
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ import torch
 import feedline.distribute as fdist
 from feedline.errors import InvalidArgumentError
 from feedline.train import BackupAndRestore, Checkpoint
-from tests.launcher import Processes, Torchrun, run, torchrun_envs
+from tests.launcher import Processes, Torchrun, free_port, run, torchrun_envs
 from tests.train.training_job import Job
 
 pytestmark = pytest.mark.timeout(300)
@@ -196,3 +199,154 @@ def test_backups_on_s3_resume_a_run_and_are_deleted_at_the_end(s3_bucket: str) -
     for _ in range(12):
         one.step(next(one.iterator))
     assert one.weights() == job.weights()
+
+
+ROWS, GLOBAL, ELASTIC_FREQ, LOSE_AT = 360, 12, 4, 9
+
+_ELASTIC = f"""
+import json, os, pathlib, sys, time
+import torch
+import feedline.data as fd
+import feedline.distribute as fdist
+from feedline.train import BackupAndRestore, Checkpoint
+from tests.launcher import report
+
+folder = pathlib.Path(sys.argv[1])
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=30))
+rank, workers = strategy.extended.worker_index, strategy.extended.num_workers
+with strategy.scope():
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+dataset = fd.Dataset.range({ROWS}).batch({GLOBAL})
+options = fd.Options()
+options.experimental_distribute.auto_shard_policy = fd.experimental.AutoShardPolicy.DATA
+iterator = iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
+checkpoint = Checkpoint(model=model, optimizer=optimizer, iterator=iterator)
+
+def replica_step(batch):
+    optimizer.zero_grad()
+    loss = model(batch.to(torch.float32)[:, None]).sum() / {GLOBAL}
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+def train_step(batch):
+    return strategy.reduce("SUM", strategy.run(replica_step, args=(batch,)), axis=None)
+
+log = open(folder / f"log-{{workers}}-{{rank}}.jsonl", "a")
+with BackupAndRestore(checkpoint, folder / "backup", save_freq={ELASTIC_FREQ}) as backup:
+    start = step = backup.total_run_calls
+    for batch in iterator:
+        backup.run(train_step, batch)
+        ids = [i for part in strategy.experimental_local_results(batch) for i in part.tolist()]
+        log.write(json.dumps([step, ids]) + "\\n")
+        log.flush()
+        if workers == 3 and step == {LOSE_AT}:
+            (folder / f"agent-{{rank}}").write_text(str(os.getppid()))
+            for _ in range(600):       # until the test has taken one node away
+                if (folder / "lost").exists():
+                    break
+                time.sleep(0.05)
+        step += 1
+report({{"workers": workers, "start": start, "steps": step, "weight": float(model.weight)}})
+"""
+
+
+def _wait_listening(port: int, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > end:
+            raise AssertionError(f"nothing listens on port {port} after {timeout} s")
+        time.sleep(0.05)
+
+
+def test_a_lost_node_resumes_on_fewer_workers_with_the_input_re_sharded_exactly(
+    tmp_path: pathlib.Path,
+) -> None:
+    torchrun = Torchrun(nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:3")
+
+    def nodes(*names: str) -> Processes:
+        return Processes(
+            _ELASTIC, [(n, {}) for n in names], argv=[str(tmp_path)], torchrun=torchrun,
+            timeout=200,
+        )  # fmt: skip
+
+    with nodes("node0") as first:
+        _wait_listening(torchrun.port)  # node0's agent hosts the rendezvous store
+        with nodes("node1", "node2") as others:
+            for rank in range(3):
+                others.wait_for(tmp_path / f"agent-{rank}", timeout=120)
+            others.send("node2", signal.SIGKILL)  # the machine is gone: agent and worker
+            (tmp_path / "lost").write_text("node2")
+            results = {**first.wait(), **others.wait()}
+            reports = {**first.reports(), **others.reports()}
+    survivors = ["node0", "node1"]
+    assert all(results[name].returncode == 0 for name in survivors), "\n".join(
+        results[name].describe() for name in survivors
+    )
+    assert sorted(reports) == ["rank:0", "rank:1"]  # the two workers left
+    final = [reports["rank:0"], reports["rank:1"]]
+    assert [(r["workers"], r["start"], r["steps"]) for r in final] == [(2, 8, 30)] * 2
+    # Each step moves the weight by -lr * sum(global batch) / GLOBAL, whatever the weight: the
+    # restored weight plus the steps after it is every element's part, each once.
+    assert final[0]["weight"] == final[1]["weight"]
+    assert final[0]["weight"] == pytest.approx(-0.001 * sum(range(ROWS)) / GLOBAL, abs=1e-4)
+    trained = []
+    for rank in range(3):
+        for line in (tmp_path / f"log-3-{rank}.jsonl").read_text().splitlines():
+            step, ids = json.loads(line)
+            if step < 8:  # the steps the restored backup holds
+                trained += ids
+    for rank in range(2):
+        trained += [
+            i
+            for line in (tmp_path / f"log-2-{rank}.jsonl").read_text().splitlines()
+            for i in json.loads(line)[1]
+        ]
+    assert sorted(trained) == list(range(ROWS))
+
+
+_BELOW_MIN = """
+import os, pathlib, sys, time
+import torch
+import feedline.distribute as fdist
+
+folder = pathlib.Path(sys.argv[1])
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=30))
+(folder / f"ready-{strategy.extended.worker_index}").write_text("")
+for step in range(1000):
+    strategy.reduce("SUM", strategy.run(lambda: torch.tensor(1.0)), axis=None)
+    time.sleep(0.05)
+"""
+
+
+def test_fewer_nodes_than_the_minimum_end_the_job_after_the_rendezvous_timeout(
+    tmp_path: pathlib.Path,
+) -> None:
+    torchrun = Torchrun(
+        nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:2", join_timeout=15
+    )
+
+    def nodes(name: str) -> Processes:
+        return Processes(_BELOW_MIN, [(name, {})], argv=[str(tmp_path)], torchrun=torchrun)
+
+    with nodes("node0") as first:
+        _wait_listening(torchrun.port)  # node0's agent hosts the rendezvous store
+        with nodes("node1") as second:
+            for rank in range(2):
+                second.wait_for(tmp_path / f"ready-{rank}", timeout=120)
+            second.send("node1", signal.SIGKILL)
+            code = first.wait_exit("node0", timeout=90)
+            printed = first.worker_outputs("node0", "stderr")
+        launcher = first.output("node0", "stderr")
+    assert code not in (0, None)  # ended, with an error
+    assert "RendezvousTimeoutError" in launcher
+    # The worker left says which worker is gone, not just that a collective failed.
+    error = next(line for line in printed[(0, 0)].splitlines() if "UnavailableError" in line)
+    assert "stopped answering: worker" in error or "host worker 0 (rank 0) is unreachable" in error

@@ -23,7 +23,15 @@ several workers, DATA (AUTO without files)  data         the same
 several workers, FILE (AUTO over files)     files        the same workers and replicas only
 several workers, OFF / HINT                off / hint   the same workers and replicas only
 ``distribute_datasets_from_function``      function     the same workers and replicas only
+a data service job the workers share       off /        any number of workers (below)
+                                           function
 =========================================  ===========  =====================================
+
+The workers that read one exactly-once data service job by name save their shares of its
+position (``feedline._cluster_shares``); a restore hands every worker all the shares
+(``_shared_input``). Where the workers' positions differ only in those shares (nothing read
+ahead of the job in between, as with ``.batch()`` after ``distribute``), any number of workers
+resumes, each with worker 0's position and every share.
 
 Under DATA every worker runs the same global pipeline and keeps its own slices of each global
 batch, so the workers' pipelines are at one position: the global batch that the next step cuts.
@@ -43,11 +51,13 @@ worker 1 ``[3 4 5]``, ``[9 10 11]``); on three workers the epoch goes on::
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from feedline import _cluster_shares as cluster_shares
 from feedline import structure
 from feedline.data.ops._background import ELEMENT
 
@@ -182,6 +192,8 @@ def restorable(saved: Any, layout: InputLayout) -> str | None:
         return None
     if before.sharding in _RESPLITTABLE and layout.sharding in _RESPLITTABLE:
         return None
+    if before.sharding == layout.sharding and _shares_only(saved["workers"]):
+        return None
     if before.sharding not in _RESPLITTABLE:
         rule = (
             f"input {_DESCRIPTIONS.get(before.sharding, before.sharding)} resumes only on the "
@@ -203,6 +215,17 @@ def restorable(saved: Any, layout: InputLayout) -> str | None:
     )
 
 
+def _shares_only(states: list[Any]) -> bool:
+    """Whether the workers' positions differ only in their shares of a job they read together
+    (``feedline._cluster_shares``): then any number of workers resumes it, each with every
+    share (a data service job shared by name, read with nothing buffered in between)."""
+    paths = cluster_shares.share_paths(states[0])
+    if not paths:
+        return False
+    blanked = [pickle.dumps(cluster_shares.without_shares(state)) for state in states]
+    return all(b == blanked[0] for b in blanked)
+
+
 def _same_split(before: InputLayout, now: InputLayout) -> bool:
     return (before.sharding, before.num_workers, before.replicas_per_worker) == (
         now.sharding,
@@ -219,6 +242,8 @@ def local_state(saved: dict[str, Any], layout: InputLayout) -> dict[str, Any]:
     )
     if _same_split(before, layout):
         return saved["workers"][layout.worker_index]
+    if saved["global"] is None:  # _shares_only: every worker resumes the shared job
+        return saved["workers"][0]
     position = saved["global"]
     return {
         "steps": {

@@ -24,6 +24,7 @@ import functools
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -51,9 +52,61 @@ def active() -> Collective | None:
     return _active
 
 
-def _attempt() -> str:
-    """Which start of the group this is: torchrun restarts a failed group in the same store."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+_MEET_POLL_SECONDS = 0.02
+
+
+def _meeting_generation(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> int:
+    """Which start of the group this is, the same number on every worker of it.
+
+    torchrun's agents keep one store across every round of their rendezvous, so each start of
+    the workers must meet under keys of its own. An agent's restart count does not name the
+    start: an agent that joined in a later round counts fewer restarts than one that was there
+    before. So rank 0 of this start takes the next number of the store's counter, and tells
+    each other rank in answer to a question that carries a token only that rank knows (a
+    worker of an earlier start, long gone, left its own): every worker of this start, and
+    only they, learn the same number. Bounded by ``timeout_s``.
+
+    Raises:
+      UnavailableError: the other workers (or rank 0) did not answer within ``timeout_s``.
+    """
+    prefix = f"feedline/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/meet"
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        generation = int(store.add(f"{prefix}/generation", 1))
+        answered: dict[int, str] = {}
+        waiting = set(range(1, world_size))
+        while waiting:
+            for peer in sorted(waiting):
+                question = f"{prefix}/ask/{peer}"
+                if store.check([question]):
+                    token = store.get(question).decode()
+                    if answered.get(peer) != token:
+                        store.set(f"{prefix}/answer/{peer}", f"{token}:{generation}")
+                        answered[peer] = token
+                if store.check([f"{prefix}/{generation}/heard/{peer}"]):
+                    waiting.discard(peer)
+            if waiting and time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"worker 0 of {world_size}: workers {sorted(waiting)} of this start of the "
+                    f"group did not come to torchrun's store within {timeout_s:g} s"
+                )
+            time.sleep(_MEET_POLL_SECONDS if waiting else 0)
+        return generation
+    token = uuid.uuid4().hex
+    store.set(f"{prefix}/ask/{rank}", token)
+    answer = f"{prefix}/answer/{rank}"
+    while True:
+        if store.check([answer]):
+            mine, _, told = store.get(answer).decode().partition(":")
+            if mine == token:
+                store.set(f"{prefix}/{told}/heard/{rank}", "1")
+                return int(told)
+        if time.monotonic() > deadline:
+            raise UnavailableError(
+                f"worker {rank} of {world_size}: worker 0 of this start of the group did not "
+                f"answer in torchrun's store within {timeout_s:g} s"
+            )
+        time.sleep(_MEET_POLL_SECONDS)
 
 
 class Collective:
@@ -95,6 +148,12 @@ class Collective:
         self._broken: UnavailableError | None = None
         timeout = datetime.timedelta(seconds=timeout_seconds)
         self._adopted = dist.is_initialized()
+        # The keys of this start of the group in the rendezvous store: rank 0 hosts a new store
+        # for each start, except torchrun's agent store, which outlives the starts (below; a
+        # group the program made itself keeps its agent's restart count).
+        self._generation = (
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if self._adopted else "0"
+        )
         if self._adopted:
             self._adopt()
         else:
@@ -102,12 +161,16 @@ class Collective:
             try:
                 if use_env and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                     # torchrun's agent keeps one store across the restarts of its workers:
-                    # each attempt meets under its own keys, never an earlier attempt's.
+                    # each start meets under its own keys, never an earlier start's.
                     agent_store = dist.TCPStore(
                         host, port, world_size, is_master=False, timeout=timeout
                     )
+                    self._generation = str(
+                        _meeting_generation(agent_store, rank, world_size, timeout_seconds)
+                    )
                     dist.init_process_group(
-                        backend, store=dist.PrefixStore(f"feedline/{_attempt()}/", agent_store),
+                        backend,
+                        store=dist.PrefixStore(f"feedline/{self._generation}/", agent_store),
                         rank=rank, world_size=world_size, timeout=timeout,
                     )  # fmt: skip
                 else:
@@ -153,15 +216,17 @@ class Collective:
             )  # fmt: skip
         except (RuntimeError, ValueError, OSError):
             return None  # heartbeats only sharpen error messages; training does not need them
-        return dist.PrefixStore(f"feedline/heartbeat/{_attempt()}/", store)
+        return dist.PrefixStore(f"feedline/heartbeat/{self._generation}/", store)
 
     def _beat(self) -> None:
         store = self._store
         assert store is not None
-        while not self._stop.wait(_HEARTBEAT_SECONDS):
+        while True:  # the first beat at once: a worker lost in its first second is told too
             try:
                 store.set(str(self.rank), repr(time.time()))
             except Exception:  # the store's host is gone; the next collective reports it
+                return
+            if self._stop.wait(_HEARTBEAT_SECONDS):
                 return
 
     def _silent_peers(self) -> list[int] | None:

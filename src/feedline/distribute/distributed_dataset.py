@@ -25,7 +25,7 @@ from feedline import structure
 from feedline.data._device_feed import CopyBackend, DeviceFeed, Placed, on_host
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, Optional
 from feedline.data.torch_loader import FeedlineIterableDataset
-from feedline.distribute import _iterator_state
+from feedline.distribute import _iterator_state, _shared_input
 from feedline.distribute._devices import ReplicaDevice
 from feedline.distribute._iterator_state import InputLayout
 from feedline.distribute._steps import (
@@ -210,6 +210,12 @@ class DistributedIterator:
         self._agree_each_step = (
             count == UNKNOWN_CARDINALITY or len(set(dataset._gather(count))) != 1
         )
+        if _shared_input.reads_shared_input(dataset._source.steps, self._layout.num_workers):
+            layout = self._layout
+            _shared_input.start(
+                self.get_state, layout.num_workers, layout.worker_index, dataset._gather,
+                self._set_own_state,
+            )  # fmt: skip
 
     @property
     def element_spec(self) -> Any:
@@ -345,7 +351,18 @@ class DistributedIterator:
             problem = _iterator_state.restorable(state, self._layout)
             if problem is not None:
                 raise InvalidArgumentError(f"cannot restore the distributed iterator: {problem}")
+            workers = state["workers"]
             state = _iterator_state.local_state(state, self._layout)
+            # Input the workers share (a data service job) resumes from every worker's share.
+            layout = self._layout
+            _shared_input.restore(
+                state, workers, layout.num_workers, layout.worker_index, self._dataset._gather,
+                self._set_own_state,
+            )  # fmt: skip
+            return
+        self._set_own_state(state)
+
+    def _set_own_state(self, state: dict[str, Any]) -> None:
         self._steps.set_state(state["steps"])
         self._ahead = collections.deque((step, self._place(step)) for step in state["ahead"])
         self._finished = bool(state["finished"])

@@ -38,6 +38,7 @@ from typing import Any
 
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.service.config import ShardingPolicy
+from feedline.service.ledger import add_ranges
 
 __all__ = [
     "JobPosition",
@@ -198,6 +199,28 @@ class SplitPosition:
     cursor: dict[str, Any] | None
     done: dict[int, int]
     partial: dict[int, list[list[int]]]
+
+    @classmethod
+    def union(cls, positions: list[SplitPosition]) -> SplitPosition:
+        """What the consumers of one job returned together: the consumers of a job shared by
+        name each return some of its elements, and the job's position is all of them.
+
+        Example:
+          >>> a = SplitPosition(None, {0: 4}, {4: [[0, 2]]})
+          >>> b = SplitPosition(None, {}, {4: [[2, 3]], 0: [[1, 2]], 8: [[0, 1]]})
+          >>> SplitPosition.union([a, b])
+          SplitPosition(cursor=None, done={0: 4}, partial={4: [[0, 3]], 8: [[0, 1]]})
+        """
+        cursor = next((p.cursor for p in positions if p.cursor is not None), None)
+        done: dict[int, int] = {}
+        for position in positions:
+            done.update(position.done)
+        partial: dict[int, list[list[int]]] = {}
+        for position in positions:
+            for key, ranges in position.partial.items():
+                if key not in done:
+                    partial[key] = add_ranges(partial.get(key, []), ranges)
+        return cls(cursor, done, dict(sorted(partial.items())))
 
     def to_state(self) -> dict[str, Any]:
         """The iterator state (a picklable dict, also JSON)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import cloudpickle
 
+from feedline import _cluster_shares as cluster_shares
 from feedline import structure
 from feedline._net import rpc as _rpc
 from feedline._net.retry import call_within
@@ -46,7 +47,12 @@ from feedline.service.client.cross_trainer import CrossTrainerCache, TrainerPosi
 from feedline.service.client.job_reader import _JobReader
 from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
 from feedline.service.config import ShardingPolicy
-from feedline.service.position import check_checkpointable, position_from_state
+from feedline.service.position import (
+    JobPosition,
+    SplitPosition,
+    check_checkpointable,
+    position_from_state,
+)
 from feedline.service.protocol import (
     ElementSpecReply,
     GetElementSpecRequest,
@@ -369,7 +375,11 @@ class _ServiceIterator(DatasetIterator):
     after it come next (OFF and static sharding, and DYNAMIC with a fault-tolerant dispatcher,
     whose position is the splits and offsets returned; round robin raises
     ``FailedPreconditionError``). A saved position is the job's only if this consumer read the
-    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it.
+    job alone: ``get_state`` raises ``FailedPreconditionError`` when another consumer joined it,
+    except in an exactly-once job, where it returns this consumer's *share*
+    (``feedline._cluster_shares``: what it returned). A share resumes only with every other
+    consumer's, as a cluster's checkpoint restores them: the lead consumer resumes a job named
+    after this one and the restore's token at their union, and the others join that job.
     """
 
     def __init__(self, dataset: DataServiceDataset, ctx: IteratorContext, iteration: int) -> None:
@@ -384,9 +394,13 @@ class _ServiceIterator(DatasetIterator):
         return self._reader.next()
 
     def _get_state(self) -> dict[str, Any]:
-        if self._reader.trainer is not None:
-            return self._reader.trainer_position().to_state()
-        return self._reader.position().to_state()
+        reader = self._reader
+        if reader.trainer is not None:
+            return reader.trainer_position().to_state()
+        state = reader.position(share=True).to_state()
+        if reader.shared:  # other consumers returned the rest of the job's position
+            state[cluster_shares.SHARE] = f"data service job {reader.job_name!r}"
+        return state
 
     def _set_state(self, state: dict[str, Any]) -> None:
         params = self._reader.params
@@ -405,11 +419,46 @@ class _ServiceIterator(DatasetIterator):
             )
             return
         check_checkpointable(int(params.mode), params.num_consumers, self._reader.exactly_once)
-        position = position_from_state(state, int(params.mode))
+        job_name, position = self._restored_position(state)
         if self._closed:
             raise InvalidArgumentError("the iterator is closed: restore into a new iterator")
         self._reader.release()
-        self._reader = _JobReader(self._service_dataset, self._iteration, self._timeout_s, position)
+        self._reader = _JobReader(
+            self._service_dataset, self._iteration, self._timeout_s, position, job_name
+        )
+
+    def _restored_position(
+        self, state: dict[str, Any]
+    ) -> tuple[str | None, JobPosition | SplitPosition | None]:
+        """The job to join and the position to resume it at, from a state: this consumer's
+        own, or (``_cluster_shares``) every consumer's share of a job they shared, which the
+        lead consumer resumes in a job of a new name and the others then join.
+
+        Raises:
+          FailedPreconditionError: ``state`` is one consumer's share, restored alone.
+        """
+        mode = int(self._reader.params.mode)
+        if cluster_shares.SHARE in state:
+            raise FailedPreconditionError(
+                f"the state holds one consumer's share of the position of "
+                f"{state[cluster_shares.SHARE]}, which other consumers read too: it resumes "
+                "only with every consumer's share, as a MultiWorkerMirroredStrategy cluster's "
+                "checkpoint of its distributed iterator restores it"
+            )
+        if not cluster_shares.is_gathered(state):
+            return None, position_from_state(state, mode)
+        shares = [position_from_state(_own(share), mode) for share in state[cluster_shares.SHARES]]
+        if not all(isinstance(share, SplitPosition) for share in shares):
+            raise InvalidArgumentError(f"shares of a job position of another mode: {state}")
+        name = f"{self._service_dataset.job_name}@{state[cluster_shares.GROUP]}"
+        if not state[cluster_shares.LEAD]:
+            return name, None  # joins the job that the lead consumer resumed
+        return name, SplitPosition.union(shares)  # type: ignore[arg-type]
 
     def _close(self) -> None:
         self._reader.release()
+
+
+def _own(share: dict[str, Any]) -> dict[str, Any]:
+    """A consumer's share of a shared job's position, as a position of its own."""
+    return {k: v for k, v in share.items() if k != cluster_shares.SHARE}

@@ -144,6 +144,7 @@ class _JobReader:
         iteration: int,
         timeout_s: float,
         resume: JobPosition | SplitPosition | TrainerPosition | None = None,
+        job_name: str | None = None,
     ) -> None:
         params = self._params = dataset._params
         # A trainer of a cross-trainer job keeps its own positions and rejoins its job.
@@ -153,6 +154,8 @@ class _JobReader:
             self.trainer = TrainerPositions(params.trainer_id, restored)
             resume = None
         self._resume = resume
+        # The name of the job joined: the dataset's, or the one a cluster's restore chose.
+        self.job_name = job_name or params.job_name
         self._dispatcher = _dispatcher(params.address)
         self._timeout_s = timeout_s
         shared = (
@@ -228,7 +231,7 @@ class _JobReader:
         request = GetOrCreateJobRequest(
             dataset_id,
             int(params.mode),
-            params.job_name,
+            self.job_name,
             iteration,
             params.num_consumers,
             params.target_workers,
@@ -443,16 +446,21 @@ class _JobReader:
         DYNAMIC job)."""
         return self._splits is not None
 
-    def position(self) -> JobPosition | SplitPosition:
+    def position(self, share: bool = False) -> JobPosition | SplitPosition:
         """This consumer's position in its job: per task, the elements ``next`` returned
         (plus those the task skipped for a resumed consumer); in an exactly-once DYNAMIC job,
         the splits and offsets returned. Asks the dispatcher for the job's view first, so that
-        a consumer that joined since the last heartbeat is known.
+        a consumer that joined since the last heartbeat is known (``shared`` says whether one
+        did).
+
+        Args:
+          share: where other consumers joined an exactly-once job, return this consumer's
+            share of its position (what it returned) rather than raise.
 
         Raises:
           FailedPreconditionError: another consumer joined the job (its reads are not counted
-            here), or the dispatcher could not say whether one did; a DYNAMIC job of a
-            dispatcher that is not fault-tolerant.
+            here) and ``share`` does not apply, or the dispatcher could not say whether one
+            did; a DYNAMIC job of a dispatcher that is not fault-tolerant.
         """
         check_checkpointable(int(self._params.mode), self._params.num_consumers, self.exactly_once)
         if not self.queue.closed and not self.queue.job_finished:
@@ -467,12 +475,14 @@ class _JobReader:
             self._apply_view(reply.view, self.queue.ends())
         with self._lock:
             joined, cursor, streams = self._joined, self._split_cursor, dict(self._streams)
-        if joined > 1:
+        if joined > 1 and not (share and self._splits is not None):
             raise FailedPreconditionError(
                 f"cannot save the position of a consumer of job {self._job_id} "
-                f"({self._params.job_name!r}): {joined} consumers joined it and share "
+                f"({self.job_name!r}): {joined} consumers joined it and share "
                 "its elements first come, first served, so what one of them received is "
-                "not the job's position. Give each checkpointed consumer its own job_name"
+                "not the job's position. Give each checkpointed consumer its own job_name, or "
+                "read with ShardingPolicy.DYNAMIC from a fault-tolerant dispatcher, whose "
+                "consumers save shares that a cluster's checkpoint restores together"
             )
         if self._splits is not None:
             done, partial = self._splits.position()
@@ -500,6 +510,12 @@ class _JobReader:
                 f"the consumer of job {self._job_id} is not a trainer of a cross-trainer job"
             )
         return self.trainer.position(self._job_id)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other consumers joined this consumer's job (as the last view said)."""
+        with self._lock:
+            return self._joined > 1
 
     def release(self, timeout: float = 5.0) -> None:
         """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
