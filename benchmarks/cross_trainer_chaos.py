@@ -30,6 +30,7 @@ import random
 import signal
 import sys
 import time
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -57,6 +58,7 @@ dataset = Dataset.range(int(os.environ["ELEMENTS"])).apply(
         os.environ["FEEDLINE_TARGET"],
         job_name="epoch",
         cross_trainer_cache=CrossTrainerCache(os.environ["TRAINER"]),
+        max_outstanding_requests=int(os.environ["OUTSTANDING"]) or None,
     )
 )
 out, checkpoint = Path(os.environ["OUT"]), Path(os.environ["OUT"] + ".ckpt")
@@ -107,11 +109,16 @@ def run_round(
     fault_fraction: float = 0.3,
     fault_tolerant: bool = False,
     hang_seconds: float = 90.0,
+    kill: str = "trainer",
 ) -> Round:
-    """Runs one round on a fresh cluster (module docstring)."""
+    """Runs one round on a fresh cluster (module docstring); ``kill``: ``trainer`` (the
+    victim) or ``worker`` (the first worker, replaced by a new one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     files = {name: workdir / f"{name}.txt" for name in TRAINERS}
-    common = {"ELEMENTS": str(elements), "EVERY": str(EVERY)}
+    # A worker killed mid-epoch must hold elements the trainers have not fetched yet: they
+    # fetch a few at a time.
+    outstanding = 8 if kill == "worker" else 0
+    common = {"ELEMENTS": str(elements), "EVERY": str(EVERY), "OUTSTANDING": str(outstanding)}
 
     def env(name: str, pause: float, **extra: str) -> dict[str, str]:
         return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
@@ -122,8 +129,7 @@ def run_round(
             cluster.start_dispatcher("--work-dir", str(workdir / "journal"), "--fault-tolerant")
         else:
             cluster.start_dispatcher()
-        for _ in range(2):
-            cluster.start_worker()
+        workers = [cluster.start_worker() for _ in range(2)]
         trainers = cluster.run(
             TRAINER,
             [("a", env("a", 0.004)), ("b", env("b", 0.006)), ("victim", env("victim", 0.004))],
@@ -134,22 +140,31 @@ def run_round(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the victim did not read {kill_at} elements in 60 s")
             time.sleep(0.01)
-        trainers.send("victim", signal.SIGKILL)
-        if trainers.wait_exit("victim", 30) is None:
-            raise RuntimeError("the victim outlived its kill -9 for 30 s")
-        killed_at = len(files["victim"].read_text().split())
-        restarted = cluster.run(
-            TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
-        )
+        if kill == "worker":
+            cluster.send(workers[0], signal.SIGKILL)
+            if cluster.wait_exit(workers[0], 30) is None:
+                raise RuntimeError("the worker outlived its kill -9 for 30 s")
+            killed_at = len(files["victim"].read_text().split())
+            cluster.start_worker()  # its replacement
+            groups: list[tuple[Any, tuple[str, ...]]] = [(trainers, TRAINERS)]
+        else:
+            trainers.send("victim", signal.SIGKILL)
+            if trainers.wait_exit("victim", 30) is None:
+                raise RuntimeError("the victim outlived its kill -9 for 30 s")
+            killed_at = len(files["victim"].read_text().split())
+            restarted = cluster.run(
+                TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
+            )
+            groups = [(trainers, ("a", "b")), (restarted, ("victim",))]
         hung = []
         deadline = time.monotonic() + hang_seconds
-        for group, names in ((trainers, ("a", "b")), (restarted, ("victim",))):
+        for group, names in groups:
             for name in names:
                 while group.poll(name) is None and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if group.poll(name) is None:
                     hung.append(name)
-        results = {**trainers.wait(), **restarted.wait()}
+        results = {name: result for group, _ in groups for name, result in group.wait().items()}
     failed = {name: results[name].describe()[-2000:] for name in TRAINERS if not results[name].ok}
     lost, duplicated = {}, {}
     for name, path in files.items():

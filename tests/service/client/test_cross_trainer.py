@@ -290,3 +290,25 @@ def test_a_trainer_killed_and_restarted_from_its_checkpoint_loses_and_repeats_no
     assert not row.failed and not row.hung, row
     assert 0 < row.killed_at < elements  # killed mid-epoch
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
+
+
+def test_a_worker_killed_mid_epoch_under_fault_tolerance_costs_no_trainer_anything(
+    tmp_path: Path,
+) -> None:
+    """Three trainer processes read one epoch from two workers under a fault-tolerant
+    dispatcher; one worker is killed (kill -9) mid-epoch and a new one started: the splits the
+    dead worker held run again, and each trainer gets exactly the elements it had not received
+    (``benchmarks/cross_trainer_chaos.py --kill worker``, one round)."""
+    elements = 400
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=0.3,
+        fault_tolerant=True,
+        hang_seconds=90,
+        kill="worker",
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
