@@ -415,7 +415,7 @@ class Receipts:
             int(key): add_ranges([], ranges) for key, ranges in (received or {}).items()
         }
         self._done: set[int] = set()
-        self._changed: set[int] = set()
+        self._changed: set[int] = set(self._received)  # reported first
 
     def take(self, key: int, offset: int) -> bool:
         """Records ``(key, offset)``; False if it was received before (drop it)."""
