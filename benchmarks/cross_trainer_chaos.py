@@ -196,7 +196,8 @@ def main() -> None:
     scratch = ROOT / "benchmarks" / "results" / f"cross-trainer-chaos-{stamp}"
     rounds = []
     print(
-        f"| round | fault at | {args.kill} killed when the victim had read | lost | duplicated | hung | verdict |"
+        f"| round | fault at | {args.kill} killed when the victim had read "
+        "| lost | duplicated | hung | verdict |"
     )
     print("|---:|---:|---:|---|---|---|---|")
     for index in range(args.rounds):
