@@ -4,11 +4,13 @@ state updates and snapshots."""
 
 from __future__ import annotations
 
+import doctest
 import random
 
 import pytest
 
 from feedline.errors import InvalidArgumentError
+from feedline.service import ledger as ledger_module
 from feedline.service.dispatcher import state as st
 from feedline.service.ledger import (
     Receipts,
@@ -245,3 +247,7 @@ def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journa
     assert copy.ledgers[job_id] == ledger
     copy.apply(st.ReleaseClient(101))  # b left: a alone is waited for
     assert copy.ledgers[job_id].done == {0: 2}
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(ledger_module).failed == 0
