@@ -372,8 +372,10 @@ def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
     tmp_path: Path, make_cluster: Callable[..., Cluster]
 ) -> None:
     """Under a fault-tolerant dispatcher: a trainer saves its position, a worker dies (its
-    splits run again on another), the trainer reads on, then is restored from the position it
-    saved: it gets every element it had not returned by then, once, wherever the splits ran."""
+    splits, which the other trainer has not received in full, run again on another worker), the
+    trainer reads on, then is restored from the position it saved: it gets every element it had
+    not returned by then, once, wherever the splits ran. (Splits that every trainer had received
+    in full when the worker died are not run again: docs/data_service.md.)"""
     cluster = make_cluster(
         0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
     )
@@ -398,7 +400,7 @@ def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
     before = [int(next(restarted)) for _ in range(30)]
     state = restarted.get_state()
     lost_with_the_process = [int(next(restarted)) for _ in range(10)]
-    got_steady = [int(next(steady)) for _ in range(50)]
+    # steady has fetched at most 4 elements (max_outstanding_requests): no split of 9 in full.
     cluster.workers[0].stop()  # it dies with what its caches held
     cluster.add_worker(heartbeat_interval_ms=100)
     lost_with_the_process += [int(next(restarted)) for _ in range(60)]
@@ -409,4 +411,4 @@ def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
     # Read together: the epoch ends once every trainer reading the job received all of it.
     got = read_concurrently({"restarted": again, "steady": steady}, {})
     assert sorted(before + got["restarted"]) == list(range(300))
-    assert sorted(got_steady + got["steady"]) == list(range(300))
+    assert sorted(got["steady"]) == list(range(300))
