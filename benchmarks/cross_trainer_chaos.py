@@ -1,10 +1,11 @@
 """Chaos for cross-trainer jobs: a trainer killed (kill -9) mid-epoch and restarted from its
-checkpoint, with real processes, counted over rounds.
+checkpoint, or a worker killed (kill -9) mid-epoch and replaced, with real processes, counted
+over rounds.
 
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/cross_trainer_chaos.py [--rounds 10] [--fault-at random]
-        [--fault-tolerant] [--elements 400]
+        [--fault-tolerant] [--elements 400] [--kill trainer|worker]
 
 Each round starts a fresh cluster (``tests/service/procs.py``): a ``feedline dispatcher`` (with
 ``--fault-tolerant``: on a fresh work dir, ``--fault-tolerant``), two ``feedline worker``
@@ -16,8 +17,15 @@ epoch (a fraction, or ``random``: drawn in [0.05, 0.9] per round), it is killed 
 started again: it drops the lines after its checkpoint (those steps are done again), restores
 the state and reads on. Per trainer, the round counts the elements lost (never written),
 duplicated (written twice) and whether a trainer hung (no end within ``--hang-seconds``). The
-promise: 0 lost, 0 duplicated, 0 hung, for every trainer. ``tests/service/client/
-test_cross_trainer.py`` runs two rounds.
+promise: 0 lost, 0 duplicated, 0 hung, for every trainer.
+
+With ``--kill worker`` no trainer is killed: once the victim has read ``--fault-at`` of the
+epoch, the first worker is killed with SIGKILL and a new worker started in its place; the
+trainers fetch 8 elements ahead (``max_outstanding_requests``), so the dead worker's cache
+held elements some trainers had not fetched. The promise holds with ``--fault-tolerant`` (the
+dead worker's splits run again, and each trainer takes what it had not received); without it,
+what the dead worker held is lost to the trainers that had not fetched it.
+``tests/service/client/test_cross_trainer.py`` runs three rounds.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import random
 import signal
 import sys
 import time
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -57,6 +66,7 @@ dataset = Dataset.range(int(os.environ["ELEMENTS"])).apply(
         os.environ["FEEDLINE_TARGET"],
         job_name="epoch",
         cross_trainer_cache=CrossTrainerCache(os.environ["TRAINER"]),
+        max_outstanding_requests=int(os.environ["OUTSTANDING"]) or None,
     )
 )
 out, checkpoint = Path(os.environ["OUT"]), Path(os.environ["OUT"] + ".ckpt")
@@ -107,11 +117,16 @@ def run_round(
     fault_fraction: float = 0.3,
     fault_tolerant: bool = False,
     hang_seconds: float = 90.0,
+    kill: str = "trainer",
 ) -> Round:
-    """Runs one round on a fresh cluster (module docstring)."""
+    """Runs one round on a fresh cluster (module docstring); ``kill``: ``trainer`` (the
+    victim) or ``worker`` (the first worker, replaced by a new one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     files = {name: workdir / f"{name}.txt" for name in TRAINERS}
-    common = {"ELEMENTS": str(elements), "EVERY": str(EVERY)}
+    # A worker killed mid-epoch must hold elements the trainers have not fetched yet: they
+    # fetch a few at a time.
+    outstanding = 8 if kill == "worker" else 0
+    common = {"ELEMENTS": str(elements), "EVERY": str(EVERY), "OUTSTANDING": str(outstanding)}
 
     def env(name: str, pause: float, **extra: str) -> dict[str, str]:
         return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
@@ -122,8 +137,7 @@ def run_round(
             cluster.start_dispatcher("--work-dir", str(workdir / "journal"), "--fault-tolerant")
         else:
             cluster.start_dispatcher()
-        for _ in range(2):
-            cluster.start_worker()
+        workers = [cluster.start_worker() for _ in range(2)]
         trainers = cluster.run(
             TRAINER,
             [("a", env("a", 0.004)), ("b", env("b", 0.006)), ("victim", env("victim", 0.004))],
@@ -134,22 +148,31 @@ def run_round(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the victim did not read {kill_at} elements in 60 s")
             time.sleep(0.01)
-        trainers.send("victim", signal.SIGKILL)
-        if trainers.wait_exit("victim", 30) is None:
-            raise RuntimeError("the victim outlived its kill -9 for 30 s")
-        killed_at = len(files["victim"].read_text().split())
-        restarted = cluster.run(
-            TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
-        )
+        if kill == "worker":
+            cluster.send(workers[0], signal.SIGKILL)
+            if cluster.wait_exit(workers[0], 30) is None:
+                raise RuntimeError("the worker outlived its kill -9 for 30 s")
+            killed_at = len(files["victim"].read_text().split())
+            cluster.start_worker()  # its replacement
+            groups: list[tuple[Any, tuple[str, ...]]] = [(trainers, TRAINERS)]
+        else:
+            trainers.send("victim", signal.SIGKILL)
+            if trainers.wait_exit("victim", 30) is None:
+                raise RuntimeError("the victim outlived its kill -9 for 30 s")
+            killed_at = len(files["victim"].read_text().split())
+            restarted = cluster.run(
+                TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
+            )
+            groups = [(trainers, ("a", "b")), (restarted, ("victim",))]
         hung = []
         deadline = time.monotonic() + hang_seconds
-        for group, names in ((trainers, ("a", "b")), (restarted, ("victim",))):
+        for group, names in groups:
             for name in names:
                 while group.poll(name) is None and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if group.poll(name) is None:
                     hung.append(name)
-        results = {**trainers.wait(), **restarted.wait()}
+        results = {name: result for group, _ in groups for name, result in group.wait().items()}
     failed = {name: results[name].describe()[-2000:] for name in TRAINERS if not results[name].ok}
     lost, duplicated = {}, {}
     for name, path in files.items():
@@ -165,13 +188,17 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=400)
     parser.add_argument("--fault-at", default="random", help="a fraction of the epoch, or random")
     parser.add_argument("--fault-tolerant", action="store_true")
+    parser.add_argument("--kill", choices=("trainer", "worker"), default="trainer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     scratch = ROOT / "benchmarks" / "results" / f"cross-trainer-chaos-{stamp}"
     rounds = []
-    print("| round | fault at | victim killed at | lost | duplicated | hung | verdict |")
+    print(
+        f"| round | fault at | {args.kill} killed when the victim had read "
+        "| lost | duplicated | hung | verdict |"
+    )
     print("|---:|---:|---:|---|---|---|---|")
     for index in range(args.rounds):
         fraction = rng.uniform(0.05, 0.9) if args.fault_at == "random" else float(args.fault_at)
@@ -180,6 +207,7 @@ def main() -> None:
             elements=args.elements,
             fault_fraction=fraction,
             fault_tolerant=args.fault_tolerant,
+            kill=args.kill,
         )
         rounds.append(row)
         print(
@@ -189,7 +217,7 @@ def main() -> None:
             flush=True,
         )
     print(
-        f"\n{len(rounds)} rounds, {len(rounds)} kills -9 "
+        f"\n{len(rounds)} rounds, {len(rounds)} kills -9 of a {args.kill} "
         f"({'fault-tolerant' if args.fault_tolerant else 'plain'} dispatcher): "
         f"lost {sum(sum(r.lost.values()) for r in rounds)}, "
         f"duplicated {sum(sum(r.duplicated.values()) for r in rounds)}, "

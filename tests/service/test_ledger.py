@@ -4,11 +4,13 @@ state updates and snapshots."""
 
 from __future__ import annotations
 
+import doctest
 import random
 
 import pytest
 
 from feedline.errors import InvalidArgumentError
+from feedline.service import ledger as ledger_module
 from feedline.service.dispatcher import state as st
 from feedline.service.ledger import (
     Receipts,
@@ -171,3 +173,81 @@ def test_once_a_consumer_left_a_split_handed_out_whole_is_done() -> None:
     assert ledger.settled
     copy = SplitLedger.from_json(ledger.to_json())
     assert copy == ledger and copy.consumer_left
+
+
+def test_a_cross_trainer_split_is_done_once_every_trainer_reading_the_job_has_it() -> None:
+    """A per-trainer ledger counts what each trainer received, by trainer id, whichever
+    consumer id it reads with; a trainer that left is not waited for until it rejoins."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    ledger.grant(0, task_id=7)
+    ledger.grant(4, task_id=7)
+    ledger.count(0, 3)
+    ledger.count(4, 2)
+    assert ledger.adds(0, [[0, 3]], 1) and not ledger.adds(0, [[0, 3]], 99)  # 99: unknown
+    ledger.receive(0, [[0, 3]], client_id=1)
+    ledger.receive(0, [[0, 3]], client_id=99)  # not a trainer of the job: ignored
+    ledger.receive(4, [[0, 2]], client_id=1)
+    assert not ledger.adds(0, [[1, 2]], 1)  # a has it already
+    ledger.receive(0, [[0, 2]], client_id=2)
+    assert sorted(ledger.open) == [0, 4] and not ledger.done  # b lacks 0's offset 2, and 4
+    ledger.client_gone(2)  # b is killed: not waited for while it is away
+    assert ledger.done == {0: 3, 4: 2} and ledger.settled
+    assert not ledger.consumer_left  # a trainer leaving is not a plain consumer leaving
+    # b comes back (a new consumer id) while a new split is open: it is waited for again.
+    ledger.joined(3, "b")
+    ledger.grant(8, task_id=7)
+    ledger.count(8, 1)
+    ledger.receive(8, [[0, 1]], client_id=1)
+    assert list(ledger.open) == [8]
+    ledger.receive(8, [[0, 1]], client_id=3)
+    assert ledger.settled and ledger.reading() == {"a", "b"}
+    copy = SplitLedger.from_json(ledger.to_json())
+    assert copy == ledger
+
+
+def test_a_lost_workers_cross_trainer_splits_are_replayed_at_once_and_whole() -> None:
+    """A trainer drops what it has of a replayed split itself: nothing is skipped for it and
+    no trainer is waited for."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    ledger.grant(0, task_id=7)
+    ledger.count(0, 4)
+    ledger.receive(0, [[0, 4]], client_id=1)
+    ledger.receive(0, [[0, 2]], client_id=2)
+    ledger.holder_lost(7, consumers=[1, 2])
+    assert ledger.replay == [0] and ledger.open[0].awaiting == []
+    ledger.regrant(0, task_id=8)
+    assert ledger.open[0].delivered == []  # the replay skips nothing
+    ledger.receive(0, [[2, 4]], client_id=2)
+    assert ledger.done == {0: 4} and ledger.settled
+
+
+def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journal() -> None:
+    state = st.DispatcherState(incarnation=6)
+    state.apply(st.RegisterWorker("w:1"))
+    job_id = state.new_id()
+    state.apply(
+        st.CreateJob(job_id, "d", 3, "j", 0, None, "ANY", exactly_once=True, cross_trainer=True)
+    )
+    task_id = state.new_id()
+    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    for client_id, trainer in ((100, "a"), (101, "b")):
+        acquire = st.AcquireClient(client_id, job_id, trainer)
+        state.apply(st.update_from_json(st.update_to_json(acquire)))
+    cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
+    state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
+    state.apply(st.CountSplit(job_id, 0, 2))
+    state.apply(st.ReportSplits(job_id, 100, [[0, [[0, 2]]]], []))
+    ledger = state.ledgers[job_id]
+    assert ledger.per_trainer and list(ledger.open) == [0]  # b has not reported
+    copy = st.state_from_json(st.state_to_json(state))
+    assert copy.ledgers[job_id] == ledger
+    copy.apply(st.ReleaseClient(101))  # b left: a alone is waited for
+    assert copy.ledgers[job_id].done == {0: 2}
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(ledger_module).failed == 0

@@ -26,6 +26,26 @@ With ``fault_tolerant_mode`` a DYNAMIC job keeps a ``SplitLedger``: every split 
 
 Offsets travel as *ranges*: sorted, disjoint ``[start, stop)`` pairs (``add_ranges``).
 
+A cross-trainer job (``CrossTrainerCache``) keeps a ledger of its own kind (``per_trainer``):
+every trainer reads every element, so what counts is what *each trainer* received, under its
+``trainer_id`` (``joined``) whatever consumer id it reads with now. A split is done once its
+count is known and every trainer that reads the job now (it has a consumer that did not leave)
+received all of it; a trainer that left (killed, to come back from its checkpoint) is not
+waited for, and is again once it rejoins. A split of a lost worker is handed out again at once
+and whole (``skip`` nothing): each trainer drops the offsets it already has (its own receipts),
+so one that had consumed part of it gets the rest, one that had none gets all of it, and a
+trainer restored from a checkpoint taken before it read them gets them again too.
+
+  >>> ledger = SplitLedger(per_trainer=True)
+  >>> ledger.joined(1, "a"); ledger.joined(2, "b")
+  >>> ledger.grant(0, task_id=7); ledger.count(0, 4)
+  >>> ledger.receive(0, [[0, 4]], client_id=1); sorted(ledger.open)  # b has none of it yet
+  [0]
+  >>> ledger.holder_lost(7, consumers=[1, 2]); ledger.replay, ledger.open[0].delivered
+  ([0], [])
+  >>> ledger.receive(0, [[0, 4]], client_id=2); ledger.done
+  {0: 4}
+
 Example:
   >>> ledger = SplitLedger()
   >>> ledger.grant(0, task_id=7); ledger.grant(4, task_id=8)
@@ -150,6 +170,7 @@ class OpenSplit:
       lost_holder: the lost task it was taken from (while it waits for ``awaiting``).
       awaiting: the consumers that must close ``lost_holder`` before it is replayed.
       handed_out: its holder has handed every element of it to consumers.
+      trainers: in a ``per_trainer`` ledger, the offsets each trainer reported, as ranges.
     """
 
     holder: int | None
@@ -158,6 +179,7 @@ class OpenSplit:
     lost_holder: int | None = None
     awaiting: list[int] = dataclasses.field(default_factory=list)
     handed_out: bool = False
+    trainers: dict[str, Ranges] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -175,6 +197,21 @@ class SplitLedger:
     replay: list[int] = dataclasses.field(default_factory=list)
     #: A consumer left the job: a split handed out whole is done, covered or not.
     consumer_left: bool = False
+    #: A cross-trainer job's ledger: a split is done once every trainer received all of it.
+    per_trainer: bool = False
+    #: (``per_trainer``) The trainer id of each consumer that joined, and those that left.
+    trainer_of: dict[int, str] = dataclasses.field(default_factory=dict)
+    left: list[int] = dataclasses.field(default_factory=list)
+
+    def joined(self, client_id: int, trainer_id: str | None) -> None:
+        """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``)."""
+        if self.per_trainer and trainer_id is not None:
+            self.trainer_of[client_id] = trainer_id
+
+    def reading(self) -> set[str]:
+        """The trainers with a consumer that did not leave (``per_trainer``)."""
+        left = set(self.left)
+        return {trainer for client, trainer in self.trainer_of.items() if client not in left}
 
     def grant(self, key: int, task_id: int) -> None:
         """Split ``key`` was handed out for the first time, to ``task_id``."""
@@ -196,12 +233,22 @@ class SplitLedger:
             split.count = count
             self._settle(key)
 
-    def receive(self, key: int, ranges: Sequence[Sequence[int]]) -> None:
-        """A consumer reported that it received the offsets ``ranges`` of split ``key``."""
+    def receive(
+        self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None
+    ) -> None:
+        """Consumer ``client_id`` reported that it received the offsets ``ranges`` of split
+        ``key`` (counted for its trainer in a ``per_trainer`` ledger)."""
         split = self.open.get(key)
-        if split is not None:
+        if split is None:
+            return
+        if self.per_trainer:
+            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            if trainer is None:
+                return
+            split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
+        else:
             split.delivered = add_ranges(split.delivered, ranges)
-            self._settle(key)
+        self._settle(key)
 
     def holder_lost(self, task_id: int, consumers: Sequence[int]) -> None:
         """The worker of ``task_id`` is gone: its open splits are replayed once each of
@@ -209,7 +256,8 @@ class SplitLedger:
         for key, split in list(self.open.items()):
             if split.holder == task_id:
                 split.holder, split.lost_holder = None, task_id
-                split.awaiting = sorted(set(consumers))
+                # A trainer drops what it has of a replayed split itself: nothing to wait for.
+                split.awaiting = [] if self.per_trainer else sorted(set(consumers))
                 self._release(key)
 
     def closed(self, client_id: int, task_ids: Iterable[int]) -> None:
@@ -223,7 +271,14 @@ class SplitLedger:
 
     def client_gone(self, client_id: int) -> None:
         """Consumer ``client_id`` left the job: nothing waits for it any more, and what it
-        did not report is not waited for either (the module's last rule)."""
+        did not report is not waited for either (the module's last rule). A trainer that left
+        is not waited for until it rejoins (``per_trainer``)."""
+        if self.per_trainer:
+            if client_id in self.trainer_of and client_id not in self.left:
+                self.left.append(client_id)
+            for key in list(self.open):
+                self._settle(key)
+            return
         self.consumer_left = True
         for key, split in list(self.open.items()):
             if client_id in split.awaiting:
@@ -239,10 +294,19 @@ class SplitLedger:
             split.handed_out = True
             self._settle(key)
 
-    def adds(self, key: int, ranges: Sequence[Sequence[int]]) -> bool:
-        """Whether a consumer's report of ``ranges`` of split ``key`` is news to the ledger."""
+    def adds(self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None) -> bool:
+        """Whether consumer ``client_id``'s report of ``ranges`` of split ``key`` is news to the
+        ledger."""
         split = self.open.get(key)
-        return split is not None and add_ranges(split.delivered, ranges) != split.delivered
+        if split is None:
+            return False
+        if self.per_trainer:
+            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            if trainer is None:
+                return False
+            have = split.trainers.get(trainer, [])
+            return add_ranges(have, ranges) != have
+        return add_ranges(split.delivered, ranges) != split.delivered
 
     def awaits(self, client_id: int, task_id: int) -> bool:
         """Whether a split waits for consumer ``client_id`` to close the lost ``task_id``."""
@@ -281,9 +345,13 @@ class SplitLedger:
 
     def _settle(self, key: int) -> None:
         split = self.open[key]
-        if split.count is not None and (
-            covers(split.delivered, split.count) or (self.consumer_left and split.handed_out)
-        ):
+        if split.count is None:
+            return
+        if self.per_trainer:
+            done = all(covers(split.trainers.get(t, []), split.count) for t in self.reading())
+        else:
+            done = covers(split.delivered, split.count) or (self.consumer_left and split.handed_out)
+        if done:
             del self.open[key]
             self.done[key] = split.count
             if key in self.replay:
@@ -296,6 +364,15 @@ class SplitLedger:
             "done": sorted([key, count] for key, count in self.done.items()),
             "replay": list(self.replay),
             "consumer_left": self.consumer_left,
+            **(
+                {
+                    "per_trainer": True,
+                    "trainer_of": sorted([c, t] for c, t in self.trainer_of.items()),
+                    "left": list(self.left),
+                }
+                if self.per_trainer
+                else {}
+            ),
         }
 
     @classmethod
@@ -306,6 +383,9 @@ class SplitLedger:
             {int(key): int(count) for key, count in data["done"]},
             [int(key) for key in data["replay"]],
             bool(data.get("consumer_left", False)),
+            bool(data.get("per_trainer", False)),
+            {int(c): str(t) for c, t in data.get("trainer_of", ())},
+            [int(c) for c in data.get("left", ())],
         )
 
 
@@ -329,10 +409,13 @@ class Receipts:
     offsets it has, so that a replayed element it already has is dropped; and which splits
     changed since the last report. Not thread-safe: the reader holds its lock."""
 
-    def __init__(self) -> None:
-        self._received: dict[int, Ranges] = {}
+    def __init__(self, received: Mapping[int, Ranges] | None = None) -> None:
+        # ``received``: what a consumer restored from a checkpoint had (a trainer's).
+        self._received: dict[int, Ranges] = {
+            int(key): add_ranges([], ranges) for key, ranges in (received or {}).items()
+        }
         self._done: set[int] = set()
-        self._changed: set[int] = set()
+        self._changed: set[int] = set(self._received)  # reported first
 
     def take(self, key: int, offset: int) -> bool:
         """Records ``(key, offset)``; False if it was received before (drop it)."""

@@ -371,6 +371,8 @@ class GetOrCreateJobRequest:
         dispatcher, or None.
       cross_trainer: the consumers are trainers that each read every element of the job
         (``CrossTrainerCache``): the workers keep what one trainer read for the others.
+      trainer_id: the trainer this consumer reads as, in a cross-trainer job (a fault-tolerant
+        dispatcher counts what each trainer received, ``ledger``).
     """
 
     dataset_id: str
@@ -381,6 +383,7 @@ class GetOrCreateJobRequest:
     target_workers: str
     resume: Any = None
     cross_trainer: bool = False
+    trainer_id: str | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -411,6 +414,7 @@ class GetOrCreateJobRequest:
             target_workers,
             header.get("resume"),
             field(header, "cross_trainer", bool, False),
+            field(header, "trainer_id", (str, type(None)), None),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -424,6 +428,7 @@ class GetOrCreateJobRequest:
             "target_workers": self.target_workers,
             "resume": self.resume,
             **({"cross_trainer": True} if self.cross_trainer else {}),
+            **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
         }
 
 

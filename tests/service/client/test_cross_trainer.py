@@ -290,3 +290,125 @@ def test_a_trainer_killed_and_restarted_from_its_checkpoint_loses_and_repeats_no
     assert not row.failed and not row.hung, row
     assert 0 < row.killed_at < elements  # killed mid-epoch
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
+
+
+def test_a_worker_killed_mid_epoch_under_fault_tolerance_costs_no_trainer_anything(
+    tmp_path: Path,
+) -> None:
+    """Three trainer processes read one epoch from two workers under a fault-tolerant
+    dispatcher; one worker is killed (kill -9) mid-epoch and a new one started: the splits the
+    dead worker held run again, and each trainer gets exactly the elements it had not received
+    (``benchmarks/cross_trainer_chaos.py --kill worker``, one round)."""
+    elements = 400
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=0.3,
+        fault_tolerant=True,
+        hang_seconds=90,
+        kill="worker",
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
+
+
+def test_a_trainers_position_passes_over_what_it_drops_once_the_elements_before_are_returned() -> (
+    None
+):
+    """Under a fault-tolerant dispatcher each element is tagged ``[position, split, offset]``:
+    what the trainer already has of a replayed split is dropped, its position moves past it
+    once everything before it was returned, and the position saves what it returned per split
+    (a restored trainer drops those offsets again)."""
+    from feedline.service.client.cross_trainer import TrainerPositions
+    from feedline.service.client.exactly_once import SplitReceipts
+
+    positions = TrainerPositions("t", None)
+    receipts = SplitReceipts()
+    assert positions.admit(receipts, 5, [[0, 4, 0], [1, 4, 1]], 2) == [True, True]
+    assert positions.admit(receipts, 6, [[0, 4, 1], [1, 4, 2]], 2) == [False, True]
+    assert positions.admit(receipts, 6, [[2]], 1) is None  # no split tags: refused
+    assert positions.returned_in(6) == 1  # the dropped element 0 was next: passed over
+    positions.returned(5, [0, 4, 0])
+    assert positions.admit(receipts, 5, [[2, 4, 2], [3, 4, 3]], 2) == [False, True]
+    assert positions.returned_in(5) == 1  # element 1 is not returned yet: 2 waits for it
+    positions.returned(5, [1, 4, 1])
+    assert positions.returned_in(5) == 3  # 1 returned, then the dropped 2 passed over
+    saved = positions.position(9)
+    assert saved.tasks == {5: 3, 6: 1} and saved.splits == {4: [[0, 2]]}
+    restored = TrainerPositions("t", TrainerPosition.from_state(saved.to_state()))
+    again = SplitReceipts(received=restored.restored_splits())
+    assert restored.admit(again, 6, [[1, 4, 1], [2, 4, 2]], 2) == [False, True]
+    assert restored.returned_in(6) == 2
+
+
+def test_a_late_restore_after_the_job_was_collected_says_so(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """A trainer restored after its job was collected (``job_gc_timeout_ms`` after its last
+    trainer left) gets an error that says what happened and what to do, not an end of input."""
+    cluster = make_cluster(1, job_gc_timeout_ms=200)
+    dataset = Dataset.range(20)
+    steady = iter(trainer_dataset(cluster, "steady", dataset))
+    late = iter(trainer_dataset(cluster, "late", dataset))
+    before = [int(next(late)) for _ in range(4)]
+    state = late.get_state()
+    late.close()
+    assert sorted(int(x) for x in steady) == list(range(20))
+    deadline = time.monotonic() + 30
+    while cluster.dispatcher._core.state.jobs and time.monotonic() < deadline:
+        time.sleep(0.05)  # the job is collected once its trainers left for 200 ms
+    assert not cluster.dispatcher._core.state.jobs
+    restored = iter(trainer_dataset(cluster, "late", dataset))
+    with pytest.raises(FailedPreconditionError, match=r"that job is gone.*job_gc_timeout_ms"):
+        restored.set_state(state)
+    assert before == sorted(before)
+    # Started afresh, without the state, the trainer reads the new job from its start.
+    assert sorted(int(x) for x in trainer_dataset(cluster, "late", dataset)) == list(range(20))
+
+
+def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    """Under a fault-tolerant dispatcher: a trainer saves its position, a worker dies (its
+    splits, which the other trainer has not received in full, run again on another worker), the
+    trainer reads on, then is restored from the position it saved: it gets every element it had
+    not returned by then, once, wherever the splits ran. (Splits that every trainer had received
+    in full when the worker died are not run again: docs/data_service.md.)"""
+    cluster = make_cluster(
+        0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
+    )
+    for _ in range(2):
+        cluster.add_worker(heartbeat_interval_ms=100)
+    dataset = Dataset.range(300)
+
+    def trainer(name: str) -> Any:
+        return iter(
+            dataset.apply(
+                service.distribute(
+                    "distributed_epoch",
+                    cluster.target,
+                    job_name="ft",
+                    cross_trainer_cache=service.CrossTrainerCache(name),
+                    max_outstanding_requests=4,
+                )
+            )
+        )
+
+    steady, restarted = trainer("steady"), trainer("restarted")
+    before = [int(next(restarted)) for _ in range(30)]
+    state = restarted.get_state()
+    lost_with_the_process = [int(next(restarted)) for _ in range(10)]
+    # steady has fetched at most 4 elements (max_outstanding_requests): no split of 9 in full.
+    cluster.workers[0].stop()  # it dies with what its caches held
+    cluster.add_worker(heartbeat_interval_ms=100)
+    lost_with_the_process += [int(next(restarted)) for _ in range(60)]
+    restarted.close()
+    assert len(set(before + lost_with_the_process)) == 100
+    again = trainer("restarted")
+    again.set_state(state)
+    # Read together: the epoch ends once every trainer reading the job received all of it.
+    got = read_concurrently({"restarted": again, "steady": steady}, {})
+    assert sorted(before + got["restarted"]) == list(range(300))
+    assert sorted(got["steady"]) == list(range(300))

@@ -129,3 +129,30 @@ def test_nothing_yet_is_none_after_the_wait() -> None:
     cache = TrainerCache(TaskBuffer(1), window=True)
     assert cache.read("a", 0, 0, 8, 1 << 20, 0.05) is None
     assert cache.positions() == {"a": 0}
+
+
+def test_each_elements_split_tag_comes_with_it_from_memory_and_from_the_spill() -> None:
+    """In an exactly-once job every element carries its ``[split, offset]`` (``ledger``): the
+    cache keeps it, in memory and on disk, and hands it out with the element."""
+    buffer = TaskBuffer(1)
+    for value in range(30):
+        buffer.put([np.full(16, value)], ELEMENT_BYTES, [value // 10, value % 10])
+    buffer.finish(drained=False)
+    cache = TrainerCache(buffer, max_bytes=5 * ELEMENT_BYTES, window=False)
+    tags: list[list[int]] = []
+    index, values = 0, []
+    while True:
+        reply: Any = cache.read("a", index, index, 7, 1 << 20, 1.0, tags)
+        if reply is Ending.INPUT_ENDED:
+            break
+        first, elements = reply
+        values.extend(int(leaves[0][0]) for leaves in elements)
+        index = first + len(elements)
+    assert cache.state()["spilled"] == 25
+    late: list[list[int]] = []
+    reply = cache.read("b", 3, 3, 4, 1 << 20, 1.0, late)  # from the spill file
+    assert reply[0] == 3 and [int(leaves[0][0]) for leaves in reply[1]] == [3, 4, 5, 6]
+    assert values == list(range(30))
+    assert tags == [[v // 10, v % 10] for v in range(30)]
+    assert late == [[0, 3], [0, 4], [0, 5], [0, 6]]
+    cache.close()

@@ -8,15 +8,25 @@ made for the others (``worker.trainer_cache``). A trainer's position is, per tas
 (in this process or a new one), it rejoins the same job and reads each task from there, so a
 trainer restarted from its checkpoint gets the rest of the epoch exactly once while the other
 trainers go on.
+
+Under a fault-tolerant dispatcher (``ledger``, ``per_trainer``) each element also carries its
+``[split, offset]``: the trainer reports what it received under its id, keeps the offsets it
+has of each split (``SplitReceipts``) and drops those it gets again when the split of a lost
+worker runs again elsewhere. Its position then also saves, per split, the offsets ``next``
+returned, so that a trainer restored from its checkpoint drops what it returned before it and
+takes the rest, in whichever task's stream the split comes again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.service.client.exactly_once import SplitReceipts
+from feedline.service.ledger import Ranges, add_ranges
 
 __all__ = ["CrossTrainerCache", "TrainerPosition", "TrainerPositions"]
 
@@ -88,13 +98,28 @@ def trainer_id_of(cross_trainer_cache: Any, job_name: str | None) -> str | None:
     return cross_trainer_cache.trainer_id
 
 
+def trainer_tags(first: int, count: int, splits: Sequence[Sequence[int]] | None) -> list[list[int]]:
+    """The tags of ``count`` elements of a trainer's reply from position ``first`` on:
+    ``[position]``, or ``[position, split, offset]`` where the reply tags each element with its
+    ``[split, offset]`` (a fault-tolerant dispatcher's job).
+
+    Example:
+      >>> trainer_tags(5, 2, None), trainer_tags(5, 2, [[0, 3], [0, 4]])
+      ([[5], [6]], [[5, 0, 3], [6, 0, 4]])
+    """
+    if splits is None or len(splits) != count:
+        return [[first + i] for i in range(count)]
+    return [[first + i, *map(int, tag)] for i, tag in enumerate(splits)]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerPosition:
     """A trainer's position in a cross-trainer job: per task, the elements of its stream
-    before the next one the trainer returns.
+    before the next one the trainer returns; under a fault-tolerant dispatcher also, per split,
+    the offsets it returned (``splits``).
 
     Example:
-      >>> position = TrainerPosition("a", 7, {12: 3, 13: 0})
+      >>> position = TrainerPosition("a", 7, {12: 3, 13: 0}, {0: [[0, 3]]})
       >>> TrainerPosition.from_state(position.to_state()) == position
       True
     """
@@ -102,14 +127,17 @@ class TrainerPosition:
     trainer_id: str
     job_id: int
     tasks: dict[int, int]
+    splits: dict[int, Ranges] = dataclasses.field(default_factory=dict)
 
     def to_state(self) -> dict[str, Any]:
         """The position as an iterator's state (a nested dict of plain values)."""
+        splits = [[key, ranges] for key, ranges in sorted(self.splits.items())]
         return {
             "cross_trainer": {
                 "trainer_id": self.trainer_id,
                 "job_id": self.job_id,
                 "tasks": [[task, count] for task, count in sorted(self.tasks.items())],
+                **({"splits": splits} if splits else {}),
             }
         }
 
@@ -125,7 +153,8 @@ class TrainerPosition:
             if not isinstance(saved, dict):
                 raise TypeError("no 'cross_trainer' entry")
             tasks = {int(task): int(count) for task, count in saved["tasks"]}
-            return cls(str(saved["trainer_id"]), int(saved["job_id"]), tasks)
+            splits = {int(key): add_ranges([], ranges) for key, ranges in saved.get("splits", ())}
+            return cls(str(saved["trainer_id"]), int(saved["job_id"]), tasks, splits)
         except (KeyError, TypeError, ValueError) as error:
             raise InvalidArgumentError(
                 "the state is not the position of a trainer of a cross-trainer job (saved by "
@@ -137,7 +166,8 @@ class TrainerPositions:
     """The positions of one trainer in its job's tasks, kept by its reader; thread-safe.
 
     ``fetch_from`` is where a fetch thread starts a task (the restored position, else 0);
-    ``returned`` moves a task's position past an element ``next`` returned.
+    ``returned`` moves a task's position past an element ``next`` returned, ``admit`` past
+    the elements of a replayed split the trainer had (once those before them are returned).
     """
 
     def __init__(self, trainer_id: str, resume: TrainerPosition | None) -> None:
@@ -145,6 +175,39 @@ class TrainerPositions:
         self._resume = resume
         self._lock = threading.Lock()
         self._tasks: dict[int, int] = dict(resume.tasks) if resume is not None else {}
+        # Per split, the offsets returned (a fault-tolerant dispatcher's jobs: ``ledger``).
+        self._splits: dict[int, Ranges] = (
+            {key: add_ranges([], ranges) for key, ranges in resume.splits.items()}
+            if resume is not None
+            else {}
+        )
+        # Per task, the positions of elements dropped as had before, not yet passed.
+        self._dropped: dict[int, set[int]] = {}
+
+    def restored_splits(self) -> dict[int, Ranges]:
+        """The offsets of each split returned before the restored position was saved."""
+        return {} if self._resume is None else dict(self._resume.splits)
+
+    def admit(
+        self,
+        receipts: SplitReceipts,
+        task_id: int,
+        tags: Sequence[Sequence[int]] | None,
+        count: int,
+    ) -> list[bool] | None:
+        """Which of the ``count`` elements of a reply of ``task_id``, tagged ``[position,
+        split, offset]``, the trainer takes: those it does not have (``receipts``); the
+        positions of the others are passed over. None if the tags do not say that."""
+        if tags is None or len(tags) != count or any(len(tag) != 3 for tag in tags):
+            return None
+        keep = receipts.keep(task_id, [tag[1:] for tag in tags], count)
+        if keep is None:
+            return None
+        with self._lock:
+            dropped = self._dropped.setdefault(task_id, set())
+            dropped.update(int(tag[0]) for tag, kept in zip(tags, keep, strict=True) if not kept)
+            self._pass_dropped(task_id)
+        return keep
 
     def check_job(self, job_id: int, job_name: str | None) -> None:
         """The reader joined ``job_id``: a restored position must be of that job.
@@ -158,8 +221,11 @@ class TrainerPositions:
             raise FailedPreconditionError(
                 f"trainer {self.trainer_id!r} saved its position in job {resume.job_id} of "
                 f"job_name {job_name!r}, but that job is gone (the name now names job "
-                f"{job_id}): its cached elements went with it. Restore while the job runs, "
-                "or start the trainer afresh"
+                f"{job_id}): the dispatcher collected it job_gc_timeout_ms after its last "
+                "trainer left, and the workers' cached elements went with it. Restore while "
+                "the job runs (raise DispatcherConfig.job_gc_timeout_ms to give restarts "
+                "more time), or start the trainer afresh without set_state (it reads the "
+                "new job from its start)"
             )
 
     def fetch_from(self, task_id: int) -> int:
@@ -172,12 +238,30 @@ class TrainerPositions:
         with self._lock:
             return self._tasks.get(task_id, 0)
 
-    def returned(self, task_id: int, index: int) -> None:
-        """``next`` returned the element at ``index`` of ``task_id``'s stream."""
+    def returned(self, task_id: int, tag: Sequence[int]) -> None:
+        """``next`` returned the element tagged ``tag`` (``[position]`` in ``task_id``'s
+        stream, then ``split, offset`` under a fault-tolerant dispatcher)."""
         with self._lock:
-            self._tasks[task_id] = max(self._tasks.get(task_id, 0), index + 1)
+            self._tasks[task_id] = max(self._tasks.get(task_id, 0), int(tag[0]) + 1)
+            if len(tag) == 3:
+                key, offset = int(tag[1]), int(tag[2])
+                self._splits[key] = add_ranges(self._splits.get(key, []), [[offset, offset + 1]])
+            self._pass_dropped(task_id)
+
+    def _pass_dropped(self, task_id: int) -> None:
+        """(Under the lock.) Moves ``task_id``'s position past dropped elements that are next:
+        every element before them was returned."""
+        dropped = self._dropped.get(task_id)
+        if not dropped:
+            return
+        at = self._tasks.get(task_id, 0)
+        while at in dropped:
+            dropped.discard(at)
+            at += 1
+        self._tasks[task_id] = at
 
     def position(self, job_id: int) -> TrainerPosition:
         """The trainer's position now."""
         with self._lock:
-            return TrainerPosition(self.trainer_id, job_id, dict(self._tasks))
+            splits = {key: [list(pair) for pair in ranges] for key, ranges in self._splits.items()}
+            return TrainerPosition(self.trainer_id, job_id, dict(self._tasks), splits)

@@ -23,11 +23,14 @@ class SplitReceipts:
 
     Args:
       resume: the position the consumer resumes from, if any.
+      received: per split, the offsets it has already (a trainer's, restored).
     """
 
-    def __init__(self, resume: SplitPosition | None = None) -> None:
+    def __init__(
+        self, resume: SplitPosition | None = None, received: dict[int, Ranges] | None = None
+    ) -> None:
         self._lock = threading.Lock()
-        self._receipts = Receipts()
+        self._receipts = Receipts(received)
         self._returned = Returned(
             resume.done if resume else None, resume.partial if resume else None
         )

@@ -28,7 +28,7 @@ from feedline._net.remote_errors import error_from_report
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.errors import FeedlineError, UnavailableError
 from feedline.service.client.channels import _client
-from feedline.service.client.cross_trainer import TrainerPositions
+from feedline.service.client.cross_trainer import TrainerPositions, trainer_tags
 from feedline.service.client.queue import ElementQueue, Item
 from feedline.service.protocol import WORKER_SERVICE, ElementsReply, GetElementsRequest
 from feedline.service.shm import ConsumerChannels
@@ -219,7 +219,7 @@ class Fetchers:
                         tags = reply.header.tags
                         first = reply.header.first
                         if trainer is not None and first is not None:  # their positions
-                            tags = [[first + i] for i in range(len(reply.elements))]
+                            tags = trainer_tags(first, len(reply.elements), tags)
                             position = first + len(reply.elements)
                         self._deliver(reply.elements, credits, task_id, tags)
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it

@@ -188,7 +188,10 @@ class _JobReader:
         # Exactly-once jobs (``ledger``): the [split, offset] received and returned.
         self._splits: SplitReceipts | None = None
         if joined.view.exactly_once:
-            self._splits = SplitReceipts(resume if isinstance(resume, SplitPosition) else None)
+            self._splits = SplitReceipts(
+                resume if isinstance(resume, SplitPosition) else None,
+                None if self.trainer is None else self.trainer.restored_splits(),
+            )
             self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
         self._fetchers = Fetchers(
             self.queue,
@@ -237,6 +240,7 @@ class _JobReader:
             params.target_workers,
             None if self._resume is None else self._resume.to_state(),
             cross_trainer=self.trainer is not None,
+            trainer_id=None if self.trainer is None else self.trainer.trainer_id,
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -272,7 +276,9 @@ class _JobReader:
                 return
             with self._lock:
                 self._answered_at = time.monotonic()
-            if self._splits is not None:
+            # A trainer keeps what it has of a split done for the job: restored from its
+            # checkpoint, it may read the split again.
+            if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
             if not self._apply_view(reply.view, asked_after):  # no news: the next waits its turn
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
@@ -351,7 +357,10 @@ class _JobReader:
         """
         if self._splits is None:
             return [True] * count
-        keep = self._splits.keep(task_id, tags, count)
+        if self.trainer is not None:
+            keep = self.trainer.admit(self._splits, task_id, tags, count)
+        else:
+            keep = self._splits.keep(task_id, tags, count)
         if keep is None:
             raise FailedPreconditionError(
                 f"the worker {self.queue.address(task_id)} sent elements of exactly-once job "
@@ -426,10 +435,10 @@ class _JobReader:
                 self.release()
                 raise
             if item is not None:
-                if item.tag is not None and self._splits is not None:
+                if item.tag is not None and self.trainer is not None:
+                    self.trainer.returned(item.task_id, item.tag)
+                elif item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
-                elif item.tag is not None and self.trainer is not None:
-                    self.trainer.returned(item.task_id, item.tag[0])
                 return item.element
             if self.queue.closed:  # released before the end: nothing more comes
                 raise FailedPreconditionError(

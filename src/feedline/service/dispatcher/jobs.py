@@ -100,7 +100,7 @@ class Jobs:
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
-            core.apply(AcquireClient(client_id, job.job_id))
+            core.apply(AcquireClient(client_id, job.job_id, request.trainer_id))
             core.client_seen[client_id] = core.clock()
             core.job_idle_since.pop(job.job_id, None)
             reply = JoinReply(
@@ -204,11 +204,11 @@ class Jobs:
                 request.iteration,
                 num_consumers,
                 request.target_workers,
+                # A cross-trainer job's ledger counts what each trainer received (``ledger``).
                 exactly_once=(
                     core.config.fault_tolerant_mode
                     and mode == ShardingPolicy.DYNAMIC
                     and num_consumers is None
-                    and not request.cross_trainer
                 ),
                 cross_trainer=request.cross_trainer,
             )

@@ -115,7 +115,7 @@ class LongPoll:
         if ledger is None:
             return None
         received, closed = check_report(request.received, request.closed)
-        news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges)]
+        news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges, client_id)]
         closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
         if news or closed:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed))

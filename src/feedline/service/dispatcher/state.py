@@ -228,6 +228,8 @@ class FinishJob:
 class AcquireClient:
     client_id: int
     job_id: int
+    #: The trainer of a cross-trainer job the consumer reads as (``CrossTrainerCache``).
+    trainer_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -485,7 +487,7 @@ class DispatcherState:
                 if job.job_name is not None:
                     self.job_by_key[(job.job_name, job.iteration)] = job.job_id
                 if job.exactly_once:
-                    self.ledgers[job.job_id] = SplitLedger()
+                    self.ledgers[job.job_id] = SplitLedger(per_trainer=job.cross_trainer)
                 self._take_id(job.job_id)
             case CreateTask():
                 task = TaskRecord(**dataclasses.asdict(update))
@@ -503,8 +505,10 @@ class DispatcherState:
                     self.tasks[task_id].finished = True
                 for key in [key for key in self.split_cursors if key[0] == job_id]:
                     del self.split_cursors[key]
-            case AcquireClient(client_id, job_id):
+            case AcquireClient(client_id, job_id, trainer_id):
                 self.clients[client_id] = ClientRecord(client_id, job_id)
+                if job_id in self.ledgers:
+                    self.ledgers[job_id].joined(client_id, trainer_id)
                 self.jobs[job_id].client_ids.append(client_id)
                 self._take_id(client_id)
             case ReleaseClient(client_id):
@@ -537,7 +541,7 @@ class DispatcherState:
             case ReportSplits(job_id, client_id, received, closed):
                 ledger = self.ledgers[job_id]
                 for received_key, ranges in received:
-                    ledger.receive(int(received_key), ranges)
+                    ledger.receive(int(received_key), ranges, client_id)
                 ledger.closed(client_id, closed)
             case ResumeSplits(job_id, cursor, done, partial):
                 if cursor is not None:

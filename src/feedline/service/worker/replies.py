@@ -219,6 +219,7 @@ class TaskReplies:
                 f"task {self.task_id} belongs to a cross-trainer job: its consumers read with "
                 "distribute(..., cross_trainer_cache=CrossTrainerCache(trainer_id))"
             )
+        tags: list[list[int]] = []
         got = cache.read(
             request.trainer_id,
             max(0, request.index),
@@ -226,6 +227,7 @@ class TaskReplies:
             max(1, request.max_elements),
             max(1, request.max_bytes),
             wait_seconds(request),
+            tags,
         )
         if isinstance(got, Ending):
             return end_frame(got, self._buffer.failure())
@@ -234,7 +236,8 @@ class TaskReplies:
         first, elements = got
         with self._buffer.cond:
             self._count(len(elements), sum(leaf.nbytes for leaves in elements for leaf in leaves))
-        return self._reply(request, elements, first=first)
+        # In an exactly-once job each element also carries its [split, offset] (``ledger``).
+        return self._reply(request, elements, tags, first=first)
 
     def _count(self, elements: int, nbytes: int) -> None:
         """(Under the lock.) ``elements`` of ``nbytes`` were handed out."""

@@ -59,6 +59,9 @@ __all__ = ["CACHE_BYTES", "TrainerCache"]
 #: ``WorkerConfig.cross_trainer_cache_size_bytes``; feedline's is per task).
 CACHE_BYTES = 64 << 20
 
+#: Where a spilled element is: its offset, its buffers' lengths, its meta, its tag.
+_Where = tuple[int, list[int], dict[str, Any], list[int] | None]
+
 
 class _Spill:
     """The spilled elements of a finite epoch, in order, in a file of the worker's temporary
@@ -70,31 +73,31 @@ class _Spill:
         os.unlink(path)  # the file lives while its descriptor is open
         self._fd = fd
         self._size = 0
-        # Per element spilled: (offset, buffer lengths, meta).
-        self._index: list[tuple[int, list[int], dict[str, Any]]] = []
+        # Per element spilled: (offset, buffer lengths, meta, tag).
+        self._index: list[_Where] = []
         self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._index)
 
-    def append(self, leaves: list[Any]) -> None:
-        """Writes an element at the end (the caller holds the cache's lock)."""
+    def append(self, leaves: list[Any], tag: list[int] | None) -> None:
+        """Writes an element (and its tag) at the end (the caller holds the cache's lock)."""
         meta, buffers = pack_elements([leaves])
         lengths = [len(memoryview(b).cast("B")) for b in buffers]
         offset = self._size
         for buffer in buffers:
             written = os.pwrite(self._fd, buffer, self._size)
             self._size += written
-        self._index.append((offset, lengths, meta))
+        self._index.append((offset, lengths, meta, tag))
         self.nbytes = self._size
 
-    def locations(self, start: int, stop: int) -> list[tuple[int, list[int], dict[str, Any]]]:
+    def locations(self, start: int, stop: int) -> list[_Where]:
         """Where elements ``start..stop-1`` are (under the cache's lock)."""
         return self._index[start:stop]
 
-    def read(self, where: tuple[int, list[int], dict[str, Any]]) -> list[Any]:
+    def read(self, where: _Where) -> list[Any]:
         """The element at ``where`` (no lock needed: spilled bytes never change)."""
-        offset, lengths, meta = where
+        offset, lengths, meta, _ = where
         buffers = []
         for length in lengths:
             buffers.append(memoryview(os.pread(self._fd, length, offset)))
@@ -121,7 +124,11 @@ class TrainerCache:
         self.window = window
         # Elements [_memory_start, _end) in memory: (leaves, bytes); below, spilled (finite) or
         # dropped (window) down to _start.
-        self._memory: collections.deque[tuple[list[Any], int]] = collections.deque()
+        # An element: its leaves, its bytes, and its tag (``[split, offset]`` in an
+        # exactly-once job, ``ledger``), else None.
+        self._memory: collections.deque[tuple[list[Any], int, list[int] | None]] = (
+            collections.deque()
+        )
         self._memory_start = 0
         self._memory_bytes = 0
         self._start = 0
@@ -146,14 +153,16 @@ class TrainerCache:
         max_elements: int,
         max_bytes: int,
         timeout: float,
+        tags: list[list[int]] | None = None,
     ) -> tuple[int, list[list[Any]]] | Ending | None:
         """The elements from ``index`` on for ``trainer_id``, which returned ``returned`` of
         the stream: ``(first, elements)``, where ``first`` is past ``index`` if the trainer
         fell out of the window; why there are none when the task ended; None when none came
-        within ``timeout`` seconds (ask again)."""
+        within ``timeout`` seconds (ask again). The elements' tags, where they have them, are
+        appended to ``tags``."""
         buffer = self._buffer
         deadline = time.monotonic() + timeout
-        spilled: list[tuple[int, list[int], dict[str, Any]]] = []
+        spilled: list[_Where] = []
         with buffer.cond:
             trainer = self._trainers.setdefault(trainer_id, [index, 0, 0.0])
             trainer[1] = returned  # the latest word: a restored trainer may say less
@@ -188,11 +197,13 @@ class TrainerCache:
             else:
                 elements, taken = [], 0
                 for position in range(index, stop):
-                    leaves, size = self._memory[position - self._memory_start]
+                    leaves, size, tag = self._memory[position - self._memory_start]
                     if elements and taken + size > max_bytes:
                         break
                     taken += size
                     elements.append(leaves)
+                    if tag is not None and tags is not None:
+                        tags.append(tag)
             trainer[0] = index + (len(spilled) or len(elements))
             buffer.cond.notify_all()
         if spilled:
@@ -200,18 +211,21 @@ class TrainerCache:
                 if self._closed or self._spill is None:
                     return Ending.GONE
                 elements = [self._spill.read(where) for where in spilled]
+            if tags is not None:
+                tags.extend(where[3] for where in spilled if where[3] is not None)
         return index, elements
 
     def _pull(self) -> None:
         """(Under the lock, with elements buffered.) Moves the buffer's next element into the
         cache, dropping (window) or spilling (finite) the oldest past ``max_bytes``."""
         size = self._buffer.front_bytes()
-        leaves = self._buffer.take()
-        self._memory.append((leaves, size))
+        taken: list[list[int]] = []
+        leaves = self._buffer.take(taken)
+        self._memory.append((leaves, size, taken[0] if taken else None))
         self._memory_bytes += size
         self._end += 1
         while len(self._memory) > 1 and self._memory_bytes > self.max_bytes:
-            old, old_size = self._memory.popleft()
+            old, old_size, old_tag = self._memory.popleft()
             self._memory_bytes -= old_size
             self._memory_start += 1
             if self.window:
@@ -219,7 +233,7 @@ class TrainerCache:
                 continue
             if self._spill is None:
                 self._spill = _Spill(self._buffer.task_id)
-            self._spill.append(old)
+            self._spill.append(old, old_tag)
 
     def completed(self) -> bool:
         """Whether the task's input ended, everything was pulled and every trainer known read
