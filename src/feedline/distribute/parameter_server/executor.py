@@ -6,9 +6,12 @@ CreateResource  ``{"incarnation", "id", "kind", "source"}`` + [pickled dataset o
                 ``kind`` ``"dataset"`` calls the function (with an ``InputContext`` of this worker
                 if it takes one argument) or takes the dataset; ``"iterator"`` is ``iter()`` of
                 the resource ``source``.
-Run             ``{"incarnation", "values": [ids]}`` + the pickled closure and this worker's
-                element of each ``PerWorkerValues``: runs it and replies ``{"result": true}`` +
-                the result (data: ``results``), or ``{"error": report, "ps_task": i | null}``.
+Run             ``{"incarnation", "closures": [[ids], ...]}`` + for each closure its pickle and
+                this worker's element of each ``PerWorkerValues`` it refers to (``ids``): runs
+                them in order and replies ``{"outcomes": [...]}``, one per closure:
+                ``{"result": true, "seconds": s}`` (its result, data: ``results``, is the next
+                buffer), ``{"error": report, "ps_task": i | null, "seconds": s}``, or, for
+                those after a closure that raised, ``{"skipped": true}`` (not run).
 ==============  ================================================================================
 
 Every request names the incarnation of the server it was meant for (``Ping`` tells it): a
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,17 +115,42 @@ class ClosureExecutor:
     ) -> tuple[dict[str, Any], list[Any]]:
         if self._restarted(header):
             return {"restarted": True}, []
-        ids = field(header, "values", list)
-        if len(buffers) != len(ids) + 1:
-            raise InvalidArgumentError("malformed request: one buffer per value and the closure")
+        batch = field(header, "closures", list)
+        if not all(isinstance(ids, list) for ids in batch) or len(buffers) != sum(
+            len(ids) + 1 for ids in batch
+        ):
+            raise InvalidArgumentError(
+                "malformed request: one buffer per closure and per value it refers to"
+            )
+        outcomes: list[dict[str, Any]] = []
+        replies: list[Any] = []
+        parts = iter(buffers)
+        failed = False
+        for ids in batch:
+            data = next(parts)
+            value_buffers = [next(parts) for _ in ids]
+            if failed:  # an earlier closure raised: the coordinator cancels this one
+                outcomes.append({"skipped": True})
+                continue
+            start = time.perf_counter()
+            outcome, reply = self._run_one(data, ids, value_buffers)
+            outcome["seconds"] = time.perf_counter() - start
+            failed = "error" in outcome
+            outcomes.append(outcome)
+            replies += reply
+        return {"outcomes": outcomes}, replies
+
+    def _run_one(
+        self, data: memoryview, ids: list[Any], buffers: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         with self._lock, _as_worker(self._index, self._num_workers):
             try:
                 values = {
                     ident: closures.loads(buffer, self._resources)
-                    for ident, buffer in zip(ids, buffers[1:], strict=True)
+                    for ident, buffer in zip(ids, buffers, strict=True)
                 }
                 fn, args, kwargs = closures.ClosureUnpickler(
-                    bytes(buffers[0]), self._resources, values
+                    bytes(data), self._resources, values
                 ).load()
                 with variables.step():
                     try:
