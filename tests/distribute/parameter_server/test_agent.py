@@ -33,6 +33,8 @@ class FakeWorker:
         self.arrived: list[int] = []
         self.requests: list[int] = []  # how many functions each Run carried
         self.seconds = 0.05  # what each function took, as reported
+        self.at_most: int | None = None  # functions run per request; the others skipped
+        self.ran: list[int] = []
         self._lose = set(lose)
         self._cond = threading.Condition()
         token = rpc.resolve_token(None)
@@ -61,8 +63,13 @@ class FakeWorker:
         if failing:
             raise UnavailableError("the fake worker lost this call")
         assert self.release.wait(30)
-        outcomes = [{"result": True, "seconds": self.seconds} for _ in calls]
-        return {"outcomes": outcomes}, [cloudpickle.dumps(fn(*a, **k)) for fn, a, k in calls]
+        count = len(calls) if self.at_most is None else self.at_most
+        run, skipped = calls[:count], calls[count:]
+        with self._cond:
+            self.ran += [args[0] for _, args, _ in run]
+        outcomes = [{"result": True, "seconds": self.seconds} for _ in run]
+        outcomes += [{"skipped": True} for _ in skipped]
+        return {"outcomes": outcomes}, [cloudpickle.dumps(fn(*a, **k)) for fn, a, k in run]
 
     def wait_for(self, count: int, timeout: float = 20.0) -> list[int]:
         with self._cond:
@@ -140,3 +147,17 @@ def test_long_functions_travel_one_to_a_request(coordinator_of) -> None:
     coordinator.join(timeout=20)
     assert [v.fetch() for v in values] == [i * i for i in range(30)]
     assert worker.requests == [1] * 30
+
+
+def test_functions_a_request_had_no_time_for_go_back_to_the_queue(coordinator_of) -> None:
+    worker = FakeWorker()
+    worker.seconds = 1e-4
+    worker.at_most = 1  # as if each request ran out of its budget after one function
+    worker.release.set()
+    coordinator = coordinator_of(worker)
+    coordinator.schedule(_square, args=(-1,)).fetch(timeout=20)
+    values = [coordinator.schedule(_square, args=(i,)) for i in range(50)]
+    coordinator.join(timeout=20)
+    assert [v.fetch() for v in values] == [i * i for i in range(50)]
+    assert sorted(worker.ran) == [-1, *range(50)]  # each run once
+    assert max(worker.requests) > 1  # sent several at a time, run one at a time

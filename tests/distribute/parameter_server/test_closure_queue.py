@@ -67,13 +67,18 @@ def test_a_requeued_closure_goes_back_to_the_front() -> None:
     assert not a.result.done
 
 
-def test_a_batch_takes_at_most_its_limit_of_the_oldest_closures() -> None:
+def test_a_batch_takes_at_most_its_limit_and_share_of_the_oldest_closures() -> None:
     queue = ClosureQueue(max_pending=8)
     _put(queue, "a", "b", "c")
     assert [c.name for c in queue.take_batch(2, timeout=0)] == ["a", "b"]
     assert [c.name for c in queue.take_batch(5, timeout=0)] == ["c"]
     assert queue.take_batch(5, timeout=0) == []
     assert queue.unfinished == 3  # all three in flight
+    _put(queue, "d", "e", "f", "g", "h")
+    # A share of 2 (two takers): half of those queued, rounded up.
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["d", "e", "f"]
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["g"]
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["h"]
 
 
 def test_closures_of_a_batch_after_one_that_failed_are_cancelled() -> None:

@@ -19,14 +19,17 @@ def _record(x: int) -> int:
     return x * 10
 
 
-def _run(client: rpc.RpcClient, incarnation: str, *args: int) -> tuple[dict, list]:
+def _run(
+    client: rpc.RpcClient, incarnation: str, *args: int, budget: float | None = None
+) -> tuple[dict, list]:
     data = [closures.dumps_closure(_record, (x,), {})[0] for x in args]
-    return client.upload(
-        "Run", {"incarnation": incarnation, "closures": [[] for _ in args]}, data, timeout=30
-    )
+    header = {"incarnation": incarnation, "closures": [[] for _ in args]}
+    if budget is not None:
+        header["budget_s"] = budget
+    return client.upload("Run", header, data, timeout=30)
 
 
-def test_a_request_runs_its_functions_in_order_and_none_after_one_that_raised() -> None:
+def test_a_request_runs_its_functions_in_order_until_one_raises_or_its_time_is_up() -> None:
     spec = launcher.tf_config_cluster({"ps": 1, "worker": 1})
     RAN.clear()
     with Server(spec, "worker", 0) as server:
@@ -43,6 +46,11 @@ def test_a_request_runs_its_functions_in_order_and_none_after_one_that_raised() 
         assert skipped == [{"skipped": True}, {"skipped": True}]
         assert RAN == [1, 2, 3, 4, -5]  # 6 and 7 never ran
 
-        header, _ = _run(client, "an earlier incarnation", 8)
-        assert header == {"restarted": True} and RAN[-1] == -5
+        header, buffers = _run(client, server.incarnation, 8, 9, 10, budget=0.0)
+        first, *skipped = header["outcomes"]  # the first one used the request's time
+        assert first["result"] is True and [results.loads(b) for b in buffers] == [80]
+        assert skipped == [{"skipped": True}, {"skipped": True}] and RAN[-1] == 8
+
+        header, _ = _run(client, "an earlier incarnation", 11)
+        assert header == {"restarted": True} and RAN[-1] == 8
         client.close()

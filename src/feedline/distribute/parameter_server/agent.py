@@ -6,11 +6,13 @@ the incarnation it was meant for), sends the function, and hands its outcome bac
 (which resolves its ``RemoteValue``). It keeps ``IN_FLIGHT`` requests sent to the worker, which
 runs their functions one at a time: the next request waits on the worker while the current one
 runs. A request carries one function, or several queued short ones (up to ``MAX_BATCH``, about
-``BATCH_S`` of the worker's time at what its functions took lately): one round trip for all;
-when one of them raises, the worker runs none after it and those are cancelled, as queued ones
-are. A call that fails means the worker is gone: its functions (and those of the other request
-in flight) go back to the front of the queue, and the agent tries the worker every ``RETRY_S``
-on a fresh channel until it answers again. A call's deadline is ``function_timeout`` for each
+``BATCH_S`` of the worker's time at what its functions took lately, and no more than the
+worker's share of those queued): one round trip for all. The worker runs none after one that
+raised (those are cancelled, as queued ones are), nor any once the request ran ``BATCH_S``
+(those go back to the front of the queue, for any worker). A call that fails means the worker
+is gone: its functions (and those of the other request in flight) go back to the front of the
+queue, and the agent tries the worker every ``RETRY_S`` on a fresh channel until it answers
+again. A call's deadline is ``function_timeout`` for each
 function ahead of it on the worker, its own included.
 """
 
@@ -62,6 +64,8 @@ class WorkerAgent:
       index: the worker's task index.
       address: the worker's address.
       function_timeout: seconds one function may run on the worker before it counts as lost.
+      peers: how many workers take from ``queue``: a request carries at most this share of
+        the functions queued.
     """
 
     def __init__(
@@ -71,8 +75,10 @@ class WorkerAgent:
         index: int,
         address: str,
         function_timeout: float,
+        peers: int = 1,
     ) -> None:
         self._queue = queue
+        self._peers = peers
         self._resources = resources
         self.index = index
         self.address = address
@@ -125,7 +131,7 @@ class WorkerAgent:
     def _serve_one(self) -> None:
         """Takes functions (or waits a little for one), sends them and resolves their
         values."""
-        batch = self._queue.take_batch(self._batch_limit(), timeout=_IDLE_S)
+        batch = self._queue.take_batch(self._batch_limit(), timeout=_IDLE_S, share=self._peers)
         client = self._client
         try:
             if not batch:
@@ -152,8 +158,13 @@ class WorkerAgent:
             outcomes = [(False, error, None)]
         for closure, outcome in zip(batch, outcomes, strict=False):
             self._settle(closure, outcome)
-        for closure in batch[len(outcomes) :]:  # after one that failed: not run
-            self._queue.cancel(closure, outcomes[-1][1])
+        rest = batch[len(outcomes) :]  # not run
+        if not outcomes or outcomes[-1][0]:  # the request took its time: to the front
+            for closure in reversed(rest):
+                self._queue.requeue(closure)
+        else:  # after one that failed
+            for closure in rest:
+                self._queue.cancel(closure, outcomes[-1][1])
 
     def _batch_limit(self) -> int:
         """How many queued functions the next request may carry: about ``BATCH_S`` of the
@@ -244,7 +255,7 @@ class WorkerAgent:
         try:
             header, replies = client.upload(
                 "Run",
-                {"incarnation": incarnation, "closures": ids},
+                {"incarnation": incarnation, "closures": ids, "budget_s": BATCH_S},
                 buffers,
                 timeout=self._function_timeout * ahead,
             )

@@ -131,10 +131,10 @@ class ClosureQueue:
         taken = self.take_batch(1, timeout)
         return taken[0] if taken else None
 
-    def take_batch(self, limit: int, timeout: float | None = None) -> list[Closure]:
-        """The oldest queued closures, at most ``limit`` of those queued now, in flight; waits
-        for one at most ``timeout`` s (None: until there is one). Empty when none came, and
-        once stopped or aborted."""
+    def take_batch(self, limit: int, timeout: float | None = None, share: int = 1) -> list[Closure]:
+        """The oldest queued closures, in flight: at most ``limit``, and at most one
+        ``share``-th (rounded up) of those queued now; waits for one at most ``timeout`` s
+        (None: until there is one). Empty when none came, and once stopped or aborted."""
         with self._cond:
             self._cond.wait_for(
                 lambda: (self._queue and self._aborted is None) or self._stopped, timeout
@@ -143,7 +143,7 @@ class ClosureQueue:
                 return []
             if self._full():
                 self._cond.notify_all()  # a put waits for this room
-            count = min(limit, len(self._queue))
+            count = min(limit, -(-len(self._queue) // max(1, share)))
             self._in_flight += count
             return [self._queue.popleft() for _ in range(count)]
 
