@@ -23,6 +23,10 @@ steps/s of the timed steps. Every child is killed at the end, and on any error o
 ``--timeout`` (``signal.alarm``); each also gets SIGKILL if this process dies
 (``PR_SET_PDEATHSIG``).
 
+With ``--closures N`` it measures dispatch instead: ``N`` tiny functions (a ``@tf.function``
+returning a constant) scheduled, then ``join``, in closures/s, and the median schedule -> fetch
+latency of one function at a time.
+
 Standalone: ``.venv-tf/bin/python benchmarks/_tf_ps_peer.py --workers 2 --steps 200``.
 """
 
@@ -177,6 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
     )
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    if args.closures:
+        return closure_rate(tf, coordinator, args)
 
     tf.random.set_seed(0)
     with strategy.scope():
@@ -236,6 +242,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def closure_rate(tf: Any, coordinator: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--closures N``: N tiny functions (``@tf.function`` returning a constant) scheduled,
+    then ``join``; closures/s, and the median schedule -> fetch latency of one function alone
+    (``--latency-samples`` of them)."""
+
+    @tf.function
+    def tiny() -> Any:
+        return tf.constant(1)
+
+    for _ in range(max(1, args.warmup)):  # traced, and sent to every worker
+        coordinator.schedule(tiny)
+    coordinator.join()
+    start = time.perf_counter()
+    for _ in range(args.closures):
+        coordinator.schedule(tiny)
+    coordinator.join()
+    rate = args.closures / (time.perf_counter() - start)
+    latencies = []
+    for _ in range(args.latency_samples):
+        start = time.perf_counter()
+        coordinator.schedule(tiny).fetch()
+        latencies.append(time.perf_counter() - start)
+    return {
+        "framework": f"tensorflow {tf.__version__}",
+        "workers": args.workers,
+        "closures": args.closures,
+        "closures_per_s": rate,
+        "latency_ms": float(np.median(latencies)) * 1e3,
+    }
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     kill_children()
     print(f"timed out: the TensorFlow cluster ran past {ARGS.timeout} s", file=sys.stderr)
@@ -251,6 +288,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--start-timeout", type=float, default=60.0)
     parser.add_argument("--timeout", type=int, default=300, help="seconds for the whole run")
+    parser.add_argument("--closures", type=int, default=0, help="measure closure dispatch")
+    parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ARGS = args = parser.parse_args()
     if args.serve:

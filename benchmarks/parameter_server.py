@@ -142,28 +142,143 @@ def _last_json_line(done: subprocess.CompletedProcess[str], what: str) -> dict[s
     return json.loads(lines[-1])
 
 
+def _child(command: list[str], args: argparse.Namespace, what: str) -> dict[str, Any]:
+    """Runs a feedline child in a fresh interpreter, with a timeout; its JSON line."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=args.child_timeout, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    return _last_json_line(done, what)
+
+
+def _tf_child(workers: int, flags: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Runs the TensorFlow peer (``_tf_ps_peer.py``) on a cluster of ``workers`` workers and
+    2 ps; its JSON line."""
+    done = subprocess.run(
+        [str(TF_PYTHON), TF_PEER, "--workers", str(workers), *flags,
+         "--timeout", str(int(args.child_timeout))],
+        capture_output=True, text=True, timeout=args.child_timeout + 30, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=""),
+    )  # fmt: skip
+    return _last_json_line(done, f"the TensorFlow {workers}-worker peer")
+
+
 def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """Runs ``child_steps_per_second`` in a fresh interpreter, with a timeout."""
-    done = subprocess.run(
+    return _child(
         [sys.executable, __file__, "--child-workers", str(workers), "--warmup",
          str(args.warmup), "--steps", str(args.steps),
          *(["--generated-input"] if args.generated_input else [])],
-        capture_output=True, text=True, timeout=args.child_timeout, cwd=ROOT,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        args, f"the {workers}-worker child",
     )  # fmt: skip
-    return _last_json_line(done, f"the {workers}-worker child")
 
 
 def tf_steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """The TensorFlow peer (``_tf_ps_peer.py``): the same model and data on a TensorFlow
     cluster of ``workers`` workers and 2 ps; its JSON line."""
-    done = subprocess.run(
-        [str(TF_PYTHON), TF_PEER, "--workers", str(workers), "--warmup", str(args.warmup),
-         "--steps", str(args.steps), "--timeout", str(int(args.child_timeout))],
-        capture_output=True, text=True, timeout=args.child_timeout + 30, cwd=ROOT,
-        env=dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=""),
+    return _tf_child(workers, ["--warmup", str(args.warmup), "--steps", str(args.steps)], args)
+
+
+def _tf_note(args: argparse.Namespace) -> str | None:
+    """Why the TensorFlow peer does not run, or None when it does."""
+    if not args.tf:
+        return "not measured (run with --tf)"
+    if not TF_PYTHON.exists():
+        note = f"{TF_PYTHON} is missing (see benchmarks/README.md): no TensorFlow peer"
+        print(note, file=sys.stderr)
+        return note
+    return None
+
+
+# -- dispatch: --closures ----------------------------------------------------------------------
+def tiny() -> int:
+    """The function ``--closures`` schedules: no arguments, no work."""
+    return 1
+
+
+def child_closure_rate(workers: int, count: int, warmup: int, samples: int) -> dict[str, Any]:
+    """In a child: ``count`` tiny functions scheduled on a fresh cluster of ``workers`` workers
+    and 2 ps, then ``join``; closures/s, and the median schedule -> fetch latency of one
+    function at a time (``samples`` of them)."""
+    import torch
+
+    import feedline.distribute as fdist
+    from feedline.distribute.cluster_resolver import SimpleClusterResolver
+    from feedline.examples import parameter_server_demo as demo
+
+    torch.set_num_threads(1)
+    with demo.LocalCluster(workers=workers, ps=2) as cluster:
+        strategy = fdist.ParameterServerStrategy(
+            SimpleClusterResolver(cluster.spec, task_type="chief", task_id=0),
+            connect_timeout=30,
+        )
+        coordinator = fdist.coordinator.ClusterCoordinator(
+            strategy, function_timeout=60.0, worker_timeout=60.0
+        )
+        for _ in range(max(1, warmup)):
+            coordinator.schedule(tiny)
+        coordinator.join(timeout=120)
+        start = time.perf_counter()
+        for _ in range(count):
+            coordinator.schedule(tiny)
+        coordinator.join(timeout=120)
+        rate = count / (time.perf_counter() - start)
+        latencies = []
+        for _ in range(samples):
+            start = time.perf_counter()
+            coordinator.schedule(tiny).fetch(timeout=60)
+            latencies.append(time.perf_counter() - start)
+        coordinator.close()
+    return {"workers": workers, "closures": count, "closures_per_s": rate,
+            "latency_ms": statistics.median(latencies) * 1e3}  # fmt: skip
+
+
+def closure_rates(args: argparse.Namespace) -> int:
+    """``--closures N``: feedline's and (``--tf``) TensorFlow's dispatch rate and latency
+    with 1 and 2 workers, in rounds; medians over the rounds."""
+    tf_note = _tf_note(args)
+    sides = ["feedline"] + (["tensorflow"] if tf_note is None else [])
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {s: {1: [], 2: []} for s in sides}
+    for round_ in range(args.rounds):
+        for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
+            for side in sides if round_ % 2 == 0 else sides[::-1]:
+                flags = ["--closures", str(args.closures), "--warmup", str(args.warmup),
+                         "--latency-samples", str(args.latency_samples)]  # fmt: skip
+                if side == "feedline":
+                    result = _child([sys.executable, __file__, "--child-workers", str(workers),
+                                     *flags], args, f"the {workers}-worker child")  # fmt: skip
+                else:
+                    result = _tf_child(workers, flags, args)
+                runs[side][workers].append(result)
+                print(f"round {round_ + 1}: {workers} worker(s), {side}: "
+                      f"{result['closures_per_s']:.0f} closures/s, median latency "
+                      f"{result['latency_ms']:.2f} ms", flush=True)  # fmt: skip
+    median = {
+        side: {w: {k: statistics.median(r[k] for r in rs) for k in ("closures_per_s",
+               "latency_ms")} for w, rs in by_workers.items()}
+        for side, by_workers in runs.items()
+    }  # fmt: skip
+    print(f"\n{os.cpu_count()} CPUs; {args.closures} tiny functions scheduled, then join; "
+          f"medians of {args.rounds} rounds\n")  # fmt: skip
+    print("| workers (2 ps) | feedline closures/s | TensorFlow closures/s | feedline / TF | "
+          "feedline latency ms | TensorFlow latency ms |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|")
+    for workers in (1, 2):
+        mine = median["feedline"][workers]
+        theirs = median.get("tensorflow", {}).get(workers)
+        ratio = f"**{mine['closures_per_s'] / theirs['closures_per_s']:.2f}x**" if theirs else "-"
+        print(f"| {workers} | {mine['closures_per_s']:.0f} | "
+              f"{theirs['closures_per_s'] if theirs else float('nan'):.0f} | {ratio} | "
+              f"{mine['latency_ms']:.2f} | "
+              f"{theirs['latency_ms'] if theirs else float('nan'):.2f} |")  # fmt: skip
+    if tf_note is not None:
+        print(f"\nTensorFlow peer: {tf_note}")
+    _common.write_results(
+        "parameter_server_closures",
+        {"closures": args.closures, "rounds": args.rounds, "runs": runs, "median": median,
+         "tensorflow_note": tf_note},
     )  # fmt: skip
-    return _last_json_line(done, f"the TensorFlow {workers}-worker peer")
+    return 0
 
 
 # -- 2. what a step moves ---------------------------------------------------------------------
@@ -280,8 +395,21 @@ def main() -> int:
         help="feedline's workers generate each batch in Python (the demo's dataset_fn) instead "
         "of reading batches made up front, as the TensorFlow peer does",
     )
+    parser.add_argument(
+        "--closures",
+        type=int,
+        default=0,
+        help="measure dispatch instead: N tiny functions scheduled, then join (closures/s)",
+    )
+    parser.add_argument("--latency-samples", type=int, default=200)
     parser.add_argument("--child-workers", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_workers is not None and args.closures:
+        result = child_closure_rate(
+            args.child_workers, args.closures, args.warmup, args.latency_samples
+        )
+        print(json.dumps(result))
+        return 0
     if args.child_workers is not None:
         result = child_steps_per_second(
             args.child_workers, args.warmup, args.steps, args.generated_input
@@ -290,13 +418,10 @@ def main() -> int:
         return 0
     if args.quick:
         args.steps, args.warmup, args.rounds, args.transfer_steps = 100, 20, 1, 5
+    if args.closures:
+        return closure_rates(args)
 
-    tf_note = None
-    if args.tf and not TF_PYTHON.exists():
-        tf_note = f"{TF_PYTHON} is missing (see benchmarks/README.md): no TensorFlow peer"
-        print(tf_note, file=sys.stderr)
-    elif not args.tf:
-        tf_note = "not measured (run with --tf)"
+    tf_note = _tf_note(args)
     runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     tf_runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     for round_ in range(args.rounds):

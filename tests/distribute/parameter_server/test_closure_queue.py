@@ -1,5 +1,5 @@
-"""``ClosureQueue`` alone, with threads in place of the worker agents: order, requeue at the
-front, waiting, a function's error (kept, raised once, the queue cancelled), an unrecoverable
+"""``ClosureQueue`` alone, with threads in place of the worker agents: order, batches, requeue
+at the front, waiting, a function's error (kept, raised once, the queue cancelled), an unrecoverable
 error, stop, and four takers finishing 1,000 closures."""
 
 from __future__ import annotations
@@ -65,6 +65,39 @@ def test_a_requeued_closure_goes_back_to_the_front() -> None:
     assert queue.unfinished == 3
     assert [_take(queue).name for _ in range(3)] == ["a", "b", "c"]
     assert not a.result.done
+
+
+def test_a_batch_takes_at_most_its_limit_and_share_of_the_oldest_closures() -> None:
+    queue = ClosureQueue(max_pending=8)
+    _put(queue, "a", "b", "c")
+    assert [c.name for c in queue.take_batch(2, timeout=0)] == ["a", "b"]
+    assert [c.name for c in queue.take_batch(5, timeout=0)] == ["c"]
+    assert queue.take_batch(5, timeout=0) == []
+    assert queue.unfinished == 3  # all three in flight
+    _put(queue, "d", "e", "f", "g", "h")
+    # A share of 2 (two takers): half of those queued, rounded up.
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["d", "e", "f"]
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["g"]
+    assert [c.name for c in queue.take_batch(10, timeout=0, share=2)] == ["h"]
+
+
+def test_closures_of_a_batch_after_one_that_failed_are_cancelled() -> None:
+    queue = ClosureQueue(max_pending=8)
+    _put(queue, "a", "b", "c", "d")
+    a, b, c = queue.take_batch(3, timeout=0)
+    queue.finish(a, 1)
+    error = ValueError("b failed")
+    queue.fail(b, error)
+    queue.cancel(c, error)
+    assert a.result.fetch() == 1
+    with pytest.raises(ValueError, match="b failed"):
+        b.result.fetch()
+    with pytest.raises(FailedPreconditionError, match=r"cancelled: .*\(ValueError: b failed\)"):
+        c.result.fetch(timeout=1)
+    assert queue.take(timeout=0) is None  # "d", queued, cancelled by the failure
+    with pytest.raises(ValueError, match="b failed"):  # kept once, as for any failure
+        queue.wait(timeout=1)
+    assert queue.unfinished == 0
 
 
 def test_wait_returns_once_every_closure_finished() -> None:

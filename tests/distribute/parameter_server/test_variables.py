@@ -8,8 +8,11 @@ import pickle
 import pytest
 import torch
 
+from feedline._net import rpc
 from feedline.distribute.experimental import partitioners
-from feedline.distribute.parameter_server import PSParameter
+from feedline.distribute.parameter_server import PSParameter, _tensors
+from feedline.distribute.parameter_server.protocol import SERVICE_NAME
+from feedline.distribute.parameter_server.runtime import held_pushes
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.train import Checkpoint, latest_checkpoint
 from tests.distribute.parameter_server._cluster import chief_strategy
@@ -90,6 +93,54 @@ def test_only_touched_rows_travel(ps_spec, sparse: bool) -> None:
     changed = (after != before).any(dim=1).nonzero().flatten().tolist()
     assert changed == [3, 7]
     assert torch.allclose(after[7], before[7] - 2.0)  # row 7 counted twice in the bag
+
+
+def _on_ps(ps_spec, param: PSParameter) -> torch.Tensor:
+    """``param``'s value as its ps holds it now (a call of its own, past the runtime)."""
+    ((ps, name, _, _),) = param.spec.shards()
+    client = rpc.RpcClient(ps_spec.task_address("ps", ps), SERVICE_NAME)
+    header, buffers = client.call(
+        "Pull", {"variables": [{"name": name, "rows": False}]}, timeout=10
+    )
+    client.close()
+    return _tensors.unpack(header["values"][0], buffers[0])
+
+
+def test_a_held_push_travels_with_the_next_pull_or_a_flush(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        model = torch.nn.Sequential(
+            torch.nn.EmbeddingBag(100, 4, mode="sum"), torch.nn.Linear(4, 1)
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
+    local = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 4, mode="sum"), torch.nn.Linear(4, 1))
+    local.load_state_dict(model.state_dict())
+    local_optimizer = torch.optim.SGD(local.parameters(), lr=0.25)
+    table = model[0].weight
+    pulls, pushes = _spy(strategy, "Pull"), _spy(strategy, "Push")
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        optimizer.zero_grad()
+        loss = model(torch.tensor([[1, 2], [2, 5]])).square().mean()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    with held_pushes():
+        losses = [strategy.run(step, args=(model, optimizer))]
+        assert not pushes  # held: the ps has the first values still
+        assert torch.equal(_on_ps(ps_spec, table), local[0].weight.detach())
+        pulls.clear()
+        losses.append(strategy.run(step, args=(model, optimizer)))
+    # The second step's pulls carried the first step's push, applied before they read.
+    assert not pushes and sorted(len(h.get("push", [])) for _, h, _ in pulls) == [1, 2]
+    expected = [step(local, local_optimizer) for _ in range(2)]
+    assert losses == pytest.approx(expected, rel=1e-6)
+    strategy._ps_placer.runtime.flush()  # the second step's push, alone
+    assert sorted(len(h["variables"]) for _, h, _ in pushes) == [1, 2]
+    assert torch.allclose(_on_ps(ps_spec, table), local[0].weight.detach())
+    strategy._ps_placer.runtime.flush()  # nothing held: no call
+    assert len(pushes) == 2
 
 
 def test_the_row_pull_also_brings_the_dense_variables_a_step_reads(ps_spec) -> None:

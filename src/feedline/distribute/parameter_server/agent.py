@@ -3,18 +3,24 @@
 It takes scheduled functions from the coordinator's ``ClosureQueue``, makes the worker's
 per-worker datasets and iterators first (again after the worker restarted: every request names
 the incarnation it was meant for), sends the function, and hands its outcome back to the queue
-(which resolves its ``RemoteValue``). It keeps ``IN_FLIGHT`` functions sent to the worker,
-which runs them one at a time: the next one waits on the worker while the current one runs. A
-call that fails means the worker is gone: its function (and the other one in flight) goes back
-to the front of the queue, and the agent tries the worker every ``RETRY_S`` on a fresh channel
-until it answers again. A call's deadline is ``function_timeout`` for each function ahead of it
-on the worker, its own included.
+(which resolves its ``RemoteValue``). It keeps ``IN_FLIGHT`` requests sent to the worker, which
+runs their functions one at a time: the next request waits on the worker while the current one
+runs. A request carries one function, or several queued short ones (up to ``MAX_BATCH``, about
+``BATCH_S`` of the worker's time at what its functions took lately, and no more than the
+worker's share of those queued): one round trip for all. The worker runs none after one that
+raised (those are cancelled, as queued ones are), nor any once the request ran ``BATCH_S``
+(those go back to the front of the queue, for any worker). A call that fails means the worker
+is gone: its functions (and those of the other request in flight) go back to the front of the
+queue, and the agent tries the worker every ``RETRY_S`` on a fresh channel until it answers
+again. A call's deadline is ``function_timeout`` for each
+function ahead of it on the worker, its own included.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from feedline._net import rpc as _rpc
@@ -26,15 +32,20 @@ from feedline.distribute.parameter_server.resources import ResourceRegistry
 from feedline.distribute.parameter_server.runtime import ParameterServerUnavailableError
 from feedline.errors import InvalidArgumentError, UnavailableError
 
-__all__ = ["IN_FLIGHT", "RETRY_S", "WorkerAgent"]
+__all__ = ["BATCH_S", "IN_FLIGHT", "MAX_BATCH", "RETRY_S", "WorkerAgent"]
 
 #: How often an unreachable worker is tried.
 RETRY_S = 0.2
-#: How many functions one worker is sent at a time. It runs them one after the other; the
-#: next one's request waits on the worker, so no round trip to the coordinator separates them.
+#: How many requests one worker is sent at a time. It runs them one after the other; the
+#: next one waits on the worker, so no round trip to the coordinator separates them.
 IN_FLIGHT = 2
 #: How long a lane waits for a function before it makes the worker's new resources.
 _IDLE_S = 0.1
+#: Queued functions that one request may carry, and about how many seconds of the worker's
+#: time: short functions travel several to a request (one round trip, one frame, for all),
+#: long ones (a training step) one at a time, so that no worker takes work another could run.
+MAX_BATCH = 64
+BATCH_S = 0.002
 
 
 class WorkerAgent:
@@ -53,6 +64,8 @@ class WorkerAgent:
       index: the worker's task index.
       address: the worker's address.
       function_timeout: seconds one function may run on the worker before it counts as lost.
+      peers: how many workers take from ``queue``: a request carries at most this share of
+        the functions queued.
     """
 
     def __init__(
@@ -62,8 +75,10 @@ class WorkerAgent:
         index: int,
         address: str,
         function_timeout: float,
+        peers: int = 1,
     ) -> None:
         self._queue = queue
+        self._peers = peers
         self._resources = resources
         self.index = index
         self.address = address
@@ -80,7 +95,8 @@ class WorkerAgent:
         self._known = threading.Event()  # set while the incarnation is known
         self._probe = threading.Lock()  # held by the lane that tries an unknown worker
         self._sent_lock = threading.Lock()
-        self._sent = 0  # Run calls not yet answered
+        self._sent = 0  # functions sent and not yet answered
+        self._seconds: float | None = None  # how long a function ran on the worker, lately
         #: Since when (``time.monotonic()``) the worker has not answered; None while it does.
         self.down_since: float | None = None
         self._lanes = [
@@ -113,33 +129,50 @@ class WorkerAgent:
                 self._known.wait(RETRY_S)
 
     def _serve_one(self) -> None:
-        """Takes one function (or waits a little for one), sends it and resolves its value."""
-        closure = self._queue.take(timeout=_IDLE_S)
+        """Takes functions (or waits a little for one), sends them and resolves their
+        values."""
+        batch = self._queue.take_batch(self._batch_limit(), timeout=_IDLE_S, share=self._peers)
         client = self._client
         try:
-            if closure is None:
+            if not batch:
                 with self._setup:
                     if self._incarnation is not None:
                         self._make_resources()
                 return
             with self._setup:
                 client, incarnation = self._prepare()
-            outcome = self._execute(closure, client, incarnation)
+            outcomes = self._execute(batch, client, incarnation)
         except UnavailableError:
-            if closure is not None:
+            for closure in reversed(batch):  # back to the front, in their order
                 self._queue.requeue(closure)
             self._recover(client)
             return
         except Exception as error:  # a per-worker dataset that cannot be made
             if self._closed.is_set():  # stopped: its channel was closed
-                if closure is not None:
+                for closure in reversed(batch):
                     self._queue.requeue(closure)
                 return
-            if closure is None:
+            if not batch:
                 self._queue.report(error)
                 return
-            outcome = (False, error, None)
-        self._settle(closure, outcome)
+            outcomes = [(False, error, None)]
+        for closure, outcome in zip(batch, outcomes, strict=False):
+            self._settle(closure, outcome)
+        rest = batch[len(outcomes) :]  # not run
+        if not outcomes or outcomes[-1][0]:  # the request took its time: to the front
+            for closure in reversed(rest):
+                self._queue.requeue(closure)
+        else:  # after one that failed
+            for closure in rest:
+                self._queue.cancel(closure, outcomes[-1][1])
+
+    def _batch_limit(self) -> int:
+        """How many queued functions the next request may carry: about ``BATCH_S`` of the
+        worker's time at the seconds its functions took lately; one until it has run some."""
+        seconds = self._seconds
+        if seconds is None:
+            return 1
+        return max(1, min(MAX_BATCH, int(BATCH_S / max(seconds, 1e-6))))
 
     def _settle(self, closure: Closure, outcome: tuple[bool, Any, int | None]) -> None:
         """Hands the queue what became of ``closure``: its value, or its error (a ps that
@@ -205,18 +238,25 @@ class WorkerAgent:
                 raise self._error_of(header["error"])
 
     def _execute(
-        self, closure: Closure, client: _rpc.RpcClient, incarnation: str | None
-    ) -> tuple[bool, Any, int | None]:
-        ids = list(closure.values)
-        values = [closures.dumps_value(closure.values[i].values[self.index]) for i in ids]
+        self, batch: list[Closure], client: _rpc.RpcClient, incarnation: str | None
+    ) -> list[tuple[bool, Any, int | None]]:
+        """Runs ``batch`` on the worker: the outcome of each closure it ran, in order (those
+        after one that raised did not run and have none)."""
+        ids = [list(closure.values) for closure in batch]
+        buffers: list[Any] = []
+        for closure, closure_ids in zip(batch, ids, strict=True):
+            buffers.append(closure.data)
+            buffers += [
+                closures.dumps_value(closure.values[i].values[self.index]) for i in closure_ids
+            ]
         with self._sent_lock:
-            self._sent += 1
-            ahead = self._sent  # the worker runs the functions before this one first
+            self._sent += len(batch)
+            ahead = self._sent  # the worker runs the functions before these first
         try:
-            header, buffers = client.upload(
+            header, replies = client.upload(
                 "Run",
-                {"incarnation": incarnation, "values": ids},
-                [closure.data, *values],
+                {"incarnation": incarnation, "closures": ids, "budget_s": BATCH_S},
+                buffers,
                 timeout=self._function_timeout * ahead,
             )
         except Exception as error:
@@ -225,17 +265,46 @@ class WorkerAgent:
             raise
         finally:
             with self._sent_lock:
-                self._sent -= 1
+                self._sent -= len(batch)
         if header.get("restarted"):
             raise UnavailableError(f"worker {self.index} restarted")
-        if "error" in header:
-            return False, self._error_of(header["error"]), header.get("ps_task")
-        if not buffers:
+        reported = header.get("outcomes")
+        if not isinstance(reported, list) or len(reported) != len(batch):
+            malformed = InvalidArgumentError("the worker's reply does not answer each function")
+            return [(False, malformed, None)]
+        outcomes: list[tuple[bool, Any, int | None]] = []
+        results_left = iter(replies)
+        took = []
+        for item in reported:
+            if not isinstance(item, dict) or item.get("skipped"):
+                break
+            if isinstance(item.get("seconds"), float | int):
+                took.append(float(item["seconds"]))
+            outcomes.append(self._outcome(item, results_left))
+            if not outcomes[-1][0]:
+                break
+        if took:
+            self._note_seconds(sum(took) / len(took))
+        return outcomes
+
+    def _outcome(
+        self, item: dict[str, Any], results_left: Iterator[memoryview]
+    ) -> tuple[bool, Any, int | None]:
+        """One function's outcome from the worker's reply (its result the next buffer)."""
+        if "error" in item:
+            return False, self._error_of(item["error"]), item.get("ps_task")
+        result = next(results_left, None)
+        if result is None:
             return False, InvalidArgumentError("the worker's reply carries no result"), None
         try:  # data only (``results``): a worker's reply never runs code here
-            return True, results.loads(buffers[0]), None
+            return True, results.loads(result), None
         except InvalidArgumentError as error:
             return False, error, None
+
+    def _note_seconds(self, seconds: float) -> None:
+        """Follows how long the worker's functions take (a moving average)."""
+        previous = self._seconds
+        self._seconds = seconds if previous is None else 0.7 * previous + 0.3 * seconds
 
     def _error_of(self, report: dict[str, Any]) -> BaseException:
         """The error a function raised on this worker, with the worker's traceback as a note."""

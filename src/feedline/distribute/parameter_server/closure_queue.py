@@ -1,10 +1,11 @@
 """``ClosureQueue``: the scheduled functions that the coordinator and its worker agents share.
 
 The shape of TensorFlow's ``_CoordinatedClosureQueue``: the coordinator ``put``s closures and
-``wait``s for them; each agent ``take``s one, runs it on its worker and then ``finish``es it
-(its value), ``fail``s it (the function raised) or ``requeue``s it (the worker was lost: the
-closure goes back to the front, for another worker). A closure is in flight from ``take`` to
-one of those three. Two kinds of error stop the queue:
+``wait``s for them; each agent ``take``s one (or a batch, ``take_batch``), runs it on its worker
+and then ``finish``es it (its value), ``fail``s it (the function raised), ``requeue``s it (the
+worker was lost: the closure goes back to the front, for another worker) or ``cancel``s it (an
+earlier closure of its batch failed, so it did not run). A closure is in flight from ``take``
+to one of those four. Two kinds of error stop the queue:
 
 * a function's error (``fail``): the closures still queued are cancelled, and the error is kept
   and raised by the next ``put`` that waits for room, ``wait``, ``done`` or ``raise_if_error``,
@@ -127,16 +128,24 @@ class ClosureQueue:
     def take(self, timeout: float | None = None) -> Closure | None:
         """The oldest queued closure, now in flight; waits for one at most ``timeout`` s (None:
         until there is one). None when none came, and once stopped or aborted."""
+        taken = self.take_batch(1, timeout)
+        return taken[0] if taken else None
+
+    def take_batch(self, limit: int, timeout: float | None = None, share: int = 1) -> list[Closure]:
+        """The oldest queued closures, in flight: at most ``limit``, and at most one
+        ``share``-th (rounded up) of those queued now; waits for one at most ``timeout`` s
+        (None: until there is one). Empty when none came, and once stopped or aborted."""
         with self._cond:
             self._cond.wait_for(
                 lambda: (self._queue and self._aborted is None) or self._stopped, timeout
             )
             if not self._queue or self._stopped or self._aborted is not None:
-                return None
+                return []
             if self._full():
                 self._cond.notify_all()  # a put waits for this room
-            self._in_flight += 1
-            return self._queue.popleft()
+            count = min(limit, -(-len(self._queue) // max(1, share)))
+            self._in_flight += count
+            return [self._queue.popleft() for _ in range(count)]
 
     def requeue(self, closure: Closure) -> None:
         """Puts ``closure``, in flight, back at the front of the queue (its worker was lost);
@@ -161,16 +170,22 @@ class ClosureQueue:
         queued are cancelled (their results raise ``FailedPreconditionError``), and ``error`` is
         kept unless an earlier one still is."""
         closure.result._fail(error)
-        cancelled = FailedPreconditionError(
-            f"cancelled: an earlier scheduled function failed ({type(error).__name__}: "
-            f"{error}); schedule it again"
-        )
+        cancelled = _cancelled(error)
         with self._cond:
             if self._error is None:
                 self._error = error
             pending, self._queue = list(self._queue), collections.deque()
             for other in pending:
                 other.result._fail(cancelled)
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def cancel(self, closure: Closure, error: BaseException) -> None:
+        """``closure``, in flight, was not run because ``error`` ended the functions sent with
+        it: its result fails with the unrecoverable error after ``abort``, else with a
+        cancellation naming ``error`` (as ``fail`` cancels the queued closures)."""
+        closure.result._fail(self._aborted if self._aborted is not None else _cancelled(error))
+        with self._cond:
             self._in_flight -= 1
             self._cond.notify_all()
 
@@ -218,3 +233,10 @@ class ClosureQueue:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+
+def _cancelled(error: BaseException) -> FailedPreconditionError:
+    return FailedPreconditionError(
+        f"cancelled: an earlier scheduled function failed ({type(error).__name__}: "
+        f"{error}); schedule it again"
+    )

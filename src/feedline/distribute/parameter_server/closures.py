@@ -63,6 +63,25 @@ def _imported_submodules(code: types.CodeType, dependencies: Iterable[Any]) -> l
     return found
 
 
+# type -> its ``_feedline_reference`` (or None): pickling asks for every object it saves, and
+# a class lookup of a name most classes lack costs several times a dict's.
+_references: dict[type, Any] = {}
+_REFERENCES_CACHE_SIZE = 4096
+
+
+def _reference_of(kind: type) -> Any:
+    try:
+        return _references[kind]
+    except KeyError:
+        pass
+    except TypeError:  # a metaclass that makes its classes unhashable
+        return getattr(kind, "_feedline_reference", None)
+    if len(_references) >= _REFERENCES_CACHE_SIZE:
+        _references.clear()
+    reference = _references[kind] = getattr(kind, "_feedline_reference", None)
+    return reference
+
+
 class _Pickler(cloudpickle.CloudPickler):
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -104,7 +123,7 @@ class _Pickler(cloudpickle.CloudPickler):
         )
 
     def persistent_id(self, obj: Any) -> Any:
-        reference = getattr(type(obj), "_feedline_reference", None)
+        reference = _reference_of(type(obj))
         if reference is None:
             return None
         # A reference, or an error for what may not travel to a worker (a metric).

@@ -96,7 +96,7 @@ class ClusterCoordinator:
         self._stopping = threading.Event()  # ends the ps watch
         addresses = [spec.task_address("worker", i) for i in spec.task_indices("worker")]
         self._agents = [
-            WorkerAgent(self._queue, self._resources, i, address, function_timeout)
+            WorkerAgent(self._queue, self._resources, i, address, function_timeout, len(addresses))
             for i, address in enumerate(addresses)
         ]
         for agent in self._agents:

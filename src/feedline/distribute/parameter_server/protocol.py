@@ -9,4 +9,4 @@ SERVICE_NAME = "feedline.distribute.Server"
 #: The largest request a server takes: a variable's first value, a dense gradient, a closure.
 MAX_REQUEST_BYTES = 4 << 30
 #: Methods whose requests may be large arrive in chunks (``RpcClient.upload``).
-UPLOADS = ("Create", "Push", "SetState", "Run", "CreateResource")
+UPLOADS = ("Create", "Pull", "Push", "SetState", "Run", "CreateResource")

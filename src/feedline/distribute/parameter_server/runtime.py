@@ -8,14 +8,23 @@ calls wait for it (up to the cluster's ``connect_timeout``, trying every 0.1 s),
 start before the ps tasks; after that a ps that does not answer is gone, and every error from it
 is a ``ParameterServerUnavailableError`` naming it: a ps failure is not recoverable (TensorFlow's
 rule); the cluster restarts from its last checkpoint.
+
+Inside ``held_pushes()`` (a worker running a coordinator's functions), a push is checked and
+then held instead of sent: the next call to the same ps carries it (a pull applies it first,
+then reads; a push joins it), so a step of a function that follows another costs one call per
+ps fewer, and ``flush()`` sends what is still held. What a function pushed is then applied
+once the next function on the worker reads, or when the worker flushes (``executor``: at the
+end of a request unless another one waits); a worker lost in between loses that one push, as
+an asynchronous step in flight would be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +38,13 @@ from feedline.errors import InvalidArgumentError, NotFoundError, UnavailableErro
 if TYPE_CHECKING:
     from feedline.distribute.parameter_server.variables import PSParameter
 
-__all__ = ["Cluster", "ParameterServerUnavailableError", "Runtime", "failed_ps_task"]
+__all__ = [
+    "Cluster",
+    "ParameterServerUnavailableError",
+    "Runtime",
+    "failed_ps_task",
+    "held_pushes",
+]
 
 #: How long one call to a ps that answered before may take.
 CALL_TIMEOUT_S = 120.0
@@ -72,6 +87,21 @@ class Cluster:
     connect_timeout: float = 60.0
 
 
+_holding = threading.local()
+
+
+@contextlib.contextmanager
+def held_pushes() -> Iterator[None]:
+    """Pushes made by this thread inside are held for the next call to their ps (see the
+    module docstring); the caller ``flush()``es every runtime when it must."""
+    previous = getattr(_holding, "active", False)
+    _holding.active = True
+    try:
+        yield
+    finally:
+        _holding.active = previous
+
+
 class Runtime:
     """The ps clients and local variables of one cluster in this process. Thread-safe."""
 
@@ -107,6 +137,8 @@ class Runtime:
         # Dense variables that modules read in this step and in the step before it.
         self._read_now: set[str] = set()
         self._read_before: set[str] = set()
+        # Pushes held for the next call to their ps (``held_pushes``): items and buffers.
+        self._held: dict[int, tuple[list[dict[str, Any]], list[Any]]] = {}
 
     # -- calls -----------------------------------------------------------------------------
     def call(
@@ -168,7 +200,39 @@ class Runtime:
     def fanout(
         self, requests: dict[int, tuple[str, dict[str, Any], list[Any]]]
     ) -> dict[int, tuple[dict[str, Any], list[memoryview]]]:
-        """Sends one request per ps task, in parallel; their replies by task."""
+        """Sends one request per ps task, in parallel; their replies by task. A push held for
+        a ps travels with its Pull or Push (or alone first, before another method)."""
+        with self._lock:
+            held, self._held = self._held, {}
+        if not held:
+            return self._send(requests)
+        requests = dict(requests)
+        first: _Requests = {}  # before a method that carries no push
+        extra = set()  # sent alone, beside the requests
+        for ps, (entries, buffers) in held.items():
+            method, header, rest = requests.get(ps, ("Push", {"variables": []}, []))
+            if ps not in requests:
+                extra.add(ps)
+            if method == "Pull":
+                requests[ps] = (method, {**header, "push": entries}, [*buffers, *rest])
+            elif method == "Push":
+                variables = [*entries, *header["variables"]]
+                requests[ps] = (method, {**header, "variables": variables}, [*buffers, *rest])
+            else:
+                first[ps] = ("Push", {"variables": entries}, buffers)
+        self._send(first)
+        replies = self._send(requests)
+        for ps in extra:
+            del replies[ps]
+        return replies
+
+    def flush(self) -> None:
+        """Sends the pushes held for the ps tasks (``held_pushes``), if any."""
+        self.fanout({})
+
+    def _send(
+        self, requests: dict[int, tuple[str, dict[str, Any], list[Any]]]
+    ) -> dict[int, tuple[dict[str, Any], list[memoryview]]]:
         items = list(requests.items())
         if not items:
             return {}
@@ -364,14 +428,21 @@ class Runtime:
                     continue
                 add(ps, entry, values[mask], [(rows[mask] - first).numpy()])
         if nonfinite:
-            self.fanout({ps: requests[ps] for ps in nonfinite})  # refused there, and counted
+            self._send({ps: requests[ps] for ps in nonfinite})  # refused there, and counted
             names = ", ".join(repr(n) for names in nonfinite.values() for n in names)
             raise InvalidArgumentError(
                 f"the gradient of {names} is not finite (NaN or infinity); no parameter server "
                 "applied this step (create the strategy with allow_nonfinite=True to apply such "
                 "gradients)"
             )
-        self.fanout(requests)
+        if getattr(_holding, "active", False):
+            with self._lock:
+                for ps, (_, header, buffers) in requests.items():
+                    entries, held = self._held.setdefault(ps, ([], []))
+                    entries += header["variables"]
+                    held += buffers
+        else:
+            self.fanout(requests)
         self.mark_stale([item[0] for item in items])
 
     def get_state(self, params: Sequence[PSParameter]) -> list[list[dict[str, Any]]]:

@@ -9,7 +9,9 @@ Create     ``{"variables": [{"name", "value", "overwrite"}]}`` + one buffer each
            not exist (every between-graph worker creates the same variables; the first one wins)
            or, with ``overwrite``, assigns (a checkpoint being restored). Replies which it created.
 Pull       ``{"variables": [{"name", "rows"}]}`` + the row indices (int64) of each ``rows``
-           variable: the values, or those rows of them.
+           variable: the values, or those rows of them. With ``"push": [items]`` (a Push's
+           ``variables``, their buffers first) it applies that push first, as Push does, then
+           reads: a worker's push held until its next pull travels in one call with it.
 Push       ``{"variables": [{"name", "grad", "rows", "optimizer", "hyper", "allow_nonfinite"}]}``
            + [rows] gradient each: applies the gradients with the named optimizer, all of them
            or (one refused) none. A gradient must have its variable's dtype (nothing is cast)
@@ -158,6 +160,8 @@ class VariableStore:
     ) -> tuple[dict[str, Any], list[Any]]:
         items = field(header, "variables", list)
         rows = iter(buffers)
+        if "push" in header:  # applied first, all or nothing, before anything is read
+            self._apply(field(header, "push", list), rows)
         metas, out = [], []
         for item in items:
             variable = self._get(field(item, "name", str))
@@ -174,8 +178,14 @@ class VariableStore:
         self, header: dict[str, Any], buffers: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
         """Applies every gradient of the push, or (one of them refused) none."""
+        self._apply(field(header, "variables", list), iter(buffers))
+        return {}, []
+
+    def _apply(self, items: list[Any], parts: Iterator[memoryview]) -> None:
+        """Applies the gradients of a push's ``items`` (their buffers from ``parts``), or
+        (one of them refused) none."""
         try:
-            gradients = self._check_push(header, buffers)
+            gradients = self._check_push(items, parts)
         except Exception:
             self._count("pushes_refused")
             raise
@@ -188,9 +198,8 @@ class VariableStore:
                     variable.update.set_hyperparameters(gradient.hyper)
                 variable.update.apply(gradient.grad, gradient.rows)
         self._count("pushes")
-        return {}, []
 
-    def _check_push(self, header: dict[str, Any], buffers: list[memoryview]) -> list[_Gradient]:
+    def _check_push(self, items: list[Any], parts: Iterator[memoryview]) -> list[_Gradient]:
         """The push's gradients, each checked: its variable exists and trains, its rows are the
         variable's, its dtype and shape are the variable's, its optimizer and hyperparameters
         can step, and (unless the item allows it) it is finite.
@@ -199,10 +208,9 @@ class VariableStore:
           NotFoundError: a variable this ps does not hold.
           InvalidArgumentError: anything else, naming the variable.
         """
-        parts = iter(buffers)
         gradients: list[_Gradient] = []
         nonfinite: list[str] = []
-        for item in field(header, "variables", list):
+        for item in items:
             name = field(item, "name", str)
             variable = self._get(name)
             index = _rows(next(parts, None), variable) if field(item, "rows", bool) else None
