@@ -194,3 +194,24 @@ test_checkpointing = checkpoint_test(
     ),
     parallel_fused_strings=CASES["strings"],
 )
+
+
+def test_an_error_of_the_input_comes_in_its_place() -> None:
+    def check(i: np.ndarray) -> np.ndarray:
+        if int(i) == 6:
+            raise ValueError("input element 6")
+        return i
+
+    def slow(i: np.ndarray) -> np.ndarray:
+        time.sleep(2e-4)
+        return i * 2
+
+    source = Dataset.range(15).map(check)
+    fused(source.map(slow, num_parallel_calls=2).batch(4)).close()
+    # As an inline map gives them:
+    assert_same_outcomes(
+        source.map(slow, num_parallel_calls=2).batch(4), unfused(source.map(slow).batch(4))
+    )
+    got = outcomes(source.map(slow, num_parallel_calls=2).batch(4))
+    assert [kind for kind, _ in got] == ["batch", "error", "batch", "batch"]
+    assert got[2][1].tolist() == [14, 16, 18, 20]

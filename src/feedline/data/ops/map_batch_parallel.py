@@ -77,6 +77,8 @@ class _Batch:
         self.leaf_layout: list[tuple[tuple[int, ...], np.dtype, bool]] | None = None
         self.buffers: list[np.ndarray] = []
         self.writable = True
+        # An error the input raised after these rows: it comes after them, where the input had it.
+        self.input_error: Exception | None = None
         self.seconds = 0.0
         self.futures: list[Future] = []
         self._lock = threading.Lock()
@@ -149,12 +151,15 @@ class _Batch:
         return structure.unflatten(self.treespec, leaves)
 
     def element_outcomes(self) -> list[Outcome]:
-        """Every row's outcome, in order (after ``wait``)."""
-        return [o if o is not None else (True, self.row(i)) for i, o in enumerate(self.outcomes)]
+        """Every row's outcome, in order, then the input's error (after ``wait``)."""
+        out = [o if o is not None else (True, self.row(i)) for i, o in enumerate(self.outcomes)]
+        if self.input_error is not None:
+            out.append((False, self.input_error))
+        return out
 
     def assembled(self) -> Any:
-        """The batch, or None where a row failed (after ``wait``)."""
-        if any(o is not None and not o[0] for o in self.outcomes):
+        """The batch, or None where a row or the input failed (after ``wait``)."""
+        if self.input_error is not None or any(o is not None and not o[0] for o in self.outcomes):
             return None
         if self.leaf_layout is not None and all(o is None for o in self.outcomes):
             return structure.unflatten(self.treespec, self.buffers)
@@ -204,12 +209,12 @@ class ParallelMapBatchIterator(DatasetIterator):
         batch = self._pending.popleft()
         self._fill()
         batch.wait()
-        self._measure(batch)
         out = batch.assembled()
         if out is None:  # a row failed: the batches regroup around it, as without fusion
             self._ready.extend(batch.element_outcomes())
             self._drain()
             return self._next_from_ready()
+        self._measure(batch)
         if not self._timed:
             self._timed = True
             if batch.seconds / batch.n < _MIN_ROW_SECONDS:
@@ -226,16 +231,20 @@ class ParallelMapBatchIterator(DatasetIterator):
         """Pulls up to ``count`` input elements and hands them to the pool as one batch."""
         pull = self._input._next
         elements: list[Any] = []
+        error = None
         try:
             for _ in range(count):
                 elements.append(pull())
         except StopIteration:
             self._input_done = True
-        if not elements:
+        except Exception as raised:  # raised in its place, after the rows before it
+            error = raised
+        if not elements and error is None:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._level, thread_name_prefix="feedline-map-batch")
         batch = _Batch(len(elements))
+        batch.input_error = error
         chunk = max(1, min(self._chunk, -(-len(elements) // self._level)))
         for start in range(0, len(elements), chunk):
             part = elements[start : start + chunk]
@@ -243,10 +252,13 @@ class ParallelMapBatchIterator(DatasetIterator):
         return batch
 
     def _fill(self) -> None:
-        while not self._input_done and len(self._pending) < _BATCHES_AHEAD:
+        pending = self._pending
+        while not self._input_done and len(pending) < _BATCHES_AHEAD:
+            if pending and pending[-1].input_error is not None:
+                return  # no input past its error until the error is handed out
             batch = self._launch(self._batch_size)
             if batch is not None:
-                self._pending.append(batch)
+                pending.append(batch)
 
     def _drain(self) -> None:
         """Moves every batch in flight into ``ready``, element by element."""
