@@ -15,6 +15,9 @@ another in every round so that they see the same machine load:
                       .map(decode_and_augment, num_parallel_calls=AUTOTUNE).batch(64)
                       .prefetch(AUTOTUNE)
   feedline-processes  the same with map(..., use_processes=True)
+  feedline-unfused    (only with --ways) feedline-threads with
+                      Options.experimental_optimization.map_and_batch_fusion = False: map's
+                      threads hand each element to batch, which stacks them
   dataloader          DataLoader(<map-style dataset applying decode_and_augment>, batch_size=64,
                       shuffle=True, num_workers=2, persistent_workers=True)
 
@@ -22,7 +25,9 @@ Each child takes its first batches as a warm-up (worker start-up is reported apa
 to the first batch), then counts images for ``--seconds`` over as many epochs as that takes (each
 epoch a fresh iterator, as a training loop makes them). The parent samples the child's process
 tree every 20 ms: the sum of RSS of the child and all its descendants, and the sum of PSS (which
-counts pages shared between a parent and its forked workers once, shared out).
+counts pages shared between a parent and its forked workers once, shared out). The child also
+reports the CPU seconds (user + system) its process tree used in the timed seconds, per image:
+on a shared machine a steadier figure of what each way costs than its rate.
 
 Then, in this process, where the time goes: one thread, per stage (decode, crop + flip,
 normalise, batching with np.stack), and feedline's other costs: the wall time of an inline
@@ -54,6 +59,7 @@ CROP = 224
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 WAYS = ("feedline-threads", "feedline-processes", "dataloader")
+OTHER_WAYS = ("feedline-unfused",)
 GOAL = 1.5
 
 
@@ -136,9 +142,9 @@ class JpegDataset:
 def build(way: str, jpegs: list[bytes], labels: np.ndarray) -> Any:
     """The iterable (one epoch per ``iter``) of a way."""
     if way.startswith("feedline"):
-        from feedline.data import AUTOTUNE, Dataset
+        from feedline.data import AUTOTUNE, Dataset, Options
 
-        return (
+        dataset = (
             Dataset.from_tensor_slices((jpegs, labels))
             .shuffle(len(jpegs))
             .map(
@@ -149,6 +155,11 @@ def build(way: str, jpegs: list[bytes], labels: np.ndarray) -> Any:
             .batch(BATCH)
             .prefetch(AUTOTUNE)
         )
+        if way == "feedline-unfused":
+            options = Options()
+            options.experimental_optimization.map_and_batch_fusion = False
+            dataset = dataset.with_options(options)
+        return dataset
     from torch.utils.data import DataLoader
 
     return DataLoader(
@@ -184,10 +195,12 @@ def child(way: str, data_path: str, seconds: float, warmup_batches: int) -> None
     for _ in range(warmup_batches):
         next(stream)
     images = 0
+    cpu = _tree_cpu_seconds(os.getpid())
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         images += len(next(stream)[1])
     elapsed = time.perf_counter() - start
+    cpu = _tree_cpu_seconds(os.getpid()) - cpu
     print(
         json.dumps(
             {
@@ -195,6 +208,7 @@ def child(way: str, data_path: str, seconds: float, warmup_batches: int) -> None
                 "images_per_s": images / elapsed,
                 "images": images,
                 "seconds": elapsed,
+                "cpu_ms_per_image": cpu / images * 1e3,
                 "first_batch_s": first_batch,
                 "rss_before": rss_before,
             }
@@ -226,6 +240,20 @@ def _descendants(root: int) -> list[int]:
         tree.append(pid)
         todo.extend(parents.get(pid, ()))
     return tree
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """User and system CPU seconds of ``root`` and the live processes below it."""
+    total = 0
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_pss(pid: int) -> tuple[int, int]:
@@ -364,6 +392,38 @@ def stages(jpegs: list[bytes], labels: np.ndarray, n: int) -> dict[str, float]:
     return best
 
 
+def consumer_cpu(jpegs: list[bytes], labels: np.ndarray, n: int) -> dict[str, float]:
+    """CPU µs per image of the thread that takes the batches (the serial part of the pipeline:
+    pulling the input, handing out work, collecting and stacking), with ``map`` on 2 threads
+    fused with ``batch`` and unfused; the best of 3 epochs over ``n`` images each. Waiting is
+    not CPU time, so this holds on a loaded machine."""
+    from feedline.data import Dataset, Options
+
+    jpegs, labels = jpegs[:n], labels[:n]
+    out = {}
+    for name, fused in (("fused", True), ("unfused", False)):
+        options = Options()
+        options.experimental_optimization.map_and_batch_fusion = fused
+        dataset = (
+            Dataset.from_tensor_slices((jpegs, labels))
+            .shuffle(n)
+            .map(decode_and_augment, num_parallel_calls=2)
+            .batch(BATCH)
+            .with_options(options)
+        )
+        best = float("inf")
+        for _ in range(3):
+            iterator = iter(dataset)
+            next(iterator)  # the first batch starts the threads
+            start, count = time.thread_time(), 0
+            for batch in iterator:
+                count += len(batch[1])
+            best = min(best, (time.thread_time() - start) / max(count, 1) * 1e6)
+            iterator.close()
+        out[name] = best
+    return out
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 
@@ -399,6 +459,9 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (3.0 if args.quick else 12.0)
     ways = [w for w in args.ways.split(",") if w]
+    unknown = sorted(set(ways) - set(WAYS + OTHER_WAYS))
+    if unknown:
+        parser.error(f"unknown ways {unknown}; known: {', '.join(WAYS + OTHER_WAYS)}")
     print(f"load average at start: {_load()}; {os.cpu_count()} CPUs")
     start = time.perf_counter()
     jpegs, labels = make_jpegs(n)
@@ -422,6 +485,7 @@ def main() -> None:
                 row.append(result)
                 print(
                     f"round {r + 1} {way:<19} {result['images_per_s']:8,.0f} images/s  "
+                    f"{result['cpu_ms_per_image']:.2f} CPU ms/image  "
                     f"first batch {result['first_batch_s']:.2f} s  "
                     f"peak tree RSS {_mib(result['peak_tree_rss'])} MiB, "
                     f"PSS {_mib(result['peak_tree_pss'])} MiB "
@@ -431,16 +495,18 @@ def main() -> None:
             results.append(row)
 
     print(
-        "\n| round | way | images/s | / DataLoader | first batch (s) | RSS before (MiB) "
+        "\n| round | way | images/s | / DataLoader | CPU ms / image | first batch (s) "
+        "| RSS before (MiB) "
         "| peak tree RSS (MiB) | peak tree PSS (MiB) | processes | load (1, 5, 15 min) |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r, row in enumerate(results, 1):
         base = next((x for x in row if x["way"] == "dataloader"), None)
         for x in row:
             ratio = f"{x['images_per_s'] / base['images_per_s']:.2f}x" if base else "—"
             print(
                 f"| {r} | {x['way']} | {x['images_per_s']:,.0f} | {ratio} "
+                f"| {x['cpu_ms_per_image']:.2f} "
                 f"| {x['first_batch_s']:.2f} | {_mib(x['rss_before'])} "
                 f"| {_mib(x['peak_tree_rss'])} "
                 f"| {_mib(x['peak_tree_pss'])} | {x['processes']} | {x['load']} |"
@@ -458,6 +524,12 @@ def main() -> None:
         for key, value in profile.items():
             print(f"| {key} | {value:,.0f} | {value / total:.0%} |")
         print(f"| total | {total:,.0f} | → {1e6 / total:,.0f} images/s per core |")
+        consumer = consumer_cpu(jpegs, labels, min(n, 320))
+        profile.update({f"consumer_thread_{k}": v for k, v in consumer.items()})
+        print(
+            "\nthe thread that takes the batches, CPU µs per image (map on 2 threads, best of 3): "
+            f"fused with batch {consumer['fused']:,.0f}, unfused {consumer['unfused']:,.0f}"
+        )
 
     _common.write_results(
         "image_pipeline",

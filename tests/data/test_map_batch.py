@@ -215,7 +215,7 @@ def test_the_option_off_or_a_source_without_random_access_is_not_fused() -> None
 
 def test_a_parallel_map_that_cannot_run_on_batches_keeps_its_threads() -> None:
     ds = Dataset.range(9).map(branches, num_parallel_calls=2).batch(4)
-    assert type(iter(ds)).__name__ == "_BatchIterator"
+    assert type(iter(ds)).__name__ == "ParallelMapBatchIterator"
     inline = Dataset.range(9).map(branches).batch(4)
     assert not fused_iterator(inline)._vectorised
 

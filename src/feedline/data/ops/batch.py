@@ -14,6 +14,7 @@ from feedline.data.dataset import (
 )
 from feedline.data.ops._checks import check_positive
 from feedline.data.ops.map_batch import fusion_plan
+from feedline.data.ops.map_batch_parallel import ParallelMapBatchIterator, parallel_fusable
 
 
 def pull_up_to(iterator: DatasetIterator, n: int, drop_remainder: bool) -> list[Any]:
@@ -46,7 +47,9 @@ class BatchDataset(Dataset):
     ``num_parallel_calls`` is accepted for compatibility: stacking runs in NumPy, and batches of
     random-access sources are gathered in one call rather than element by element. A ``map``
     over a random-access source followed by ``batch`` runs as one fused stage
-    (``map_batch``), unless ``Options.experimental_optimization.map_and_batch_fusion`` is False.
+    (``map_batch``), and so does a parallel ``map`` on threads over any source, its threads
+    writing each result into its row of the batch (``map_batch_parallel``), unless
+    ``Options.experimental_optimization.map_and_batch_fusion`` is False.
     """
 
     def __init__(
@@ -74,6 +77,8 @@ class BatchDataset(Dataset):
         plan = fusion_plan(self, ctx)
         if plan is not None:
             return plan.iterator(self, ctx, lambda: _BatchIterator(self, ctx))
+        if parallel_fusable(self, ctx):
+            return ParallelMapBatchIterator(self, ctx, lambda: _BatchIterator(self, ctx))
         return _BatchIterator(self, ctx)
 
     def __getstate__(self) -> dict[str, Any]:
