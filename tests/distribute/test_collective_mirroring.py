@@ -4,6 +4,9 @@ collectives: two workers of two local replicas each train as one replica on the 
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import torch
 
@@ -37,3 +40,79 @@ def test_two_workers_with_collectives_in_the_step_train_as_one_replica(mode: str
         for got, want in zip(result.result, expected, strict=True):
             torch.testing.assert_close(torch.tensor(got), want, rtol=1e-5, atol=1e-6)
     assert results["rank:0"].result == results["rank:1"].result
+
+
+def _bucket_view_steps(strategy: fdist.Strategy | None, rank: int, world: int) -> dict:
+    """8 SGD-with-momentum steps on a small model, zero_grad alternating between
+    ``set_to_none=True`` and ``False``, a checkpoint saved and loaded back after step 4; each
+    worker takes its ``rank``-th share of every global batch of 8 rows. ``strategy=None``: one
+    plain process on the whole batch. Returns the final parameters, each step's gradients, and
+    (under a strategy) whether every gradient was a view into a bucket after each step."""
+    torch.manual_seed(0)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1, bias=False)
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    features = torch.randn(8 * 8, 4)
+    targets = torch.randn(8 * 8, 1)
+    share = 8 // world
+    out: dict = {"grads": [], "views": [], "ptrs": []}
+
+    def step(x: torch.Tensor, y: torch.Tensor, set_to_none: bool) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
+        ((model(x) - y) ** 2).sum().div(8).backward()
+        optimizer.step()
+
+    for i in range(8):
+        rows = slice(i * 8 + rank * share, i * 8 + (rank + 1) * share)
+        x, y = features[rows], targets[rows]
+        if strategy is None:
+            step(x, y, i % 2 == 1)
+        else:
+            strategy.run(step, args=(x, y, i % 2 == 1))
+            mirroring = strategy._mirroring
+            views = {p.grad.data_ptr() for b in mirroring._buckets for p in b.params}
+            flats = [(b.flat.data_ptr(), b.flat.numel() * 4) for b in mirroring._buckets]
+            out["views"].append(all(any(s <= ptr < s + n for s, n in flats) for ptr in views))
+            out["ptrs"].append(sorted(views))
+        out["grads"].append([p.grad.flatten().tolist() for p in model.parameters()])
+        if i == 3:
+            saved = io.BytesIO()
+            torch.save({"m": model.state_dict(), "o": optimizer.state_dict()}, saved)
+            saved.seek(0)
+            state = torch.load(saved)
+            model.load_state_dict(state["m"])
+            optimizer.load_state_dict(state["o"])
+    out["params"] = [p.detach().flatten().tolist() for p in model.parameters()]
+    return out
+
+
+_BUCKET_VIEWS = """
+import os
+import feedline.distribute as fdist
+from feedline.distribute.experimental import CommunicationOptions
+from tests.distribute.test_collective_mirroring import _bucket_view_steps
+from tests.launcher import report
+
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=CommunicationOptions(bytes_per_pack=64))
+report(_bucket_view_steps(strategy, int(os.environ["RANK"]), 2))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_gradients_are_bucket_views_and_train_as_one_process() -> None:
+    results = run(_BUCKET_VIEWS, torchrun_envs(2))
+    want = _bucket_view_steps(None, 0, 1)
+    for result in results.values():
+        got = result.result
+        assert got["views"] == [True] * 8  # every gradient lives in its bucket after a step
+        for step_got, step_want in zip(got["grads"], want["grads"], strict=True):
+            for g, w in zip(step_got, step_want, strict=True):
+                torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-6)
+        for g, w in zip(got["params"], want["params"], strict=True):
+            torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-6)
+        # the bucket is made once: the gradients stay at the same addresses step after step
+        assert all(ptrs == got["ptrs"][0] for ptrs in got["ptrs"])
+    assert results["rank:0"].result["params"] == results["rank:1"].result["params"]

@@ -47,13 +47,28 @@ class _Bucket:
 
     params: list[torch.nn.Parameter]
     waiting: int = 0  # gradients not yet accumulated in this step
-    flat: torch.Tensor | None = None
+    flat: torch.Tensor | None = None  # the gradients, then one presence flag per parameter
+    views: list[torch.Tensor] = dataclasses.field(default_factory=list)  # of flat, per param
     work: dist.Work | None = None
 
     def reset(self) -> None:
+        if self.work is not None:  # a step that failed left it unfinished: start a fresh one
+            self.flat, self.views = None, []
         self.waiting = len(self.params)
-        self.flat = None
         self.work = None
+
+    def storage(self) -> torch.Tensor:
+        """The bucket's flat tensor, made once: each parameter's gradient is a view into it."""
+        if self.flat is None:
+            first = self.params[0]
+            total = sum(p.numel() for p in self.params) + len(self.params)
+            self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+            offset = 0
+            for param in self.params:
+                n = param.numel()
+                self.views.append(self.flat[offset : offset + n].view_as(param))
+                offset += n
+        return self.flat
 
 
 class CollectiveMirroring(Mirroring):
@@ -196,40 +211,40 @@ class CollectiveMirroring(Mirroring):
             self._launched += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        parts = []
+        """Starts the all-reduce of a bucket's flat tensor. A gradient that is already its view
+        there (the sum of the last step, accumulated into in place) needs no copy."""
+        flat = bucket.storage()
         present = []
-        for param in bucket.params:
-            grad = param.grad
-            if grad is not None and id(grad) in self._reduced and self._collective.rank != 0:
-                grad = None
-            present.append(0.0 if grad is None else 1.0)
-            parts.append((torch.zeros_like(param) if grad is None else grad.detach()).reshape(-1))
-        parts.append(torch.tensor(present, dtype=bucket.params[0].dtype, device=parts[0].device))
-        bucket.flat = torch.cat(parts)
-        bucket.work = self._collective.all_reduce_async(bucket.flat)
+        with torch.no_grad():
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                grad = param.grad
+                if grad is not None and id(grad) in self._reduced and self._collective.rank != 0:
+                    grad = None
+                present.append(0.0 if grad is None else 1.0)
+                if grad is None:
+                    view.zero_()
+                elif not _is_view(grad, view):
+                    view.copy_(grad)
+            flat[-len(bucket.params) :].copy_(torch.tensor(present, dtype=flat.dtype))
+        bucket.work = self._collective.all_reduce_async(flat)
 
     def _finish_buckets(self) -> None:
-        """Starts the buckets not started yet, in order; writes the sums back as gradients."""
+        """Starts the buckets not started yet, in order; each summed gradient becomes its
+        parameter's ``.grad``, a view into the bucket (as DDP's ``gradient_as_bucket_view``):
+        the next backward accumulates into it in place."""
         while self._launched < len(self._buckets):
             self._launch(self._buckets[self._launched])
             self._launched += 1
         for bucket in self._buckets:
             assert bucket.work is not None and bucket.flat is not None
             self._collective.wait(bucket.work)
-            flat, offset = bucket.flat, 0
-            present = flat[-len(bucket.params) :]
-            with torch.no_grad():
-                for param, has in zip(bucket.params, present.tolist(), strict=True):
-                    n = param.numel()
-                    if has > 0:
-                        total = flat[offset : offset + n].view_as(param)
-                        if param.grad is None:
-                            param.grad = total.clone()
-                        else:
-                            param.grad.copy_(total)
-                    else:
-                        param.grad = None
-                    offset += n
+            bucket.work = None
+            present = bucket.flat[-len(bucket.params) :].tolist()
+            for param, view, has in zip(bucket.params, bucket.views, present, strict=True):
+                if has <= 0:
+                    param.grad = None
+                elif not _is_view(param.grad, view):
+                    param.grad = view
             bucket.reset()
         self._launched = 0
         self._reduced = set()
@@ -256,3 +271,15 @@ class CollectiveMirroring(Mirroring):
         integer = [b for b in buffers if not b.is_floating_point()]
         if integer:
             self._collective.broadcast(integer, src=0)
+
+
+def _is_view(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is ``view`` itself, or the same elements of the same storage."""
+    return grad is not None and (
+        grad is view
+        or (
+            grad.data_ptr() == view.data_ptr()
+            and grad.shape == view.shape
+            and grad.stride() == view.stride()
+        )
+    )
