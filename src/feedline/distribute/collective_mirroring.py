@@ -11,14 +11,20 @@ Everything ``Mirroring`` does for the replicas of one process holds, and across 
   does. During the backward of the last local replica, a bucket whose gradients are all
   accumulated starts its all-reduce at once, while backward goes on with the rest; buckets
   always start in the same order on every worker. Once every replica has run, the remaining
-  buckets start, the reduced gradients are written back, and the deferred ``optimizer.step()``
-  runs: one identical update everywhere.
+  buckets start, and the deferred ``optimizer.step()`` runs: one identical update everywhere.
+* **Gradients as views into the buckets** (DDP's ``gradient_as_bucket_view``): each bucket is
+  one flat tensor made once, and after a step every summed gradient is a view into it, so the
+  all-reduce works in place. A gradient cleared with ``zero_grad(set_to_none=False)`` is
+  accumulated into in place by the next backward and needs no copy at all; one cleared to
+  ``None`` (the default) is copied into its bucket once when the bucket starts.
 * **Buffers** follow the Mirrored rule across workers: floating-point buffers are averaged over
   all replicas, integer buffers take the chief's first replica's value.
 
 Rules, as for DDP: every worker creates the same modules under the scope, in the same order;
 each replica calls ``backward`` at most once per step; a run that calls ``backward`` also calls
-``optimizer.step()`` (gradient accumulation across runs is not supported across workers).
+``optimizer.step()`` (gradient accumulation across runs is not supported across workers);
+gradients are not to be changed in place between ``backward`` and the end of
+``strategy.run``: their buckets are being summed then, and the update takes those sums.
 """
 
 from __future__ import annotations
