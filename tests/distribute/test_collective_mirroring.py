@@ -116,3 +116,66 @@ def test_gradients_are_bucket_views_and_train_as_one_process() -> None:
         # the bucket is made once: the gradients stay at the same addresses step after step
         assert all(ptrs == got["ptrs"][0] for ptrs in got["ptrs"])
     assert results["rank:0"].result["params"] == results["rank:1"].result["params"]
+
+
+_LOSS_RIDES_ALONG = """
+import os
+import torch
+import feedline.distribute as fdist
+from tests.launcher import report
+
+rank = int(os.environ["RANK"])
+strategy = fdist.MultiWorkerMirroredStrategy(devices=["cpu:0", "cpu:1"])
+torch.manual_seed(0)
+with strategy.scope():
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(x):
+    optimizer.zero_grad()
+    loss = model(x).pow(2).sum() / 8
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+out = {"rode": [], "sum": [], "eager_sum": [], "mean": [], "eager_mean": [], "later": []}
+previous = None
+for i in range(4):
+    x = torch.arange(24.0).reshape(8, 3)[i % 2 * 4 + rank * 2 :][:2] / 10
+    per_replica = strategy.run(step, args=(fdist.PerReplica([x[:1], x[1:]]),))
+    if previous is not None:
+        out["later"].append(previous.item())  # a result read after the next step
+    mean = strategy.reduce("MEAN", per_replica, axis=None)
+    total = strategy.reduce("SUM", per_replica, axis=None)
+    out["rode"].append(strategy._mirroring._summed_taken)
+    copies = fdist.PerReplica([v.clone() for v in per_replica.values])
+    out["sum"].append(total.item())
+    out["eager_sum"].append(strategy.reduce("SUM", copies, axis=None).item())
+    out["mean"].append(mean.item())
+    out["eager_mean"].append(strategy.reduce("MEAN", copies, axis=None).item())
+    previous = total
+# a result changed in place after the run is all-reduced as it is now
+per_replica = strategy.run(step, args=(fdist.PerReplica([x[:1], x[1:]]),))
+per_replica.values[0].add_(1.0)
+changed = strategy.reduce("SUM", per_replica, axis=None)
+out["changed"] = [changed.item(), strategy._mirroring._summed_taken]
+out["changed_eager"] = strategy.reduce(
+    "SUM", fdist.PerReplica([v.clone() for v in per_replica.values]), axis=None).item()
+out["types"] = [type(total).__name__, total.shape == torch.Size([]), total.requires_grad]
+report(out)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_run_s_scalar_results_are_reduced_with_the_gradients() -> None:
+    results = run(_LOSS_RIDES_ALONG, torchrun_envs(2))
+    for result in results.values():
+        got = result.result
+        # the first step does not hold its last bucket back; from then on the loss rides along
+        assert got["rode"] == [False, True, True, True]
+        assert got["sum"] == got["eager_sum"] and got["mean"] == got["eager_mean"]
+        assert got["mean"] == [pytest.approx(s / 4) for s in got["sum"]]
+        assert got["later"] == got["sum"][:3]
+        assert got["changed"][1] is False and got["changed"][0] == got["changed_eager"]
+        assert got["types"] == ["Tensor", True, False]
+    assert results["rank:0"].result == results["rank:1"].result

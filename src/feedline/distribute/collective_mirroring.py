@@ -30,6 +30,7 @@ gradients are not to be changed in place between ``backward`` and the end of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,9 @@ class _Bucket:
 
     params: list[torch.nn.Parameter]
     waiting: int = 0  # gradients not yet accumulated in this step
-    flat: torch.Tensor | None = None  # the gradients, then one presence flag per parameter
+    #: the last bucket also carries the sum of the run's scalar results and its flag
+    carries_result: bool = False
+    flat: torch.Tensor | None = None  # gradients, a presence flag per parameter, the result
     views: list[torch.Tensor] = dataclasses.field(default_factory=list)  # of flat, per param
     work: dist.Work | None = None
 
@@ -68,6 +71,7 @@ class _Bucket:
         if self.flat is None:
             first = self.params[0]
             total = sum(p.numel() for p in self.params) + len(self.params)
+            total += 2 if self.carries_result else 0
             self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
             offset = 0
             for param in self.params:
@@ -75,6 +79,12 @@ class _Bucket:
                 self.views.append(self.flat[offset : offset + n].view_as(param))
                 offset += n
         return self.flat
+
+    def flags(self) -> torch.Tensor:
+        """The presence flags in ``flat`` (1 where a worker had the parameter's gradient)."""
+        assert self.flat is not None
+        start = sum(p.numel() for p in self.params)
+        return self.flat[start : start + len(self.params)]
 
 
 class CollectiveMirroring(Mirroring):
@@ -95,6 +105,15 @@ class CollectiveMirroring(Mirroring):
         self._launched = 0  # buckets started this step, always a prefix of self._buckets
         self._late_gradient: str | None = None
         self._reduced: set[int] = set()  # gradients summed over all replicas already
+        # A run's scalar results (the per-replica loss) ride in the last bucket: the offer
+        # (the replicas' values, their versions, their local sum), then the sum over all
+        # workers that reduce takes instead of an all-reduce of its own.
+        self._offer: tuple[list[torch.Tensor], list[int], torch.Tensor] | None = None
+        self._summed: tuple[list[torch.Tensor], list[int], torch.Tensor] | None = None
+        self._summed_taken = False
+        self._defer_last = False  # hold the last bucket until the run's results are known
+        self._offered = False  # the last run returned scalars that could ride along
+        self._results_unused = False  # results rode along and reduce did not take them
 
     def add_module(self, module: torch.nn.Module) -> None:
         if not self.owns_module(module):
@@ -119,6 +138,7 @@ class CollectiveMirroring(Mirroring):
     def abort_run(self) -> None:
         self._armed = False
         self._reduced = set()
+        self._offer = None
         super().abort_run()
 
     def end_isolation(self, reduced: set[int]) -> None:
@@ -140,6 +160,40 @@ class CollectiveMirroring(Mirroring):
             self._finish_buckets()
         super().after_run()
         self._sync_buffers()
+
+    # -- the run's results -----------------------------------------------------------------
+    def offer_results(self, results: list[Any]) -> None:
+        """Scalar tensors returned by every local replica (a per-replica loss) have their
+        local sum sent with the last gradient bucket, so that ``strategy.reduce`` of them
+        needs no all-reduce of its own (``summed_in_run``)."""
+        if not (self._pending or self._launched) or not self._buckets:
+            return
+        last = self._buckets[-1].params[0]
+        if not all(
+            isinstance(r, torch.Tensor)
+            and r.dim() == 0
+            and r.dtype == last.dtype
+            and r.device == last.device
+            for r in results
+        ):
+            return
+        self._offered = True
+        parts = list(results)
+        local = functools.reduce(torch.add, parts).detach()
+        self._offer = (parts, [p._version for p in parts], local)
+
+    def summed_in_run(self, parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """The sum over all replicas of ``parts`` if they are the last run's results, unchanged,
+        and rode with the gradients; else None (``reduce`` all-reduces them itself)."""
+        if self._summed is None:
+            return None
+        stored, versions, total = self._summed
+        if len(parts) != len(stored) or not all(
+            p is q and p._version == v for p, q, v in zip(parts, stored, versions, strict=True)
+        ):
+            return None
+        self._summed_taken = True
+        return total.clone()
 
     # -- parameters ------------------------------------------------------------------------
     def _broadcast_new(self, modules: list[torch.nn.Module]) -> None:
@@ -172,11 +226,17 @@ class CollectiveMirroring(Mirroring):
         self._launched = 0
         self._reduced = set()
         self._late_gradient = None
+        if self._summed is not None and not self._summed_taken:
+            self._results_unused = True
+        # the last bucket waits for the results only where they were worth sending last time
+        self._defer_last = self._offered and not self._results_unused
+        self._offer, self._summed, self._summed_taken, self._offered = None, None, False, False
 
     def _build_buckets(self, params: list[torch.nn.Parameter]) -> None:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._offered = self._results_unused = False
         self._buckets, self._bucket_of = [], {}
         current: list[torch.nn.Parameter] = []
         size = 0
@@ -192,6 +252,8 @@ class CollectiveMirroring(Mirroring):
             size += nbytes
         if current:
             self._buckets.append(_Bucket(current))
+        if self._buckets:
+            self._buckets[-1].carries_result = True
         for bucket in self._buckets:
             for param in bucket.params:
                 self._bucket_of[id(param)] = bucket
@@ -212,7 +274,8 @@ class CollectiveMirroring(Mirroring):
             )
             return
         bucket.waiting -= 1
-        while self._launched < len(self._buckets) and self._buckets[self._launched].waiting <= 0:
+        ready = len(self._buckets) - (1 if self._defer_last else 0)
+        while self._launched < ready and self._buckets[self._launched].waiting <= 0:
             self._launch(self._buckets[self._launched])
             self._launched += 1
 
@@ -231,7 +294,11 @@ class CollectiveMirroring(Mirroring):
                     view.zero_()
                 elif not _is_view(grad, view):
                     view.copy_(grad)
-            flat[-len(bucket.params) :].copy_(torch.tensor(present, dtype=flat.dtype))
+            bucket.flags().copy_(torch.tensor(present, dtype=flat.dtype))
+            if bucket.carries_result:
+                offer = self._offer
+                flat[-2] = 0.0 if offer is None else offer[2]
+                flat[-1] = 0.0 if offer is None else 1.0
         bucket.work = self._collective.all_reduce_async(flat)
 
     def _finish_buckets(self) -> None:
@@ -245,7 +312,11 @@ class CollectiveMirroring(Mirroring):
             assert bucket.work is not None and bucket.flat is not None
             self._collective.wait(bucket.work)
             bucket.work = None
-            present = bucket.flat[-len(bucket.params) :].tolist()
+            present = bucket.flags().tolist()
+            offer = self._offer if bucket.carries_result else None
+            # every worker offered its results: reduce finds their sum here
+            if offer is not None and int(bucket.flat[-1].item()) == self._collective.world_size:
+                self._summed = (offer[0], offer[1], bucket.flat[-2].clone())
             for param, view, has in zip(bucket.params, bucket.views, present, strict=True):
                 if has <= 0:
                     param.grad = None
