@@ -16,7 +16,9 @@ Everything ``Mirroring`` does for the replicas of one process holds, and across 
   one flat tensor made once, and after a step every summed gradient is a view into it, so the
   all-reduce works in place. A gradient cleared with ``zero_grad(set_to_none=False)`` is
   accumulated into in place by the next backward and needs no copy at all; one cleared to
-  ``None`` (the default) is copied into its bucket once when the bucket starts.
+  ``None`` (the default) is copied into its bucket once when the bucket starts. As with DDP,
+  a ``.grad`` kept from one step holds the next step's sums once that step ran: clone it to
+  keep it.
 * **Buffers** follow the Mirrored rule across workers: floating-point buffers are averaged over
   all replicas, integer buffers take the chief's first replica's value.
 
