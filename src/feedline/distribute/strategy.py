@@ -226,16 +226,16 @@ class Strategy:
             return summed / torch.tensor(float(self.num_replicas_in_sync), dtype=summed.dtype)
         if axis is None:
             total = functools.reduce(torch.add, [p.to(target) for p in parts])
-            count = torch.tensor(float(len(parts)), device=target)
         else:
             total = functools.reduce(torch.add, [p.to(target).sum(dim=axis) for p in parts])
-            count = torch.tensor(float(sum(p.shape[axis] for p in parts)), device=target)
         if op is ReduceOp.SUM:
             return self._sum_across_workers(total)
         if not torch.is_floating_point(total):
             total = total.to(torch.float32)
+        count = len(parts) if axis is None else sum(p.shape[axis] for p in parts)
         # One collective for both: the total's elements, then the count.
-        both = self._sum_across_workers(torch.cat([total.reshape(-1), count.to(total.dtype)[None]]))
+        count_part = torch.tensor([float(count)], dtype=total.dtype, device=target)
+        both = self._sum_across_workers(torch.cat([total.reshape(-1), count_part]))
         return both[:-1].reshape(total.shape) / both[-1]
 
     def gather(self, value: Any, axis: int) -> torch.Tensor:
