@@ -1,6 +1,7 @@
-"""Tests of feedline/distribute/collective_mirroring.py with replicas that hand over at
-collectives: two workers of two local replicas each train as one replica on the global batch.
-(The mirrored training of workers without collectives in the step is in test_multi_worker.py.)"""
+"""Tests of feedline/distribute/collective_mirroring.py: replicas that hand over at collectives
+(two workers of two local replicas each train as one replica on the global batch), gradients as
+views into the buckets, and a run's scalar results summed with its gradients. (The mirrored
+training of workers without collectives in the step is in test_multi_worker.py.)"""
 
 from __future__ import annotations
 
