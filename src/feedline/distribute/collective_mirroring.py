@@ -101,7 +101,7 @@ class CollectiveMirroring(Mirroring):
         self._synced: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, _Bucket] = {}
-        self._bucket_key: tuple[int, ...] = ()
+        self._bucket_key: tuple[tuple[int, torch.dtype, torch.device], ...] = ()
         self._hooks: list[Any] = []
         self._armed = False
         self._launched = 0  # buckets started this step, always a prefix of self._buckets
@@ -211,7 +211,8 @@ class CollectiveMirroring(Mirroring):
             self._synced.add(module)
 
     def _prepare_buckets(self, modules: list[torch.nn.Module]) -> None:
-        """(Re)builds the buckets when the set of trainable parameters changed."""
+        """(Re)builds the buckets when the set of trainable parameters, or the dtype or device
+        of one (``model.half()``), changed."""
         seen: set[int] = set()
         params: list[torch.nn.Parameter] = []
         for module in modules:
@@ -219,7 +220,7 @@ class CollectiveMirroring(Mirroring):
                 if param.requires_grad and id(param) not in seen:
                     seen.add(id(param))
                     params.append(param)
-        key = tuple(id(p) for p in params)
+        key = tuple((id(p), p.dtype, p.device) for p in params)
         if key != self._bucket_key:
             self._build_buckets(params)
             self._bucket_key = key
