@@ -223,7 +223,7 @@ def feedline_loop(args: argparse.Namespace) -> Loop:
                 inputs = next(train_iter)
                 lap("input: next() (the agreement included, where there is one)")
                 loss = distributed_train_step(inputs)
-                lap("strategy.reduce(SUM): 1 all-reduce")
+                lap("strategy.reduce(SUM)")
                 total_loss += float(loss)
                 lap("float(loss)")
         finally:

@@ -11,19 +11,28 @@ Everything ``Mirroring`` does for the replicas of one process holds, and across 
   does. During the backward of the last local replica, a bucket whose gradients are all
   accumulated starts its all-reduce at once, while backward goes on with the rest; buckets
   always start in the same order on every worker. Once every replica has run, the remaining
-  buckets start, the reduced gradients are written back, and the deferred ``optimizer.step()``
-  runs: one identical update everywhere.
+  buckets start, and the deferred ``optimizer.step()`` runs: one identical update everywhere.
+* **Gradients as views into the buckets** (DDP's ``gradient_as_bucket_view``): each bucket is
+  one flat tensor made once, and after a step every summed gradient is a view into it, so the
+  all-reduce works in place. A gradient cleared with ``zero_grad(set_to_none=False)`` is
+  accumulated into in place by the next backward and needs no copy at all; one cleared to
+  ``None`` (the default) is copied into its bucket once when the bucket starts. As with DDP,
+  a ``.grad`` kept from one step holds the next step's sums once that step ran: clone it to
+  keep it.
 * **Buffers** follow the Mirrored rule across workers: floating-point buffers are averaged over
   all replicas, integer buffers take the chief's first replica's value.
 
 Rules, as for DDP: every worker creates the same modules under the scope, in the same order;
 each replica calls ``backward`` at most once per step; a run that calls ``backward`` also calls
-``optimizer.step()`` (gradient accumulation across runs is not supported across workers).
+``optimizer.step()`` (gradient accumulation across runs is not supported across workers);
+gradients are not to be changed in place between ``backward`` and the end of
+``strategy.run``: their buckets are being summed then, and the update takes those sums.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +56,37 @@ class _Bucket:
 
     params: list[torch.nn.Parameter]
     waiting: int = 0  # gradients not yet accumulated in this step
-    flat: torch.Tensor | None = None
+    #: the last bucket also carries the sum of the run's scalar results and its flag
+    carries_result: bool = False
+    flat: torch.Tensor | None = None  # gradients, a presence flag per parameter, the result
+    views: list[torch.Tensor] = dataclasses.field(default_factory=list)  # of flat, per param
     work: dist.Work | None = None
 
     def reset(self) -> None:
+        if self.work is not None:  # a step that failed left it unfinished: start a fresh one
+            self.flat, self.views = None, []
         self.waiting = len(self.params)
-        self.flat = None
         self.work = None
+
+    def storage(self) -> torch.Tensor:
+        """The bucket's flat tensor, made once: each parameter's gradient is a view into it."""
+        if self.flat is None:
+            first = self.params[0]
+            total = sum(p.numel() for p in self.params) + len(self.params)
+            total += 2 if self.carries_result else 0
+            self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+            offset = 0
+            for param in self.params:
+                n = param.numel()
+                self.views.append(self.flat[offset : offset + n].view_as(param))
+                offset += n
+        return self.flat
+
+    def flags(self) -> torch.Tensor:
+        """The presence flags in ``flat`` (1 where a worker had the parameter's gradient)."""
+        assert self.flat is not None
+        start = sum(p.numel() for p in self.params)
+        return self.flat[start : start + len(self.params)]
 
 
 class CollectiveMirroring(Mirroring):
@@ -68,12 +101,21 @@ class CollectiveMirroring(Mirroring):
         self._synced: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, _Bucket] = {}
-        self._bucket_key: tuple[int, ...] = ()
+        self._bucket_key: tuple[tuple[int, torch.dtype, torch.device], ...] = ()
         self._hooks: list[Any] = []
         self._armed = False
         self._launched = 0  # buckets started this step, always a prefix of self._buckets
         self._late_gradient: str | None = None
         self._reduced: set[int] = set()  # gradients summed over all replicas already
+        # A run's scalar results (the per-replica loss) ride in the last bucket: the offer
+        # (the replicas' values, their versions, their local sum), then the sum over all
+        # workers that reduce takes instead of an all-reduce of its own.
+        self._offer: tuple[list[torch.Tensor], list[int], torch.Tensor] | None = None
+        self._summed: tuple[list[torch.Tensor], list[int], torch.Tensor] | None = None
+        self._summed_taken = False
+        self._defer_last = False  # hold the last bucket until the run's results are known
+        self._offered = False  # the last run returned scalars that could ride along
+        self._results_unused = False  # results rode along and reduce did not take them
 
     def add_module(self, module: torch.nn.Module) -> None:
         if not self.owns_module(module):
@@ -98,6 +140,7 @@ class CollectiveMirroring(Mirroring):
     def abort_run(self) -> None:
         self._armed = False
         self._reduced = set()
+        self._offer = None
         super().abort_run()
 
     def end_isolation(self, reduced: set[int]) -> None:
@@ -120,6 +163,40 @@ class CollectiveMirroring(Mirroring):
         super().after_run()
         self._sync_buffers()
 
+    # -- the run's results -----------------------------------------------------------------
+    def offer_results(self, results: list[Any]) -> None:
+        """Scalar tensors returned by every local replica (a per-replica loss) have their
+        local sum sent with the last gradient bucket, so that ``strategy.reduce`` of them
+        needs no all-reduce of its own (``summed_in_run``)."""
+        if not (self._pending or self._launched) or not self._buckets:
+            return
+        last = self._buckets[-1].params[0]
+        if not all(
+            isinstance(r, torch.Tensor)
+            and r.dim() == 0
+            and r.dtype == last.dtype
+            and r.device == last.device
+            for r in results
+        ):
+            return
+        self._offered = True
+        parts = list(results)
+        local = functools.reduce(torch.add, parts).detach()
+        self._offer = (parts, [p._version for p in parts], local)
+
+    def summed_in_run(self, parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """The sum over all replicas of ``parts`` if they are the last run's results, unchanged,
+        and rode with the gradients; else None (``reduce`` all-reduces them itself)."""
+        if self._summed is None:
+            return None
+        stored, versions, total = self._summed
+        if len(parts) != len(stored) or not all(
+            p is q and p._version == v for p, q, v in zip(parts, stored, versions, strict=True)
+        ):
+            return None
+        self._summed_taken = True
+        return total.clone()
+
     # -- parameters ------------------------------------------------------------------------
     def _broadcast_new(self, modules: list[torch.nn.Module]) -> None:
         """Gives modules not yet seen the chief's parameters and buffers."""
@@ -134,7 +211,8 @@ class CollectiveMirroring(Mirroring):
             self._synced.add(module)
 
     def _prepare_buckets(self, modules: list[torch.nn.Module]) -> None:
-        """(Re)builds the buckets when the set of trainable parameters changed."""
+        """(Re)builds the buckets when the set of trainable parameters, or the dtype or device
+        of one (``model.half()``), changed."""
         seen: set[int] = set()
         params: list[torch.nn.Parameter] = []
         for module in modules:
@@ -142,7 +220,7 @@ class CollectiveMirroring(Mirroring):
                 if param.requires_grad and id(param) not in seen:
                     seen.add(id(param))
                     params.append(param)
-        key = tuple(id(p) for p in params)
+        key = tuple((id(p), p.dtype, p.device) for p in params)
         if key != self._bucket_key:
             self._build_buckets(params)
             self._bucket_key = key
@@ -151,11 +229,17 @@ class CollectiveMirroring(Mirroring):
         self._launched = 0
         self._reduced = set()
         self._late_gradient = None
+        if self._summed is not None and not self._summed_taken:
+            self._results_unused = True
+        # the last bucket waits for the results only where they were worth sending last time
+        self._defer_last = self._offered and not self._results_unused
+        self._offer, self._summed, self._summed_taken, self._offered = None, None, False, False
 
     def _build_buckets(self, params: list[torch.nn.Parameter]) -> None:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._offered = self._results_unused = False
         self._buckets, self._bucket_of = [], {}
         current: list[torch.nn.Parameter] = []
         size = 0
@@ -171,6 +255,8 @@ class CollectiveMirroring(Mirroring):
             size += nbytes
         if current:
             self._buckets.append(_Bucket(current))
+        if self._buckets:
+            self._buckets[-1].carries_result = True
         for bucket in self._buckets:
             for param in bucket.params:
                 self._bucket_of[id(param)] = bucket
@@ -191,45 +277,54 @@ class CollectiveMirroring(Mirroring):
             )
             return
         bucket.waiting -= 1
-        while self._launched < len(self._buckets) and self._buckets[self._launched].waiting <= 0:
+        ready = len(self._buckets) - (1 if self._defer_last else 0)
+        while self._launched < ready and self._buckets[self._launched].waiting <= 0:
             self._launch(self._buckets[self._launched])
             self._launched += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        parts = []
+        """Starts the all-reduce of a bucket's flat tensor. A gradient that is already its view
+        there (the sum of the last step, accumulated into in place) needs no copy."""
+        flat = bucket.storage()
         present = []
-        for param in bucket.params:
-            grad = param.grad
-            if grad is not None and id(grad) in self._reduced and self._collective.rank != 0:
-                grad = None
-            present.append(0.0 if grad is None else 1.0)
-            parts.append((torch.zeros_like(param) if grad is None else grad.detach()).reshape(-1))
-        parts.append(torch.tensor(present, dtype=bucket.params[0].dtype, device=parts[0].device))
-        bucket.flat = torch.cat(parts)
-        bucket.work = self._collective.all_reduce_async(bucket.flat)
+        with torch.no_grad():
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                grad = param.grad
+                if grad is not None and id(grad) in self._reduced and self._collective.rank != 0:
+                    grad = None
+                present.append(0.0 if grad is None else 1.0)
+                if grad is None:
+                    view.zero_()
+                elif not _is_view(grad, view):
+                    view.copy_(grad)
+            bucket.flags().copy_(torch.tensor(present, dtype=flat.dtype))
+            if bucket.carries_result:
+                offer = self._offer
+                flat[-2] = 0.0 if offer is None else offer[2]
+                flat[-1] = 0.0 if offer is None else 1.0
+        bucket.work = self._collective.all_reduce_async(flat)
 
     def _finish_buckets(self) -> None:
-        """Starts the buckets not started yet, in order; writes the sums back as gradients."""
+        """Starts the buckets not started yet, in order; each summed gradient becomes its
+        parameter's ``.grad``, a view into the bucket (as DDP's ``gradient_as_bucket_view``):
+        the next backward accumulates into it in place."""
         while self._launched < len(self._buckets):
             self._launch(self._buckets[self._launched])
             self._launched += 1
         for bucket in self._buckets:
             assert bucket.work is not None and bucket.flat is not None
             self._collective.wait(bucket.work)
-            flat, offset = bucket.flat, 0
-            present = flat[-len(bucket.params) :]
-            with torch.no_grad():
-                for param, has in zip(bucket.params, present.tolist(), strict=True):
-                    n = param.numel()
-                    if has > 0:
-                        total = flat[offset : offset + n].view_as(param)
-                        if param.grad is None:
-                            param.grad = total.clone()
-                        else:
-                            param.grad.copy_(total)
-                    else:
-                        param.grad = None
-                    offset += n
+            bucket.work = None
+            present = bucket.flags().tolist()
+            offer = self._offer if bucket.carries_result else None
+            # every worker offered its results: reduce finds their sum here
+            if offer is not None and int(bucket.flat[-1].item()) == self._collective.world_size:
+                self._summed = (offer[0], offer[1], bucket.flat[-2].clone())
+            for param, view, has in zip(bucket.params, bucket.views, present, strict=True):
+                if has <= 0:
+                    param.grad = None
+                elif not _is_view(param.grad, view):
+                    param.grad = view
             bucket.reset()
         self._launched = 0
         self._reduced = set()
@@ -256,3 +351,15 @@ class CollectiveMirroring(Mirroring):
         integer = [b for b in buffers if not b.is_floating_point()]
         if integer:
             self._collective.broadcast(integer, src=0)
+
+
+def _is_view(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is ``view`` itself, or the same elements of the same storage."""
+    return grad is not None and (
+        grad is view
+        or (
+            grad.data_ptr() == view.data_ptr()
+            and grad.shape == view.shape
+            and grad.stride() == view.stride()
+        )
+    )

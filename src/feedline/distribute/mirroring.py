@@ -310,6 +310,15 @@ class Mirroring:
                 else:
                     param.grad = functools.reduce(torch.add, present)
 
+    def offer_results(self, results: list[Any]) -> None:
+        """The replicas' results of a run, just before ``after_run``; a mirroring that sums
+        over workers sends scalar results along with the gradients."""
+
+    def summed_in_run(self, parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """The sum over all replicas of ``parts`` where the last run summed them already
+        (``offer_results``), else None."""
+        return None
+
     def after_run(self) -> None:
         """The replicas have run: average the buffers, then take the deferred steps once."""
         if self._buffer_snapshot is not None and self._buffer_results:

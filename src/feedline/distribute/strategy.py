@@ -172,6 +172,7 @@ class Strategy:
                 mirroring.abort_run()  # no half step: the next run starts clean
             raise
         if mirroring is not None:
+            mirroring.offer_results(results)
             mirroring.after_run()
         return regroup(results)
 
@@ -207,22 +208,34 @@ class Strategy:
         With ``axis``, each replica's value is first reduced along it; ``MEAN`` then divides by
         the number of elements along that axis over all replicas, so empty (size-0) batches
         count for nothing. A value that is not per-replica counts as every replica's value.
+
+        Across workers, the scalar tensors a ``run`` returned (a per-replica loss) are summed
+        with that step's gradients, in the same all-reduce: their reduce right after the run
+        (without ``axis``, before the next run) waits for nothing.
         """
         op = ReduceOp.parse(reduce_op)
         parts = [torch.as_tensor(v) for v in self._replica_values(value)]
         target = parts[0].device
+        if axis is None and self.mirrors_replicas:
+            summed = self._mirroring.summed_in_run(parts)
+        else:
+            summed = None
+        if summed is not None:  # the last run's results, summed with its gradients
+            if op is ReduceOp.SUM:
+                return summed
+            return summed / torch.tensor(float(self.num_replicas_in_sync), dtype=summed.dtype)
         if axis is None:
             total = functools.reduce(torch.add, [p.to(target) for p in parts])
-            count = torch.tensor(float(len(parts)), device=target)
         else:
             total = functools.reduce(torch.add, [p.to(target).sum(dim=axis) for p in parts])
-            count = torch.tensor(float(sum(p.shape[axis] for p in parts)), device=target)
         if op is ReduceOp.SUM:
             return self._sum_across_workers(total)
         if not torch.is_floating_point(total):
             total = total.to(torch.float32)
+        count = len(parts) if axis is None else sum(p.shape[axis] for p in parts)
         # One collective for both: the total's elements, then the count.
-        both = self._sum_across_workers(torch.cat([total.reshape(-1), count.to(total.dtype)[None]]))
+        count_part = torch.tensor([float(count)], dtype=total.dtype, device=target)
+        both = self._sum_across_workers(torch.cat([total.reshape(-1), count_part]))
         return both[:-1].reshape(total.shape) / both[-1]
 
     def gather(self, value: Any, axis: int) -> torch.Tensor:
