@@ -93,10 +93,12 @@ SRC = pathlib.Path(feedline.__file__).resolve().parent
 RANKS: dict[str, int] = {
     # 0, the ground floor: the element model, errors, the gRPC layer, file formats, contracts.
     "feedline._checkpointable": 0,
+    "feedline._cluster_shares": 0,
     "feedline._enums": 0,
     "feedline._fs": 0,
     "feedline._net": 0,
     "feedline._porting": 0,
+    "feedline._s3_session": 0,
     "feedline._tfrecord": 0,
     "feedline.config": 0,
     "feedline.errors": 0,
@@ -134,6 +136,8 @@ TENSORFLOW_PATHS = {
     # lazy attribute ``make_batched_features_dataset``, above feedline.data and feedline.io
     ("feedline.data.experimental", "feedline._batched_features"),
     ("feedline.data.experimental", "feedline._dataset_writer"),  # lazy ``TFRecordWriter``
+    # lazy ``distributed_save``: the service's workers write the snapshot
+    ("feedline.data.experimental", "feedline.service.client.save"),
     ("feedline.data.experimental.service", "feedline.service"),  # loaded only by that path
     ("feedline.distribute.experimental", "feedline.train.preemption"),  # lazy attributes
     ("feedline.distribute.experimental", "feedline.distribute"),  # lazy attributes

@@ -416,7 +416,8 @@ def test_every_operation_is_rewritten_by_some_case(tmp_path: pathlib.Path) -> No
     sources = {"RangeDataset", "TensorDataset", "TensorSliceDataset", "GeneratorDataset"}
     sources |= {"ListFilesDataset", "TorchMapStyleDataset", "TorchIterableStyleDataset"}
     sources |= {"CounterDataset", "RandomDataset", "ListDataset"}
-    sources |= {"LoadDataset", "SnapshotShardDataset", "SnapshotShardListDataset"}
+    sources |= {"LoadDataset", "LoadWhileWritingDataset", "SnapshotShardDataset"}
+    sources |= {"SnapshotShardListDataset"}
     sources |= {"ElementsDataset"}  # the windows that window and group_by_window hand out
     sources |= {"SqlDataset"}  # a source of rows, not of files: see test_sql_dataset_copies_itself
     sources |= {"DatasetSliceDataset"}

@@ -15,9 +15,10 @@ class ListDataset(ElementsDataset):
     """The elements of ``elements``, a non-empty list of elements of one structure; random-access.
 
     Unlike ``from_tensor_slices``, each list item is one element, so the items may differ in
-    shape (``[[1], [2, 3]]``): the element spec has ``None`` where they differ. Every item must
-    have the same structure and, leaf for leaf, the same dtype and rank (an
-    InvalidArgumentError, a ``ValueError``, otherwise). Elements are read-only views.
+    shape (``[[1], [2, 3]]``): the element spec has ``None`` where they differ, and an unknown
+    rank where their ranks differ (as TensorFlow's). Every item must have the same structure
+    and, leaf for leaf, the same dtype (an InvalidArgumentError, a ``ValueError``, otherwise).
+    Elements are read-only views.
 
     Example:
       >>> ds = ListDataset([(1, "a"), (2, "b")])
@@ -44,8 +45,8 @@ class ListDataset(ElementsDataset):
             self._element_spec = functools.reduce(structure.common_spec, specs)
         except InvalidArgumentError as error:
             raise InvalidArgumentError(
-                f"from_list: the elements' components differ in dtype or rank ({error}); give "
-                "every element the same dtypes and ranks, e.g. np.float32(1) instead of 1"
+                f"from_list: the elements' components differ in dtype ({error}); give "
+                "every element the same dtypes, e.g. np.float32(1) instead of 1"
             ) from None
         super().__init__(
             [structure.map_structure(structure.read_only, e) for e in normalized],

@@ -80,8 +80,8 @@ def distribute(
     max_outstanding_requests: int | None = None,
     data_transfer_protocol: str | None = None,
     compression: str | None = "AUTO",
-    cross_trainer_cache: CrossTrainerCache | None = None,
     target_workers: str = "AUTO",
+    cross_trainer_cache: CrossTrainerCache | None = None,
 ) -> Any:
     """A transformation (for ``dataset.apply``) that moves the dataset's processing onto the
     data service.
@@ -112,11 +112,12 @@ def distribute(
       data_transfer_protocol: None (the default: replies of a worker on this host come through
         shared memory, others over gRPC) or ``"grpc"`` (every reply over gRPC).
       compression: ``"AUTO"`` (compress on the wire when it pays) or None.
-      cross_trainer_cache: a ``CrossTrainerCache``: this consumer is a trainer that reads
-        every element of the job ``job_name``, which the workers compute once for all its
-        trainers (needs ``job_name``; under ``parallel_epochs`` an infinite dataset).
       target_workers: ``"AUTO"``/``"ANY"`` (every worker) or ``"LOCAL"`` (only workers in this
         process).
+      cross_trainer_cache: a ``CrossTrainerCache``: this consumer is a trainer that reads
+        every element of the job ``job_name``, which the workers compute once for all its
+        trainers (needs ``job_name``; under ``parallel_epochs`` an infinite dataset). It
+        follows ``target_workers`` (TensorFlow 2.21 puts it before): pass it by name.
 
     Raises:
       InvalidArgumentError: an argument out of its range; under DYNAMIC, a dataset without a
@@ -173,8 +174,8 @@ def from_dataset_id(
     num_consumers: int | None = None,
     max_outstanding_requests: int | None = None,
     data_transfer_protocol: str | None = None,
-    cross_trainer_cache: CrossTrainerCache | None = None,
     target_workers: str = "AUTO",
+    cross_trainer_cache: CrossTrainerCache | None = None,
 ) -> DataServiceDataset:
     """A dataset reading the registered dataset ``dataset_id`` from the service; the element
     spec is asked of the dispatcher when not given."""
