@@ -25,7 +25,7 @@ def test_a_save_and_its_reader_under_kill_9_of_both_get_every_element_once(
         fault_fraction=0.25,
         hang_seconds=90,
     )
-    # The fault came mid-save: some streams were complete, not all.
+    # The fault came before the save had finished.
     assert not row.streams_done_at_fault.endswith("(finished)"), row
     assert (row.lost, row.duplicated, row.wrong, row.hung) == (0, 0, 0, False), row
     assert (row.reader_lost, row.reader_duplicated, row.reader_error) == (0, 0, None), row
