@@ -51,6 +51,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import chaos  # noqa: E402
 from benchmarks.chaos import TAG  # noqa: E402
 from tests.service.procs import ServiceProcesses, read_in_thread  # noqa: E402
 
@@ -260,9 +261,7 @@ def summary(rows: list[Round]) -> str:
 
 
 def table(rows: list[Round]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
-    return "\n".join(lines)
+    return chaos.table(rows, HEADER)
 
 
 def main() -> None:
