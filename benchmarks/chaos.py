@@ -444,8 +444,9 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def table(rows: list[Row]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def table(rows: list[Any], header: list[str] = HEADER) -> str:
+    """A markdown table: ``header``, then each row's ``cells()``."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
     return "\n".join(lines)
 
