@@ -155,17 +155,32 @@ def test_three_trainers_each_read_a_finite_epoch_once_computed_once(
     served = sum(
         task["elements"] for worker in cluster.workers for task in worker._status_snapshot().tasks
     )
-    states = [
-        task["trainer_cache"]
-        for worker in cluster.workers
-        for task in worker._status_snapshot().tasks
-    ]
+
+    def cache_states() -> list[dict[str, Any]]:
+        return [
+            task["trainer_cache"]
+            for worker in cluster.workers
+            for task in worker._status_snapshot().tasks
+        ]
+
+    states = cache_states()
     made = sum(state["end"] for state in states)
     assert made == elements  # each element made once, by one of the workers
     assert served == 3 * elements  # and handed to each of the three trainers
     assert sum(state["spilled"] for state in states) > 0  # the slow trainer read the spill
-    for state in states:
-        assert state["trainers"] == {"a": state["end"], "b": state["end"], "slow": state["end"]}
+
+    # Each trainer tells a worker it returned a task's last element once its ``next`` did
+    # (a reader thread's last request, which may come just after the iterator ended).
+    def every_trainer_passed_every_element() -> bool:
+        return all(
+            state["trainers"] == {"a": state["end"], "b": state["end"], "slow": state["end"]}
+            for state in cache_states()
+        )
+
+    deadline = time.monotonic() + 30
+    while not every_trainer_passed_every_element() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert every_trainer_passed_every_element(), cache_states()
 
 
 def test_an_infinite_dataset_under_off_keeps_tensorflows_sliding_window(
