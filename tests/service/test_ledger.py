@@ -225,6 +225,37 @@ def test_a_lost_workers_cross_trainer_splits_are_replayed_at_once_and_whole() ->
     assert ledger.done == {0: 4} and ledger.settled
 
 
+def test_a_done_cross_trainer_split_a_late_trainer_lacks_runs_again_when_its_worker_is_lost() -> (
+    None
+):
+    """A trainer that joins once splits are done reads them from their workers' caches; a
+    split whose worker is lost before that trainer received all of it is open again and
+    handed out again, while one every trainer reading the job has stays done."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    for key in (0, 4, 8):
+        ledger.grant(key, task_id=7)
+        ledger.count(key, 4)
+        ledger.receive(key, [[0, 4]], client_id=1)
+    assert ledger.done == {0: 4, 4: 4, 8: 4} and ledger.settled
+    ledger.joined(2, "b")  # late: it reads 0, 4 and 8 from task 7's cache
+    assert ledger.adds(4, [[0, 4]], 2) and ledger.adds(8, [[0, 2]], 2)
+    ledger.receive(4, [[0, 4]], client_id=2)  # b has all of 4 and part of 8
+    ledger.receive(8, [[0, 2]], client_id=2)
+    assert not ledger.adds(4, [[1, 3]], 2)
+    ledger.joined(3, "c")  # c joins and leaves without any of them: not waited for
+    ledger.client_gone(3)
+    ledger.holder_lost(7, consumers=[1, 2])
+    assert ledger.replay == [0, 8] and ledger.done == {4: 4} and not ledger.settled
+    assert SplitLedger.from_json(ledger.to_json()) == ledger
+    ledger.regrant(0, task_id=9)
+    ledger.receive(0, [[0, 4]], client_id=2)  # a drops the replay: it has all of 0
+    assert ledger.done == {0: 4, 4: 4} and ledger.replay == [8]
+    ledger.regrant(8, task_id=9)
+    ledger.receive(8, [[2, 4]], client_id=2)
+    assert ledger.done == {0: 4, 4: 4, 8: 4} and ledger.settled
+
+
 def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journal() -> None:
     state = st.DispatcherState(incarnation=6)
     state.apply(st.RegisterWorker("w:1"))

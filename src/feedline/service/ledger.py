@@ -34,7 +34,10 @@ received all of it; a trainer that left (killed, to come back from its checkpoin
 waited for, and is again once it rejoins. A split of a lost worker is handed out again at once
 and whole (``skip`` nothing): each trainer drops the offsets it already has (its own receipts),
 so one that had consumed part of it gets the rest, one that had none gets all of it, and a
-trainer restored from a checkpoint taken before it read them gets them again too.
+trainer restored from a checkpoint taken before it read them gets them again too. A done split
+is kept with its task and what each trainer received of it (``finished``): a trainer that
+joins once it is done reads it from its worker's cache, and if that worker is lost before the
+trainer received all of it, the split is open again and handed out again like the others.
 
   >>> ledger = SplitLedger(per_trainer=True)
   >>> ledger.joined(1, "a"); ledger.joined(2, "b")
@@ -43,8 +46,11 @@ trainer restored from a checkpoint taken before it read them gets them again too
   [0]
   >>> ledger.holder_lost(7, consumers=[1, 2]); ledger.replay, ledger.open[0].delivered
   ([0], [])
-  >>> ledger.receive(0, [[0, 4]], client_id=2); ledger.done
+  >>> ledger.regrant(0, task_id=8); ledger.receive(0, [[0, 4]], client_id=2); ledger.done
   {0: 4}
+  >>> ledger.joined(3, "c")  # c joins late: split 0 is done, c reads it from task 8's cache
+  >>> ledger.holder_lost(8, consumers=[1, 2, 3]); ledger.replay, ledger.done  # c lacks it
+  ([0], {})
 
 Example:
   >>> ledger = SplitLedger()
@@ -202,6 +208,10 @@ class SplitLedger:
     #: (``per_trainer``) The trainer id of each consumer that joined, and those that left.
     trainer_of: dict[int, str] = dataclasses.field(default_factory=dict)
     left: list[int] = dataclasses.field(default_factory=list)
+    #: (``per_trainer``) The done splits, with their task and what each trainer received: a
+    #: trainer that joined once one was done has not received it yet, and where its task is
+    #: lost before it did, the split is open again (``holder_lost``).
+    finished: dict[int, OpenSplit] = dataclasses.field(default_factory=dict)
 
     def joined(self, client_id: int, trainer_id: str | None) -> None:
         """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``)."""
@@ -238,7 +248,7 @@ class SplitLedger:
     ) -> None:
         """Consumer ``client_id`` reported that it received the offsets ``ranges`` of split
         ``key`` (counted for its trainer in a ``per_trainer`` ledger)."""
-        split = self.open.get(key)
+        split = self._reported(key)
         if split is None:
             return
         if self.per_trainer:
@@ -248,11 +258,28 @@ class SplitLedger:
             split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
         else:
             split.delivered = add_ranges(split.delivered, ranges)
-        self._settle(key)
+        if key in self.open:
+            self._settle(key)
+
+    def _reported(self, key: int) -> OpenSplit | None:
+        """The split whose receipts a report of ``key`` adds to: an open one, or (``per_trainer``)
+        a done one whose task may still be lost before a trainer has all of it."""
+        split = self.open.get(key)
+        return self.finished.get(key) if split is None else split
 
     def holder_lost(self, task_id: int, consumers: Sequence[int]) -> None:
         """The worker of ``task_id`` is gone: its open splits are replayed once each of
         ``consumers`` (the job's, now) has closed the task."""
+        if self.per_trainer:
+            # A done split the lost task made that a trainer reading the job has not received
+            # all of (it joined once the split was done) is open again.
+            reading = self.reading()
+            for key, split in list(self.finished.items()):
+                if split.holder == task_id and not all(
+                    covers(split.trainers.get(t, []), split.count or 0) for t in reading
+                ):
+                    del self.finished[key], self.done[key]
+                    self.open[key] = split
         for key, split in list(self.open.items()):
             if split.holder == task_id:
                 split.holder, split.lost_holder = None, task_id
@@ -297,7 +324,7 @@ class SplitLedger:
     def adds(self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None) -> bool:
         """Whether consumer ``client_id``'s report of ``ranges`` of split ``key`` is news to the
         ledger."""
-        split = self.open.get(key)
+        split = self._reported(key)
         if split is None:
             return False
         if self.per_trainer:
@@ -354,6 +381,8 @@ class SplitLedger:
         if done:
             del self.open[key]
             self.done[key] = split.count
+            if self.per_trainer:
+                self.finished[key] = split
             if key in self.replay:
                 self.replay.remove(key)
 
@@ -369,6 +398,9 @@ class SplitLedger:
                     "per_trainer": True,
                     "trainer_of": sorted([c, t] for c, t in self.trainer_of.items()),
                     "left": list(self.left),
+                    "finished": [
+                        [key, dataclasses.asdict(split)] for key, split in self.finished.items()
+                    ],
                 }
                 if self.per_trainer
                 else {}
@@ -386,6 +418,7 @@ class SplitLedger:
             bool(data.get("per_trainer", False)),
             {int(c): str(t) for c, t in data.get("trainer_of", ())},
             [int(c) for c in data.get("left", ())],
+            {int(key): OpenSplit(**fields) for key, fields in data.get("finished", ())},
         )
 
 
