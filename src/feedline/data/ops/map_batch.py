@@ -40,6 +40,7 @@ from feedline import structure
 from feedline.data.dataset import DatasetIterator, IteratorContext
 from feedline.data.ops import _vectorise
 from feedline.data.ops._functions import Outcome
+from feedline.data.ops._fused import FusedIterator
 from feedline.data.ops.map import MapDataset
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def _agrees_on_first_rows(fn: Any, origin: Dataset, n: int, ctx: IteratorContext
     return _vectorise.agrees(fn, batch, rows)
 
 
-class MapBatchIterator(DatasetIterator):
+class MapBatchIterator(FusedIterator):
     """The fused ``map().batch()``. Its API is single-threaded.
 
     A parallel map (``num_parallel_calls``) whose batches turn out heavy hands over to the
@@ -206,12 +207,6 @@ class MapBatchIterator(DatasetIterator):
             if min(timed) > _HEAVY_ROW_SECONDS:
                 self._hand_over()
         return out
-
-    def _hand_over(self) -> None:
-        delegate = self._unfused()
-        delegate.set_state(self._own_state())
-        self._input.close()
-        self._delegate = delegate
 
     def _compute(self) -> Any:
         if self._vectorised and not self._ready and not self._input_done:
@@ -288,24 +283,14 @@ class MapBatchIterator(DatasetIterator):
             inner["ready"] = list(self._ready)
         return {"input": inner}
 
-    def _get_state(self) -> dict[str, Any]:
-        if self._delegate is not None:
-            return self._delegate.get_state()
-        return self._own_state()
-
-    def _set_state(self, state: dict[str, Any]) -> None:
-        if self._delegate is not None:
-            self._delegate.set_state(state)
-            return
+    def _set_own_state(self, state: dict[str, Any]) -> None:
         inner = state["input"]
         self._input.set_state(inner["input"])
         if self._parallel:
             self._input_done = bool(inner["input_done"])
             self._ready = collections.deque(inner["ready"])
 
-    def _close(self) -> None:
-        if self._delegate is not None:
-            self._delegate.close()
+    def _close_own(self) -> None:
         self._input.close()
 
 

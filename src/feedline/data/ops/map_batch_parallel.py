@@ -39,6 +39,7 @@ from feedline import structure
 from feedline.data.autotune import cpu_budget
 from feedline.data.dataset import AUTOTUNE, DatasetIterator, IteratorContext
 from feedline.data.ops._functions import Outcome, UserFunction
+from feedline.data.ops._fused import FusedIterator
 from feedline.data.ops.map import _CHUNK_SECONDS, MapDataset
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class _Batch:
         return structure.batch_elements([self.row(i) for i in range(self.n)])
 
 
-class ParallelMapBatchIterator(DatasetIterator):
+class ParallelMapBatchIterator(FusedIterator):
     """The fused ``map(num_parallel_calls=...).batch()`` of a per-element function. Its API is
     single-threaded.
 
@@ -290,13 +291,6 @@ class ParallelMapBatchIterator(DatasetIterator):
             raise StopIteration
         return structure.batch_elements(outputs)
 
-    def _hand_over(self) -> None:
-        self._drain()
-        delegate = self._unfused()
-        delegate.set_state(self._own_state())
-        self._close_own()
-        self._delegate = delegate
-
     def _own_state(self) -> dict[str, Any]:
         self._drain()
         return {
@@ -307,15 +301,7 @@ class ParallelMapBatchIterator(DatasetIterator):
             }
         }
 
-    def _get_state(self) -> dict[str, Any]:
-        if self._delegate is not None:
-            return self._delegate.get_state()
-        return self._own_state()
-
-    def _set_state(self, state: dict[str, Any]) -> None:
-        if self._delegate is not None:
-            self._delegate.set_state(state)
-            return
+    def _set_own_state(self, state: dict[str, Any]) -> None:
         inner = state["input"]
         self._drain()
         self._input.set_state(inner["input"])
@@ -326,9 +312,3 @@ class ParallelMapBatchIterator(DatasetIterator):
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._input.close()
-
-    def _close(self) -> None:
-        if self._delegate is not None:
-            self._delegate.close()
-        else:
-            self._close_own()
