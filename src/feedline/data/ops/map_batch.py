@@ -171,22 +171,16 @@ class MapBatchIterator(FusedIterator):
         ctx: IteratorContext,
         unfused: Callable[[], DatasetIterator],
     ) -> None:
-        super().__init__(dataset, ctx)
-        map_dataset = dataset.inputs[0]
-        assert isinstance(map_dataset, MapDataset)
-        self._input = map_dataset.inputs[0]._iterator(ctx)
+        super().__init__(dataset, ctx, unfused)
+        map_dataset = self._map
         self._user = map_dataset._fn
         self._fn = map_dataset._fn.fn
         self._parallel = map_dataset._num_parallel_calls is not None
-        self._batch_size = dataset._batch_size
-        self._drop_remainder = dataset._drop_remainder
         self._vectorised = plan.vectorised
         self._layout = list(plan.layout)
         self._treespec = plan.treespec
         self._input_done = False
         self._ready: collections.deque[Outcome] = collections.deque()
-        self._unfused = unfused
-        self._delegate: DatasetIterator | None = None  # the unfused pipeline, once handed over
         # CPU seconds per row of a parallel map's first batches, while they are being timed.
         self._timed: list[float] | None = [] if self._parallel else None
 

@@ -181,23 +181,16 @@ class ParallelMapBatchIterator(FusedIterator):
         ctx: IteratorContext,
         unfused: Callable[[], DatasetIterator],
     ) -> None:
-        super().__init__(dataset, ctx)
-        map_dataset = dataset.inputs[0]
-        assert isinstance(map_dataset, MapDataset)
-        self._input = map_dataset.inputs[0]._iterator(ctx)
-        self._fn = map_dataset._fn
-        requested = map_dataset._num_parallel_calls
+        super().__init__(dataset, ctx, unfused)
+        self._fn = self._map._fn
+        requested = self._map._num_parallel_calls
         self._level = cpu_budget(ctx.options) if requested in (None, AUTOTUNE) else requested
-        self._batch_size = dataset._batch_size
-        self._drop_remainder = dataset._drop_remainder
         self._pool: ThreadPoolExecutor | None = None
         self._pending: collections.deque[_Batch] = collections.deque()
         self._ready: collections.deque[Outcome] = collections.deque()
         self._input_done = False
         self._chunk = 1
         self._timed = False
-        self._unfused = unfused
-        self._delegate: DatasetIterator | None = None
 
     def _next(self) -> Any:
         if self._delegate is not None:
