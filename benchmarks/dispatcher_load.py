@@ -15,7 +15,8 @@ Three kinds of processes, so that none measures another's GIL:
   the dispatcher answers, or after what ``retry_after_ms`` says when the dispatcher answers
   without waiting); a consumer of the one shared job (``job_name``) heartbeats as a
   ``distribute`` consumer does (``wait_ms`` 1000, with the version of the job's view it has;
-  after a reply without news, it waits out the rest of its second);
+  after a reply without news, ``unchanged`` or the same version, it waits out the rest of its
+  second);
 - this process: the unrelated call (``GetElementSpec`` of another dataset) every 20 ms for
   ``--idle-seconds`` (3) before any worker or consumer joins, the same dispatcher idle (the
   peer of this run); then, once the load has run ``--warmup`` (3) seconds, every 20 ms for
@@ -106,7 +107,7 @@ async def _load(
                 await asyncio.sleep(0.5)  # as a consumer does
                 continue
             counts[1] += 1
-            if reply["version"] != version:
+            if not reply.get("unchanged") and reply["version"] != version:
                 version = reply["version"]
             else:
                 await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))

@@ -1206,12 +1206,19 @@ class JoinReply:
 
 @dataclasses.dataclass(frozen=True)
 class HeartbeatReply:
-    """The dispatcher's reply to ClientHeartbeat: the job's view and, in an exactly-once job,
+    """The dispatcher's reply to ClientHeartbeat: the job's view, or None where the consumer's
+    view is current (the request's ``version`` is the job's: ``{"unchanged": true}`` on the
+    wire, a few bytes instead of a view of every task); and, in an exactly-once job,
     ``splits_done``: ``(key, count)`` of the splits the consumer reported or holds that are
-    done (None in other jobs)."""
+    done (None in other jobs).
+
+    Example:
+      >>> HeartbeatReply.from_header({"incarnation": 5, "unchanged": True}).view is None
+      True
+    """
 
     incarnation: int
-    view: JobView
+    view: JobView | None
     splits_done: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
@@ -1224,11 +1231,17 @@ class HeartbeatReply:
         done = None
         if field(header, "splits_done", (list, type(None)), None) is not None:
             done = tuple((key, count) for key, count in _rows(header, "splits_done", (int, int)))
-        return cls(field(header, "incarnation", int), JobView.from_header(header), done)
+        unchanged = field(header, "unchanged", bool, False)
+        view = None if unchanged else JobView.from_header(header)
+        return cls(field(header, "incarnation", int), view, done)
 
     def to_header(self) -> dict[str, Any]:
         """The reply's header."""
-        header = {"incarnation": self.incarnation, **self.view.to_header()}
+        header: dict[str, Any] = {"incarnation": self.incarnation}
+        if self.view is None:
+            header["unchanged"] = True
+        else:
+            header.update(self.view.to_header())
         if self.splits_done is not None:
             header["splits_done"] = [[key, count] for key, count in self.splits_done]
         return header

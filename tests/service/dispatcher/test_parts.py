@@ -190,24 +190,31 @@ def test_a_jobs_view_is_built_once_per_change_and_shared_by_its_consumers() -> N
     second = parts.join(dataset_id, job_name="shared")
     version = parts.core.job_versions[first["job_id"]]
 
-    def heartbeat(consumer: dict[str, Any]) -> bytes:
-        request = ClientHeartbeatRequest(consumer["client_id"], version, wait_ms=0)
+    def heartbeat(consumer: dict[str, Any], known: int = -1) -> bytes:
+        request = ClientHeartbeatRequest(consumer["client_id"], known, wait_ms=0)
         reply = parts.long_poll.client_heartbeat(request.to_header(), [])
         assert isinstance(reply, bytes)
         return reply
 
-    # No news: both consumers get the very same encoded reply, built once.
+    # Both consumers, with an older view, get the very same encoded reply, built once.
     kept = heartbeat(first)
     assert heartbeat(second) is kept and heartbeat(first) is kept
     assert decode_frame(kept)[0]["consumers"] == 2
-    # A task ends: the next heartbeat carries the change.
+    assert decode_frame(kept)[0]["version"] == version
+    # A consumer whose view is current is told so, without the view (a few bytes, shared).
+    unchanged = heartbeat(first, version)
+    assert decode_frame(unchanged)[0] == {"incarnation": INCARNATION, "unchanged": True}
+    assert heartbeat(second, version) is unchanged
+    assert len(unchanged) < 100 < len(kept)
+    # A task ends: the next heartbeat of a consumer with the old version carries the change.
     (task, _) = first["tasks"]
     parts.heartbeat(task[1], current_tasks=(task[0],), finished_tasks=(task[0],))
-    news = heartbeat(second)
+    news = heartbeat(second, version)
     assert news is not kept
     reply = decode_frame(news)[0]
     assert reply["version"] == parts.core.job_versions[first["job_id"]] > version
     assert [t for t in reply["tasks"] if t[0] == task[0]] == [[task[0], task[1], "done"]]
+    assert decode_frame(heartbeat(second, reply["version"]))[0].get("unchanged") is True
     # A consumer leaves: so does its count.
     parts.call(parts.jobs.release_client, ReleaseClientRequest(first["client_id"]))
     assert decode_frame(heartbeat(second))[0]["consumers"] == 1

@@ -168,6 +168,7 @@ class _JobReader:
         # Guards what the newest view said (below) and _answered_at, _released.
         self._lock = threading.Lock()
         self._version = -1
+        self._view = JobView()  # the newest view (a heartbeat answered "unchanged" repeats it)
         self._consumers = 1  # the job's consumers, as the dispatcher last said
         self._joined = 1  # the consumers that ever joined the job, as the dispatcher last said
         self._streams: dict[int, StreamView] = {}  # per task: what a position saves
@@ -280,7 +281,9 @@ class _JobReader:
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
-            if not self._apply_view(reply.view, asked_after):  # no news: the next waits its turn
+            if not self._apply_view(
+                self._view_in(reply), asked_after
+            ):  # no news: the next waits its turn
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
 
     def _view_now(self, within_s: float = 0.0) -> HeartbeatReply:
@@ -296,6 +299,14 @@ class _JobReader:
                 attempt_s=RPC_TIMEOUT_S,
             )
         return HeartbeatReply.from_header(header)
+
+    def _view_in(self, reply: HeartbeatReply) -> JobView:
+        """The job's view that ``reply`` gives: its own, or where it says that this consumer's
+        is current (``unchanged``), the newest this consumer has."""
+        if reply.view is not None:
+            return reply.view
+        with self._lock:
+            return self._view
 
     def _apply_view(self, view: JobView, asked_after: int) -> bool:
         """Takes in the job's view from the dispatcher, asked for once ``asked_after`` tasks had
@@ -323,6 +334,7 @@ class _JobReader:
         with self._lock:
             news = view.version != self._version
             self._version = view.version
+            self._view = view
             if view.split_cursor is not None:
                 self._split_cursor = view.split_cursor
             self._consumers = view.consumers
@@ -383,7 +395,7 @@ class _JobReader:
             return
         with self._lock:
             self._answered_at = time.monotonic()
-        self._apply_view(reply.view, asked_after)
+        self._apply_view(self._view_in(reply), asked_after)
 
     def fail(self, error: BaseException) -> None:
         """The job failed for this consumer: ``next`` raises ``error`` from now on, and the
@@ -481,7 +493,7 @@ class _JobReader:
                     f"dispatcher at {self._params.address} did not say whether other consumers "
                     f"read the job ({error})"
                 ) from error
-            self._apply_view(reply.view, self.queue.ends())
+            self._apply_view(self._view_in(reply), self.queue.ends())
         with self._lock:
             joined, cursor, streams = self._joined, self._split_cursor, dict(self._streams)
         if joined > 1 and not (share and self._splits is not None):
