@@ -14,9 +14,10 @@ Three kinds of processes, so that none measures another's GIL:
   ``WorkerServer`` does (``wait_ms`` 1000, listing the tasks it was given, again as soon as
   the dispatcher answers, or after what ``retry_after_ms`` says when the dispatcher answers
   without waiting); a consumer of the one shared job (``job_name``) heartbeats as a
-  ``distribute`` consumer does (``wait_ms`` 1000, with the version of the job's view it has;
-  after a reply without news, ``unchanged`` or the same version, it waits out the rest of its
-  second);
+  ``distribute`` consumer does (with the version of the job's view it has, ``wait_ms`` its
+  interval: after a reply without news, ``unchanged`` or the same version, it waits out the
+  rest of its interval, which doubles from 1 s up to ``--consumer-idle-s``, 2.5 s; news brings
+  it back to 1 s);
 - this process: the unrelated call (``GetElementSpec`` of another dataset) every 20 ms for
   ``--idle-seconds`` (3) before any worker or consumer joins, the same dispatcher idle (the
   peer of this run); then, once the load has run ``--warmup`` (3) seconds, every 20 ms for
@@ -62,6 +63,7 @@ async def _load(
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
+    consumer_idle_s: float,
     counts: Any,
     codes: collections.Counter[str],
 ) -> None:
@@ -91,9 +93,10 @@ async def _load(
                 await asyncio.sleep(retry / 1000)
 
     async def consumer(client_id: int, version: int) -> None:
+        interval = 1.0
         while time.monotonic() < stop_at:
             started = time.monotonic()
-            header = {"client_id": client_id, "version": version, "wait_ms": 1000}
+            header = {"client_id": client_id, "version": version, "wait_ms": int(interval * 1000)}
             try:
                 reply, _ = decode_frame(
                     await client_call(encode_frame(header), timeout=30, metadata=metadata)
@@ -109,8 +112,10 @@ async def _load(
             counts[1] += 1
             if not reply.get("unchanged") and reply["version"] != version:
                 version = reply["version"]
+                interval = 1.0
             else:
-                await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+                interval = min(interval * 2, consumer_idle_s)
 
     await asyncio.gather(*(worker(w) for w in workers), *(consumer(c, v) for c, v in consumers))
     await channel.close()
@@ -122,11 +127,12 @@ def _load_process(
     workers: list[str],
     consumers: list[tuple[int, int]],
     seconds: float,
+    consumer_idle_s: float,
 ) -> tuple[list[int], dict[str, int]]:
     """Runs ``workers`` and ``consumers``: its counts and the codes of the failed calls."""
     counts = [0, 0, 0, 0]
     codes: collections.Counter[str] = collections.Counter()
-    asyncio.run(_load(address, token, workers, consumers, seconds, counts, codes))
+    asyncio.run(_load(address, token, workers, consumers, seconds, consumer_idle_s, counts, codes))
     return counts, dict(codes)
 
 
@@ -144,6 +150,13 @@ def main() -> None:
         help="run the load's processes this much nicer than the dispatcher and the probe",
     )
     parser.add_argument("--load-processes", type=int, default=2)
+    parser.add_argument(
+        "--consumer-idle-s",
+        type=float,
+        default=2.5,
+        help="the longest time between a consumer's heartbeats while its job does not change "
+        "(a distribute consumer's, with the default client_timeout_ms; 1: no backoff)",
+    )
     args = parser.parse_args()
     token = secrets.token_hex(16)  # every call is checked, as in a deployment
     dispatcher, banner = start_cli(["dispatcher", "--port", "0"], token)
@@ -178,7 +191,8 @@ def main() -> None:
             consumers.append((reply["client_id"], reply["version"]))
         n = args.load_processes
         seconds = args.warmup + args.seconds + 1
-        load.send([(workers[i::n], consumers[i::n], seconds) for i in range(n)])
+        idle_s = args.consumer_idle_s
+        load.send([(workers[i::n], consumers[i::n], seconds, idle_s) for i in range(n)])
         time.sleep(args.warmup)
         cpu = cpu_seconds(dispatcher.pid)
         latencies = time_calls(unrelated_call, args.seconds)
@@ -199,6 +213,7 @@ def main() -> None:
     result = {
         "workers": args.workers,
         "consumers": args.consumers,
+        "consumer_idle_s": args.consumer_idle_s,
         "calls": len(latencies),
         "idle_p50_ms": idle_figures["p50_ms"],
         "idle_p99_ms": idle_figures["p99_ms"],

@@ -28,7 +28,8 @@ What they change in torch, and nothing else:
     ``__wrapped__``; ``torch_optimizer_init`` calls it without the hooks) and then each
     installed set's optimizer hook, in the order the sets were installed. Mirroring: the
     optimizer is mirrored; parameter servers: an optimizer over ps-held parameters takes its
-    ps form.
+    ps form. Inside ``without_optimizer_hooks()`` (a scratch optimizer that checks
+    hyperparameters) the thread's new optimizers are torch's alone.
 
 Each hook returns at once when no feedline strategy asks for it (no scope, no replica, no
 ps-held parameter), so code that does not use those strategies sees torch unchanged. Torch's
@@ -38,14 +39,15 @@ the table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["HookSet", "install", "installed", "torch_optimizer_init"]
+__all__ = ["HookSet", "install", "installed", "torch_optimizer_init", "without_optimizer_hooks"]
 
 ParameterHook = Callable[[torch.nn.Module, str, Any], Any]
 ForwardHook = Callable[[torch.nn.Module, tuple[Any, ...]], Any]
@@ -76,6 +78,8 @@ _installed: dict[str, HookSet] = {}
 _optimizer_hooks: list[OptimizerHook] = []
 # ``Optimizer.__init__`` as feedline found it when it wrapped it; None before.
 _torch_init: Callable[..., None] | None = None
+# ``skip``: this thread is inside ``without_optimizer_hooks``.
+_local = threading.local()
 
 
 def install(hooks: HookSet) -> None:
@@ -109,6 +113,17 @@ def torch_optimizer_init(optimizer: torch.optim.Optimizer, *args: Any, **kwargs:
     init(optimizer, *args, **kwargs)
 
 
+@contextlib.contextmanager
+def without_optimizer_hooks() -> Iterator[None]:
+    """Optimizers this thread makes meanwhile get no hook (torch's own, however made)."""
+    before = getattr(_local, "skip", False)
+    _local.skip = True
+    try:
+        yield
+    finally:
+        _local.skip = before
+
+
 def _wrap_optimizer_init() -> None:
     global _torch_init
     original = torch.optim.Optimizer.__init__
@@ -116,6 +131,8 @@ def _wrap_optimizer_init() -> None:
 
     def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        if getattr(_local, "skip", False):
+            return
         for hook in tuple(_optimizer_hooks):
             hook(self)
 

@@ -155,6 +155,15 @@ def _text(value: str, name: str, max_chars: int) -> str:
     return value
 
 
+_MAX_REQUEST_ID_CHARS = 64
+
+
+def _request_id(header: dict[str, Any]) -> str | None:
+    """A request's optional ``request_id``: printable, at most 64 characters."""
+    request_id = field(header, "request_id", (str, type(None)), None)
+    return None if request_id is None else _text(request_id, "request_id", _MAX_REQUEST_ID_CHARS)
+
+
 def _worker_address(header: dict[str, Any]) -> str:
     """``header["address"]``: where consumers reach a worker (``host:port``), non-empty."""
     address = _text(field(header, "address", str), "address", _MAX_ADDRESS_CHARS)
@@ -373,6 +382,9 @@ class GetOrCreateJobRequest:
         (``CrossTrainerCache``): the workers keep what one trainer read for the others.
       trainer_id: the trainer this consumer reads as, in a cross-trainer job (a fault-tolerant
         dispatcher counts what each trainer received, ``ledger``).
+      request_id: the join's id, the same in each retry of it (None: none): the dispatcher
+        answers a join it already served with the same consumer, so that a retried join (its
+        reply lost to a restart) neither adds a consumer nor starts another job.
     """
 
     dataset_id: str
@@ -384,6 +396,7 @@ class GetOrCreateJobRequest:
     resume: Any = None
     cross_trainer: bool = False
     trainer_id: str | None = None
+    request_id: str | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -415,6 +428,7 @@ class GetOrCreateJobRequest:
             header.get("resume"),
             field(header, "cross_trainer", bool, False),
             field(header, "trainer_id", (str, type(None)), None),
+            _request_id(header),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -429,6 +443,7 @@ class GetOrCreateJobRequest:
             "resume": self.resume,
             **({"cross_trainer": True} if self.cross_trainer else {}),
             **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
+            **({"request_id": self.request_id} if self.request_id is not None else {}),
         }
 
 

@@ -258,3 +258,39 @@ def test_allow_nonfinite_applies_what_it_is_given(fresh_cluster: ClusterSpec) ->
     state = model.state_dict()
     assert torch.isnan(state["weight"][0, 1]) and torch.isfinite(state["weight"][0, 0])
     assert torch.allclose(state["bias"], start["bias"] - 0.1)
+
+
+def test_a_step_one_ps_would_refuse_changes_no_variable_on_any_ps(
+    fresh_cluster: ClusterSpec,
+) -> None:
+    # The weight (ps 0) steps with a valid learning rate, the bias (ps 1) with a negative one,
+    # which torch checks only in the optimizer's constructor: ps 1 refuses its part, and ps 0
+    # must not apply its own.
+    strategy = chief_strategy(fresh_cluster)
+    with strategy.scope():
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias]}], lr=0.1)
+    optimizer.param_groups[1]["lr"] = -1.0
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(torch.tensor([[1.0, 2.0]])).sum().backward()
+        optimizer.step()
+
+    with pytest.raises(InvalidArgumentError, match="lr") as raised:
+        strategy.run(step)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, start[key]), key  # the weight (ps 0) too
+    assert "no parameter server applied any of this step" in str(raised.value)
+    metrics = [_PS(fresh_cluster.task_address("ps", i)) for i in range(2)]
+    assert [ps.metrics()["pushes"] for ps in metrics] == [0, 0]
+    assert metrics[1].metrics()["pushes_refused"] == 1
+    for ps in metrics:
+        ps.client.close()
+    # The same step with a valid rate is applied on both.
+    optimizer.param_groups[1]["lr"] = 0.1
+    strategy.run(step)
+    state = model.state_dict()
+    assert torch.allclose(state["weight"], start["weight"] - 0.1 * torch.tensor([[1.0, 2.0]]))
+    assert torch.allclose(state["bias"], start["bias"] - 0.1)

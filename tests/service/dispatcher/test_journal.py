@@ -178,7 +178,7 @@ def _history() -> list[st.Update]:
         st.CreateJob(11, "1000", 1, "job", 0, None, "ANY"),
         st.CreateTask(12, 11, "127.0.0.1:1", 0, 2),
         st.CreateTask(13, 11, "127.0.0.1:2", 1, 2),
-        st.AcquireClient(14, 11),
+        st.AcquireClient(14, 11, request_id="join-14"),
         st.MoveSplitCursor(11, 0, {"num_units": 10, "split_size": 1, "position": 3, "seed": 7}),
         st.MoveSplitCursor(
             11,

@@ -33,6 +33,7 @@ import torch
 from feedline._net import rpc as _rpc
 from feedline.distribute.parameter_server import _tensors
 from feedline.distribute.parameter_server.protocol import SERVICE_NAME, UPLOADS
+from feedline.distribute.parameter_server.updates import check_gradient
 from feedline.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
 if TYPE_CHECKING:
@@ -389,19 +390,21 @@ class Runtime:
         """Sends each ``(param, grad, optimizer name, hyperparameters)``: the touched rows of
         a row-wise variable (or of a sparse gradient), else the whole gradient.
 
-        A gradient with a NaN or an infinity (of a variable without ``allow_nonfinite``) goes
-        to its ps alone, which refuses it (and counts it): the other ps tasks get nothing of
-        the step, so that a refused step changes no variable anywhere.
+        A push is applied by every ps task it goes to or by none: each gradient is first
+        checked here as its ps checks it (``updates.check_gradient``: dtype, shape,
+        optimizer and hyperparameters; and, for a variable without ``allow_nonfinite``, no NaN
+        or infinity). Where one is refused, only the ps tasks that refuse their part get the
+        push, and refuse it (and count it): the other ps tasks get nothing of the step, so
+        that a refused step changes no variable anywhere.
 
         Raises:
-          InvalidArgumentError: a ps refused the push (a non-finite gradient, say).
+          InvalidArgumentError: a ps refused the push (a non-finite gradient, another dtype,
+            a negative learning rate, ...).
         """
         requests: dict[int, tuple[str, dict[str, Any], list[Any]]] = {}
-        nonfinite: dict[int, list[str]] = {}
+        refused: dict[int, str] = {}  # by ps: why (the first part it refuses)
 
         def add(ps: int, entry: dict[str, Any], part: torch.Tensor, arrays: list[Any]) -> None:
-            if not entry.get("allow_nonfinite") and not _tensors.all_finite(part):
-                nonfinite.setdefault(ps, []).append(entry["name"])
             meta, array = _tensors.pack(part)
             _, header, buffers = requests.setdefault(ps, ("Push", {"variables": []}, []))
             header["variables"].append({**entry, "grad": meta})
@@ -418,22 +421,29 @@ class Runtime:
                 }
                 if param.spec.allow_nonfinite:
                     entry["allow_nonfinite"] = True
+                shape = list(param.shape) if param.spec.single else [count, *param.shape[1:]]
                 if touched is None:
                     part = grad if param.spec.single else grad[first : first + count]
-                    add(ps, entry, part, [])
-                    continue
-                rows, values = touched
-                mask = (rows >= first) & (rows < first + count)
-                if not bool(mask.any()):
-                    continue
-                add(ps, entry, values[mask], [(rows[mask] - first).numpy()])
-        if nonfinite:
-            self._send({ps: requests[ps] for ps in nonfinite})  # refused there, and counted
-            names = ", ".join(repr(n) for names in nonfinite.values() for n in names)
+                    arrays: list[Any] = []
+                else:
+                    rows, values = touched
+                    mask = (rows >= first) & (rows < first + count)
+                    if not bool(mask.any()):
+                        continue
+                    part, arrays = values[mask], [(rows[mask] - first).numpy()]
+                why = _refusal(entry, param.dtype, shape, part, None if not arrays else len(part))
+                if why is not None:
+                    refused.setdefault(ps, why)
+                add(ps, entry, part, arrays)
+        if refused:
+            try:  # refused there (and counted), applied nowhere else
+                self._send({ps: requests[ps] for ps in sorted(refused)})
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(
+                    f"{error}; no parameter server applied any of this step"
+                ) from None
             raise InvalidArgumentError(
-                f"the gradient of {names} is not finite (NaN or infinity); no parameter server "
-                "applied this step (create the strategy with allow_nonfinite=True to apply such "
-                "gradients)"
+                f"{'; '.join(refused.values())}; no parameter server applied any of this step"
             )
         if getattr(_holding, "active", False):
             with self._lock:
@@ -481,6 +491,25 @@ class Runtime:
                     "optimizer": shard["optimizer"], "hyper": shard["hyper"]})  # fmt: skip
                 buffers.extend([array, *state_buffers])
         self.fanout(requests)
+
+
+def _refusal(
+    entry: dict[str, Any],
+    dtype: torch.dtype,
+    shape: list[int],
+    part: torch.Tensor,
+    rows: int | None,
+) -> str | None:
+    """Why the ps would refuse the push item ``entry`` with gradient ``part`` (of ``rows``
+    rows, None: the whole shard of ``dtype`` and ``shape``), or None."""
+    name = entry["name"]
+    try:
+        check_gradient(name, dtype, shape, part, rows, entry["optimizer"], entry["hyper"])
+    except InvalidArgumentError as error:
+        return str(error)
+    if not entry.get("allow_nonfinite") and not _tensors.all_finite(part):
+        return f"the gradient of {name!r} is not finite (NaN or infinity)"
+    return None
 
 
 def _rows_of(

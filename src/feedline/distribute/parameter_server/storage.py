@@ -39,6 +39,7 @@ from feedline._net.rpc import field
 from feedline.distribute.parameter_server import _tensors
 from feedline.distribute.parameter_server.updates import (
     Update,
+    check_gradient,
     check_hyperparameters,
     hyperparameters,
 )
@@ -215,28 +216,11 @@ class VariableStore:
             variable = self._get(name)
             index = _rows(next(parts, None), variable) if field(item, "rows", bool) else None
             grad = _tensors.unpack(field(item, "grad", dict), _next(parts))
-            value = variable.value
-            if not (value.is_floating_point() or value.is_complex()):
-                raise InvalidArgumentError(
-                    f"variable {name!r} is {_tensors.dtype_name(value.dtype)}: only "
-                    "floating-point and complex variables take gradients"
-                )
-            if grad.dtype != value.dtype:
-                kind = _tensors.dtype_name(value.dtype)
-                raise InvalidArgumentError(
-                    f"the gradient of {name!r} is {_tensors.dtype_name(grad.dtype)}; the variable "
-                    f"is {kind}, and a parameter server casts nothing: push a gradient of the "
-                    f"variable's dtype (grad.to(torch.{kind}))"
-                )
-            expected = value.shape if index is None else (len(index), *value.shape[1:])
-            if grad.shape != expected:
-                raise InvalidArgumentError(
-                    f"the gradient of {name!r} has shape {list(grad.shape)}; the "
-                    f"variable takes {list(expected)}"
-                )
             kind = field(item, "optimizer", str)
             hyper = field(item, "hyper", dict)
-            check_hyperparameters(kind, hyper)
+            rows = None if index is None else len(index)
+            value = variable.value
+            check_gradient(name, value.dtype, value.shape, grad, rows, kind, hyper)
             if not field(item, "allow_nonfinite", bool, False) and not _tensors.all_finite(grad):
                 nonfinite.append(name)
             gradients.append(_Gradient(variable, index, grad, kind, hyper))

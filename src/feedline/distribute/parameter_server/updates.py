@@ -26,13 +26,16 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from feedline.distribute import _torch_hooks
+from feedline.distribute.parameter_server import _tensors
 from feedline.errors import InvalidArgumentError
 
-__all__ = ["SUPPORTED", "Update", "check_hyperparameters", "hyperparameters"]
+__all__ = ["SUPPORTED", "Update", "check_gradient", "check_hyperparameters", "hyperparameters"]
 
 #: The optimizers whose state and updates a parameter server holds, by class name.
 SUPPORTED: dict[str, type[torch.optim.Optimizer]] = {
@@ -103,6 +106,46 @@ def check_hyperparameters(kind: Any, hyper: Any) -> None:
     _check_constructor(kind, tuple(sorted(args.items())))
 
 
+def check_gradient(
+    name: str,
+    dtype: torch.dtype,
+    shape: Sequence[int],
+    grad: torch.Tensor,
+    rows: int | None,
+    kind: Any,
+    hyper: Any,
+) -> None:
+    """Refuses what a parameter server refuses of a push's gradient ``grad`` of variable
+    ``name`` (of ``dtype`` and ``shape``; ``rows`` of its rows, None: all of it) for an
+    optimizer ``kind`` with ``hyper``: a variable that does not train, a gradient of another
+    dtype (nothing is cast) or shape, an optimizer that could not step
+    (``check_hyperparameters``). A ps checks each push with it before applying any of it, and
+    a worker before sending one to several ps tasks, so that none applies a push another
+    refuses. What is finite is checked apart (``allow_nonfinite``).
+
+    Raises:
+      InvalidArgumentError: naming the variable and what is wrong.
+    """
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise InvalidArgumentError(
+            f"variable {name!r} is {_tensors.dtype_name(dtype)}: only floating-point and "
+            "complex variables take gradients"
+        )
+    if grad.dtype != dtype:
+        want = _tensors.dtype_name(dtype)
+        raise InvalidArgumentError(
+            f"the gradient of {name!r} is {_tensors.dtype_name(grad.dtype)}; the variable is "
+            f"{want}, and a parameter server casts nothing: push a gradient of the variable's "
+            f"dtype (grad.to(torch.{want}))"
+        )
+    expected = list(shape) if rows is None else [rows, *shape[1:]]
+    if list(grad.shape) != expected:
+        raise InvalidArgumentError(
+            f"the gradient of {name!r} has shape {list(grad.shape)}; the variable takes {expected}"
+        )
+    check_hyperparameters(kind, hyper)
+
+
 def _finite(number: float) -> bool:
     try:
         return math.isfinite(number)
@@ -116,7 +159,8 @@ def _check_constructor(kind: str, args: tuple[tuple[str, Any], ...]) -> None:
     constructor refuses is an ``InvalidArgumentError``. Cached: a cluster pushes few settings."""
     scratch = torch.nn.Parameter(torch.zeros(1))
     try:
-        SUPPORTED[kind]([scratch], **dict(args))
+        with _torch_hooks.without_optimizer_hooks():  # a worker may check under a scope
+            SUPPORTED[kind]([scratch], **dict(args))
     except (ValueError, TypeError, RuntimeError) as error:
         raise InvalidArgumentError(
             f"{kind} refuses its hyperparameters {dict(args)}: {error}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -76,6 +77,11 @@ _REPLY_BYTES = REPLY_BYTES
 # The longest time between a consumer's heartbeats (shorter if the dispatcher's
 # client_timeout_ms asks for it).
 _HEARTBEAT_S = 1.0
+# The same while the job's view does not change: each heartbeat without news doubles the time
+# to the next, up to this or a quarter of client_timeout_ms (whichever is shorter); news, a
+# task ending here (``tasks_ended``) or a long poll answered early bring the job's changes
+# sooner.
+_IDLE_HEARTBEAT_S = 4.0
 # The longest time between the reports of a consumer of an exactly-once job (what it received:
 # a split is done, and the job can end, only once its elements are reported).
 _REPORT_S = 0.1
@@ -186,6 +192,10 @@ class _JobReader:
                 self.release()
                 raise
         self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, joined.client_timeout_ms / 4000))
+        # While the job's view does not change, the heartbeats space out up to this.
+        self._idle_heartbeat_s = max(
+            self._heartbeat_s, min(_IDLE_HEARTBEAT_S, joined.client_timeout_ms / 4000)
+        )
         # Exactly-once jobs (``ledger``): the [split, offset] received and returned.
         self._splits: SplitReceipts | None = None
         if joined.view.exactly_once:
@@ -193,7 +203,7 @@ class _JobReader:
                 resume if isinstance(resume, SplitPosition) else None,
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
-            self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
+            self._heartbeat_s = self._idle_heartbeat_s = min(self._heartbeat_s, _REPORT_S)
         self._fetchers = Fetchers(
             self.queue,
             self,
@@ -242,6 +252,8 @@ class _JobReader:
             None if self._resume is None else self._resume.to_state(),
             cross_trainer=self.trainer is not None,
             trainer_id=None if self.trainer is None else self.trainer.trainer_id,
+            # The same in every retry of this join: the dispatcher serves it once.
+            request_id=secrets.token_hex(16),
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -281,10 +293,11 @@ class _JobReader:
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
-            if not self._apply_view(
-                self._view_in(reply), asked_after
-            ):  # no news: the next waits its turn
+            if self._apply_view(self._view_in(reply), asked_after):
+                interval = self._heartbeat_s
+            else:  # no news: the next waits its turn, and while none comes, longer each time
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
+                interval = min(interval * 2, self._idle_heartbeat_s)
 
     def _view_now(self, within_s: float = 0.0) -> HeartbeatReply:
         """The job's view, asked for at once (without waiting for news); asked again for up to

@@ -75,6 +75,9 @@ class Jobs:
             check_checkpointable(int(mode), num_consumers, core.config.fault_tolerant_mode)
             position = position_from_state(request.resume, int(mode))
         with core.lock:
+            again = self._joined_before(request.request_id)
+            if again is not None:  # a retry of a join served already: the same consumer
+                return self._join_reply(*again)
             record = self._datasets.lookup(request.dataset_id)
             if mode == ShardingPolicy.DYNAMIC and record.split_plan is None:
                 raise FailedPreconditionError(
@@ -100,17 +103,32 @@ class Jobs:
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
-            core.apply(AcquireClient(client_id, job.job_id, request.trainer_id))
-            core.client_seen[client_id] = core.clock()
+            core.apply(AcquireClient(client_id, job.job_id, request.trainer_id, request.request_id))
             core.job_idle_since.pop(job.job_id, None)
-            reply = JoinReply(
-                job_id=job.job_id,
-                client_id=client_id,
-                incarnation=core.incarnation,
-                client_timeout_ms=int(core.config.client_timeout_s * 1000),
-                view=self._long_poll.job_view(job),
-            )
-            return reply.to_header(), ()
+            return self._join_reply(job, client_id)
+
+    def _joined_before(self, request_id: str | None) -> tuple[JobRecord, int] | None:
+        """The job and the consumer that the join ``request_id`` made, if it was served and
+        the consumer is still in its job (under the lock)."""
+        state = self._core.state
+        client_id = None if request_id is None else state.client_by_request.get(request_id)
+        if client_id is None or state.clients[client_id].released:
+            return None
+        return state.jobs[state.clients[client_id].job_id], client_id
+
+    def _join_reply(self, job: JobRecord, client_id: int) -> Reply:
+        """The reply to the join that made consumer ``client_id`` of ``job`` (under the lock):
+        it counts as the consumer's heartbeat."""
+        core = self._core
+        core.client_seen[client_id] = core.clock()
+        reply = JoinReply(
+            job_id=job.job_id,
+            client_id=client_id,
+            incarnation=core.incarnation,
+            client_timeout_ms=int(core.config.client_timeout_s * 1000),
+            view=self._long_poll.job_view(job),
+        )
+        return reply.to_header(), ()
 
     def _find_job(self, job_name: str | None, iteration: int) -> JobRecord | None:
         if job_name is None:

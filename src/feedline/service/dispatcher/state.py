@@ -140,6 +140,8 @@ class ClientRecord:
     client_id: int
     job_id: int
     released: bool = False
+    #: The id of the join that made it, or None.
+    request_id: str | None = None
 
 
 @dataclasses.dataclass
@@ -230,6 +232,8 @@ class AcquireClient:
     job_id: int
     #: The trainer of a cross-trainer job the consumer reads as (``CrossTrainerCache``).
     trainer_id: str | None = None
+    #: The id of the join that made the consumer (``GetOrCreateJobRequest.request_id``).
+    request_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,6 +449,8 @@ class DispatcherState:
         # The ids of each worker's tasks, in the order they were made (an index of ``tasks``).
         self._worker_task_ids: dict[str, dict[int, None]] = {}
         self.clients: dict[int, ClientRecord] = {}
+        #: The consumer each join made, by the join's request id (an index of ``clients``).
+        self.client_by_request: dict[str, int] = {}
         self.split_cursors: dict[tuple[int, int], dict[str, Any]] = {}
         #: The split ledgers of the exactly-once jobs.
         self.ledgers: dict[int, SplitLedger] = {}
@@ -505,8 +511,10 @@ class DispatcherState:
                     self.tasks[task_id].finished = True
                 for key in [key for key in self.split_cursors if key[0] == job_id]:
                     del self.split_cursors[key]
-            case AcquireClient(client_id, job_id, trainer_id):
-                self.clients[client_id] = ClientRecord(client_id, job_id)
+            case AcquireClient(client_id, job_id, trainer_id, request_id):
+                self.clients[client_id] = ClientRecord(client_id, job_id, request_id=request_id)
+                if request_id is not None:
+                    self.client_by_request[request_id] = client_id
                 if job_id in self.ledgers:
                     self.ledgers[job_id].joined(client_id, trainer_id)
                 self.jobs[job_id].client_ids.append(client_id)
@@ -589,7 +597,9 @@ class DispatcherState:
             if not ids:
                 del self._worker_task_ids[task.worker_address]
         for client_id in job.client_ids:
-            del self.clients[client_id]
+            client = self.clients.pop(client_id)
+            if client.request_id is not None:
+                self.client_by_request.pop(client.request_id, None)
         for cursor in [key for key in self.split_cursors if key[0] == job_id]:
             del self.split_cursors[cursor]
         self.ledgers.pop(job_id, None)
@@ -670,6 +680,8 @@ def state_from_json(data: dict[str, Any]) -> DispatcherState:
         for fields in data["clients"]:
             client = ClientRecord(**fields)
             state.clients[client.client_id] = client
+            if client.request_id is not None:
+                state.client_by_request[client.request_id] = client.client_id
         state.split_cursors = {(int(j), int(r)): dict(c) for j, r, c in data["split_cursors"]}
         state.ledgers = {int(j): SplitLedger.from_json(d) for j, d in data.get("ledgers", ())}
         for fields in data.get("snapshots", ()):
