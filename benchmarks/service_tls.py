@@ -151,6 +151,47 @@ def run_service(
             dispatcher.stop()
 
 
+def where_the_cost_goes(pki: Any, tls: Any) -> dict[str, Any]:
+    """What bounds TLS's cost per MB here: the TLS version and cipher a ``feedline._net`` TLS
+    server negotiates (asked by ``openssl s_client``, ALPN h2, the run's client certificate),
+    AES-GCM's speed on one core (``openssl speed``, 16 KB records, as TLS sends them) and a
+    1 MB copy's time."""
+    import subprocess
+
+    from feedline._net import rpc
+
+    server, port = rpc.start_server(
+        "bench.Tls", {"Get": lambda header, views: ({}, [])}, bind="127.0.0.1", port=0,
+        token=TOKEN, tls=tls,
+    )  # fmt: skip
+    try:
+        hello = subprocess.run(
+            ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-alpn", "h2", "-brief",
+             "-CAfile", pki.ca, "-cert", pki.client_cert, "-key", pki.client_key],
+            input=b"", capture_output=True, timeout=30,
+        )  # fmt: skip
+    finally:
+        server.stop(0)
+    said = (hello.stdout + hello.stderr).decode("utf-8", "replace").splitlines()
+    found = {k: line.split(":", 1)[1].strip() for line in said for k in ("Protocol version",
+             "Ciphersuite") if line.startswith(k)}  # fmt: skip
+    speeds = {}
+    for cipher in ("aes-128-gcm", "aes-256-gcm"):
+        out = subprocess.run(
+            ["openssl", "speed", "-evp", cipher, "-bytes", "16384", "-seconds", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
+        speeds[cipher] = float(out[-1].rstrip("k")) * 1000 / 1e9  # GB/s
+    source, target = np.ones(1 << 20, np.uint8), np.empty(1 << 20, np.uint8)
+    started = time.perf_counter()
+    for _ in range(1000):
+        np.copyto(target, source)
+    copy_us = (time.perf_counter() - started) / 1000 * 1e6
+    return {**found, "gb_per_s": speeds, "copy_1mb_us": copy_us}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 s runs, 3 rounds")
@@ -158,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--warmup-seconds", type=float, default=0.5)
     parser.add_argument("--only", default="rpc,service,shm", help="rows: rpc,service,shm")
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help="first print the negotiated TLS cipher, AES-GCM's speed and a 1 MB copy's time",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.min_seconds = 3, 1.0
@@ -168,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
 
     pki = make_pki(pathlib.Path(tempfile.mkdtemp(prefix="feedline-tls-bench-")))
     tls = TlsConfig(pki.server_cert, pki.server_key, pki.ca)
+    if args.where:
+        where = where_the_cost_goes(pki, tls)
+        gcm = ", ".join(f"{name} {speed:.2f} GB/s" for name, speed in where["gb_per_s"].items())
+        print(
+            f"negotiated (openssl s_client): {where.get('Protocol version')} "
+            f"{where.get('Ciphersuite')}; one core: {gcm} (16 KB records); 1 MB copy "
+            f"{where['copy_1mb_us']:.0f} µs"
+        )
     rows: dict[str, Callable[..., tuple[float, float]]] = {
         "rpc": run_rpc,
         "service": run_service,
