@@ -78,9 +78,9 @@ _REPLY_BYTES = REPLY_BYTES
 # client_timeout_ms asks for it).
 _HEARTBEAT_S = 1.0
 # The same while the job's view does not change: each heartbeat without news doubles the time
-# to the next, up to this or a quarter of client_timeout_ms (whichever is shorter); news, a
-# task ending here (``tasks_ended``) or a long poll answered early bring the job's changes
-# sooner.
+# to the next, up to this or a quarter of client_timeout_ms or of the consumer's timeout
+# (whichever is shortest); news brings it back. A task ending here asks for the view at once
+# (``tasks_ended``).
 _IDLE_HEARTBEAT_S = 4.0
 # The longest time between the reports of a consumer of an exactly-once job (what it received:
 # a split is done, and the job can end, only once its elements are reported).
@@ -192,10 +192,10 @@ class _JobReader:
                 self.release()
                 raise
         self._heartbeat_s = min(_HEARTBEAT_S, max(0.05, joined.client_timeout_ms / 4000))
-        # While the job's view does not change, the heartbeats space out up to this.
-        self._idle_heartbeat_s = max(
-            self._heartbeat_s, min(_IDLE_HEARTBEAT_S, joined.client_timeout_ms / 4000)
-        )
+        # While the job's view does not change, the heartbeats space out up to this (well
+        # within the time after which a silent dispatcher is an error, ``_overdue``).
+        idle_s = min(_IDLE_HEARTBEAT_S, joined.client_timeout_ms / 4000, timeout_s / 4)
+        self._idle_heartbeat_s = max(self._heartbeat_s, idle_s)
         # Exactly-once jobs (``ledger``): the [split, offset] received and returned.
         self._splits: SplitReceipts | None = None
         if joined.view.exactly_once:
