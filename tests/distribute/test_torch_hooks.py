@@ -76,3 +76,23 @@ def test_strategies_install_their_sets_when_first_used() -> None:
         "report([before, one_replica, list(_torch_hooks.installed()), mirrored])\n"
     )
     assert result == [[], [], ["mirroring"], True]
+
+
+def test_optimizers_made_without_optimizer_hooks_get_none_in_that_thread_only() -> None:
+    result = _in_fresh_process(
+        "import threading, torch\n"
+        "from feedline.distribute import _torch_hooks\n"
+        "calls = []\n"
+        "_torch_hooks.install(_torch_hooks.HookSet(\n"
+        "    'counting', on_optimizer=lambda o: calls.append(threading.current_thread().name)))\n"
+        "p = torch.nn.Parameter(torch.zeros(1))\n"
+        "def other():\n"
+        "    torch.optim.SGD([p], lr=0.1)\n"
+        "with _torch_hooks.without_optimizer_hooks():\n"
+        "    torch.optim.SGD([p], lr=0.1)\n"
+        "    thread = threading.Thread(target=other, name='other')\n"
+        "    thread.start(); thread.join()\n"
+        "torch.optim.SGD([p], lr=0.1)\n"
+        "report(calls)\n"
+    )
+    assert result == ["other", "MainThread"]

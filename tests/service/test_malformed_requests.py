@@ -94,6 +94,8 @@ CASES: list[tuple[str, str, Any, str]] = [
     (_D, "GetOrCreateJob", lambda c: _job_request(c, mode=-1), "mode"),
     (_D, "GetOrCreateJob", lambda c: _job_request(c, mode=_HUGE), "mode"),
     (_D, "GetOrCreateJob", lambda c: _job_request(c, mode="0"), "mode"),
+    (_D, "GetOrCreateJob", lambda c: _job_request(c, request_id="x" * 65), "request_id"),
+    (_D, "GetOrCreateJob", lambda c: _job_request(c, request_id=7), "request_id"),
     (_D, "ClientHeartbeat", lambda c: {"client_id": c.client_id, "wait_ms": _HUGE}, "wait_ms"),
     (_D, "ClientHeartbeat", lambda c: {"client_id": _HUGE}, "client_id"),
     (_D, "WorkerHeartbeat", lambda c: {**_WORKER, "wait_ms": _HUGE}, "wait_ms"),
