@@ -36,12 +36,14 @@ GetOrCreateJob      a consumer joins the job of ``(job_name, iteration)`` or a n
                     the reply carries the job's view (below). With ``resume`` (a consumer's
                     position from a checkpoint, ``position``) it joins a new job whose tasks
                     skip what the consumer had received; a named job of no consumer that is
-                    still kept is collected first
+                    still kept is collected first. A join again with the same ``request_id``
+                    is answered with the consumer it made (a retry whose reply was lost)
 ClientHeartbeat     the job's view once it differs from the ``version`` the consumer has (or after
                     ``wait_ms``): its tasks ``[task_id, address, "running"|"done"|"lost"]``
                     and their streams ``[task_id, worker_index, num_workers, skip]``, whether
                     it finished, its error, its number of consumers (``consumers``) and of
-                    consumers ever (``joined``)
+                    consumers ever (``joined``); after ``wait_ms`` without news, ``unchanged``
+                    instead of the view (but the view in an exactly-once job)
 ReleaseClient       a consumer is done with its job
 WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether it drains or
                     leaves -> tasks to start, tasks to delete (with their job's error), tasks of
