@@ -373,6 +373,8 @@ class GetOrCreateJobRequest:
         (``CrossTrainerCache``): the workers keep what one trainer read for the others.
       trainer_id: the trainer this consumer reads as, in a cross-trainer job (a fault-tolerant
         dispatcher counts what each trainer received, ``ledger``).
+      commits: the consumers acknowledge an element when the training step that used it
+        commits (``acknowledge="on_commit"``; a fault-tolerant dispatcher's DYNAMIC job).
     """
 
     dataset_id: str
@@ -384,6 +386,7 @@ class GetOrCreateJobRequest:
     resume: Any = None
     cross_trainer: bool = False
     trainer_id: str | None = None
+    commits: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -415,6 +418,7 @@ class GetOrCreateJobRequest:
             header.get("resume"),
             field(header, "cross_trainer", bool, False),
             field(header, "trainer_id", (str, type(None)), None),
+            field(header, "commits", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -429,6 +433,7 @@ class GetOrCreateJobRequest:
             "resume": self.resume,
             **({"cross_trainer": True} if self.cross_trainer else {}),
             **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
+            **({"commits": True} if self.commits else {}),
         }
 
 
@@ -466,6 +471,10 @@ class ClientHeartbeatRequest:
       closed: (exactly-once jobs) the lost tasks it takes nothing more from; checked as
         ``received``.
       input_wait: how long its steps waited for input so far (None: not measured).
+      committed: (jobs acknowledged on commit) the offsets its committed steps used, as
+        ``received``.
+      flushed: (jobs acknowledged on commit) the last flush round it reported everything it
+        received for (``HeartbeatReply.flush``), 0 if none.
     """
 
     client_id: int
@@ -475,6 +484,8 @@ class ClientHeartbeatRequest:
     holding: list[Any] = dataclasses.field(default_factory=list)
     closed: Any = dataclasses.field(default_factory=list)
     input_wait: InputWait | None = None
+    committed: Any = dataclasses.field(default_factory=list)
+    flushed: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -493,6 +504,8 @@ class ClientHeartbeatRequest:
             field(header, "holding", list, []),
             header.get("closed", []),
             InputWait.from_wire(header.get("input_wait")),
+            header.get("committed", []),
+            field(header, "flushed", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -507,6 +520,10 @@ class ClientHeartbeatRequest:
             header.update(received=self.received, holding=self.holding, closed=self.closed)
         if self.input_wait is not None:
             header["input_wait"] = self.input_wait.to_wire()
+        if self.committed:
+            header["committed"] = self.committed
+        if self.flushed:
+            header["flushed"] = self.flushed
         return header
 
 
@@ -1208,11 +1225,14 @@ class JoinReply:
 class HeartbeatReply:
     """The dispatcher's reply to ClientHeartbeat: the job's view and, in an exactly-once job,
     ``splits_done``: ``(key, count)`` of the splits the consumer reported or holds that are
-    done (None in other jobs)."""
+    done (None in other jobs); in a job acknowledged on commit, ``flush``: the flush round the
+    consumer is asked to report everything it received for, its replies in flight included
+    (0: none; ``ledger``)."""
 
     incarnation: int
     view: JobView
     splits_done: tuple[tuple[int, int], ...] | None = None
+    flush: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> HeartbeatReply:
@@ -1224,13 +1244,20 @@ class HeartbeatReply:
         done = None
         if field(header, "splits_done", (list, type(None)), None) is not None:
             done = tuple((key, count) for key, count in _rows(header, "splits_done", (int, int)))
-        return cls(field(header, "incarnation", int), JobView.from_header(header), done)
+        return cls(
+            field(header, "incarnation", int),
+            JobView.from_header(header),
+            done,
+            field(header, "flush", int, 0),
+        )
 
     def to_header(self) -> dict[str, Any]:
         """The reply's header."""
         header = {"incarnation": self.incarnation, **self.view.to_header()}
         if self.splits_done is not None:
             header["splits_done"] = [[key, count] for key, count in self.splits_done]
+        if self.flush:
+            header["flush"] = self.flush
         return header
 
 

@@ -37,6 +37,7 @@ from feedline.service.client.exactly_once import SplitReceipts
 from feedline.service.client.fetch import REPLY_BYTES, RPC_TIMEOUT_S, Fetchers
 from feedline.service.client.queue import ElementQueue
 from feedline.service.client.read_params import _ReadParams
+from feedline.service.client.step_commits import StepCommits
 from feedline.service.config import ShardingPolicy
 from feedline.service.position import (
     JobPosition,
@@ -193,6 +194,8 @@ class _JobReader:
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
             self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
+        # A consumer that acknowledges on commit (``step_commits``).
+        self._commits = StepCommits() if params.commits and self._splits is not None else None
         self._fetchers = Fetchers(
             self.queue,
             self,
@@ -241,6 +244,7 @@ class _JobReader:
             None if self._resume is None else self._resume.to_state(),
             cross_trainer=self.trainer is not None,
             trainer_id=None if self.trainer is None else self.trainer.trainer_id,
+            commits=params.commits,
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -260,7 +264,17 @@ class _JobReader:
                 self._client_id, version, wait_ms, input_wait=self._input_wait.report()
             )
             if self._splits is not None:  # what it received, and the lost tasks it closed
-                request = dataclasses.replace(request, **self._splits.report(wait_ms))
+                # A flush is reported with the receipts collected after it (``step_commits``).
+                flushed = (
+                    self._commits.flush_report(self.queue.answered_through)
+                    if (self._commits is not None)
+                    else 0
+                )
+                request = dataclasses.replace(
+                    request, **self._splits.report(wait_ms), flushed=flushed
+                )
+                if self._commits is not None and self._commits.flush_pending():
+                    request = dataclasses.replace(request, wait_ms=0)
             try:
                 header, _ = self._dispatcher.call(
                     "ClientHeartbeat", request.to_header(), timeout=interval + RPC_TIMEOUT_S
@@ -280,7 +294,12 @@ class _JobReader:
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
-            if not self._apply_view(reply.view, asked_after):  # no news: the next waits its turn
+            if self._commits is not None and reply.flush:
+                self._commits.asked(reply.flush, self.queue.requests_made())
+            news = self._apply_view(reply.view, asked_after)
+            if self._commits is not None and self._commits.flush_pending():
+                self.queue.wait_closed(0.01)  # its replies in flight arrive meanwhile
+            elif not news:  # no news: the next waits its turn
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
 
     def _view_now(self, within_s: float = 0.0) -> HeartbeatReply:
@@ -427,15 +446,18 @@ class _JobReader:
 
     def _next(self) -> Any:
         while True:
+            item = None if self._commits is None else self._commits.again()
             try:
                 # A failed job raises at every call, even where a reply that was on its way
                 # when the error came left elements behind: the job is over.
-                item = self.queue.get(0.5)
+                item = item or self.queue.get(0.5)
             except BaseException:  # the job's error, or StopIteration
                 self.release()
                 raise
             if item is not None:
-                if item.tag is not None and self.trainer is not None:
+                if self._commits is not None:  # counted as returned when its step commits
+                    self._commits.returned(item)
+                elif item.tag is not None and self.trainer is not None:
                     self.trainer.returned(item.task_id, item.tag)
                 elif item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
@@ -448,6 +470,51 @@ class _JobReader:
             overdue = self._overdue()
             if overdue is not None:
                 raise overdue
+
+    # -- acknowledged on commit (``step_commits``) -------------------------------------------
+    def commit(self) -> int:
+        """The current step committed: the elements ``next`` returned since the last commit
+        are acknowledged to the dispatcher (which records them before answering), and count
+        in this consumer's position; how many.
+
+        Raises:
+          FailedPreconditionError: the consumer does not acknowledge on commit.
+          UnavailableError: the dispatcher did not answer for ``timeout_s`` (the step is not
+            committed: call ``commit`` again, or ``abort``).
+        """
+        commits = self._require_commits()
+        ranges = commits.step_ranges()
+        if ranges:
+            request = ClientHeartbeatRequest(self._client_id, committed=ranges).to_header()
+            call_within(
+                self._timeout_s,
+                lambda timeout: self._dispatcher.call("ClientHeartbeat", request, timeout=timeout),
+                attempt_s=RPC_TIMEOUT_S,
+            )
+            for tag in commits.step_tags():
+                if self._splits is not None:  # always: commits come with receipts
+                    self._splits.returned(tag)
+        count = commits.step_size
+        commits.committed()
+        return count
+
+    def abort(self) -> int:
+        """The current step is aborted: ``next`` returns its elements again, in order; how
+        many.
+
+        Raises:
+          FailedPreconditionError: the consumer does not acknowledge on commit.
+        """
+        return self._require_commits().abort()
+
+    def _require_commits(self) -> StepCommits:
+        if self._commits is None:
+            raise FailedPreconditionError(
+                "commit() and abort() need a consumer that acknowledges on commit: "
+                "distribute(processing_mode='distributed_epoch', ..., acknowledge='on_commit') "
+                "with a dispatcher started with fault_tolerant_mode=True"
+            )
+        return self._commits
 
     @property
     def exactly_once(self) -> bool:

@@ -107,20 +107,26 @@ class LongPoll:
 
     def _take_report(
         self, client_id: int, job: JobRecord, request: ClientHeartbeatRequest
-    ) -> tuple[tuple[int, int], ...] | None:
+    ) -> tuple[tuple[tuple[int, int], ...], int] | None:
         """Applies what a consumer of an exactly-once job reports (the offsets it received, the
-        lost tasks it closed); ``(key, count)`` of the splits it reported or holds that are
-        done, or None for other jobs."""
+        lost tasks it closed; on commit: the offsets committed, the flush round reported);
+        ``(key, count)`` of the splits it reported or holds that are done and the flush round
+        it is asked for, or None for other jobs."""
         ledger = self._core.state.ledgers.get(job.job_id)
         if ledger is None:
             return None
         received, closed = check_report(request.received, request.closed)
+        committed, _ = check_report(request.committed, [])
         news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges, client_id)]
         closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
-        if news or closed:
-            self._core.apply(ReportSplits(job.job_id, client_id, news, closed))
-        keys = {key for key, _ in received} | {k for k in request.holding if isinstance(k, int)}
-        return tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        commits = [[key, ranges] for key, ranges in committed if key in ledger.open]
+        flushed = request.flushed if 0 < ledger.flush_wanted(client_id) <= request.flushed else 0
+        if news or closed or commits or flushed:
+            self._core.apply(ReportSplits(job.job_id, client_id, news, closed, commits, flushed))
+        keys = {key for key, _ in (*received, *committed)}
+        keys |= {k for k in request.holding if isinstance(k, int)}
+        done = tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        return done, ledger.flush_wanted(client_id)
 
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
@@ -151,7 +157,7 @@ class LongPoll:
                 ):
                     if done is None:
                         return self._reply_frame(job)
-                    reply = HeartbeatReply(core.incarnation, self.job_view(job), done)
+                    reply = HeartbeatReply(core.incarnation, self.job_view(job), *done)
                     return reply.to_header(), ()
                 self._waiting_consumers += 1
                 try:

@@ -1,0 +1,256 @@
+"""Tests of feedline/service/client/step_commits.py: consumers of a shared exactly-once job that
+acknowledge on commit (``acknowledge="on_commit"``).
+
+Trainers are real processes reading one shared ``distributed_epoch`` job of a fault-tolerant
+dispatcher; each logs the elements of a step once ``commit()`` returned. One trainer is killed
+with kill -9 after ``next()`` gave it a batch and before it committed it: what it held goes back
+to the service, and the committed logs of all trainers together are ``range(N)`` exactly.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from feedline import service
+from feedline.data import Dataset
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.service.client import step_commits
+from feedline.service.client.queue import Item
+from feedline.service.client.step_commits import StepCommits
+from tests.launcher import Processes
+from tests.service.procs import ServiceProcesses
+
+pytestmark = pytest.mark.timeout(240)
+
+#: One trainer: reads batches of the shared job, sleeps PAUSE s per step, commits, then logs the
+#: step's elements (a line of JSON per step). At step DIE_AT it writes its batch to MARKER and
+#: waits there to be killed.
+TRAINER = """
+import json, os, time
+from pathlib import Path
+from feedline import service
+from feedline.data import Dataset
+from tests.launcher import report
+
+n, die_at = int(os.environ["N"]), int(os.environ.get("DIE_AT", "0"))
+pause = float(os.environ["PAUSE"])
+dataset = Dataset.range(n).batch(4).apply(
+    service.distribute(
+        "distributed_epoch",
+        os.environ["FEEDLINE_TARGET"],
+        job_name="shared",
+        acknowledge="on_commit",
+    )
+)
+iterator = iter(dataset)
+steps = 0
+with open(os.environ["LOG"], "a") as log:
+    for batch in iterator:
+        steps += 1
+        ids = [int(x) for x in batch]
+        if steps == die_at:
+            Path(os.environ["MARKER"]).write_text(json.dumps(ids))
+            time.sleep(600)  # killed long before
+        time.sleep(pause)
+        iterator.commit()
+        log.write(json.dumps(ids) + "\\n")
+        log.flush()
+report(steps)
+"""
+
+
+def test_module_doctests() -> None:
+    assert doctest.testmod(step_commits).failed == 0
+
+
+def test_an_aborted_step_comes_again_first_in_order() -> None:
+    steps = StepCommits()
+    for offset in range(3):
+        steps.returned(Item(offset, 8, 1, [0, offset]))
+    assert steps.abort() == 3 and steps.step_size == 0
+    again = steps.again()
+    assert again is not None and again.element == 0
+    steps.returned(again)
+    assert steps.abort() == 1  # the element taken again belongs to the new step
+    assert [item.element for item in iter(steps.again, None)] == [0, 1, 2]
+    steps.returned(Item(9, 8, 1, [4, 9]))
+    steps.returned(Item(3, 8, 1, [0, 3]))
+    assert steps.step_ranges() == [[0, [[3, 4]]], [4, [[9, 10]]]]
+    steps.committed()
+    assert steps.step_ranges() == [] and steps.again() is None
+
+
+def test_a_flush_is_reported_once_the_requests_in_flight_then_are_answered() -> None:
+    steps = StepCommits()
+    assert steps.flush_report(lambda mark: True) == 0  # none asked
+    steps.asked(3, mark=10)
+    assert steps.flush_pending()
+    answered: dict[int, bool] = {10: False}
+    assert steps.flush_report(answered.__getitem__) == 0
+    answered[10] = True
+    assert steps.flush_report(answered.__getitem__) == 3 and not steps.flush_pending()
+    steps.asked(2, mark=11)  # an older round: already reported
+    assert not steps.flush_pending()
+
+
+@pytest.fixture
+def fault_tolerant(tmp_path: Path) -> Iterator[service.DispatchServer]:
+    """A fault-tolerant dispatcher (consumers released after 1 s of silence) and two workers,
+    in this process."""
+    config = service.DispatcherConfig(
+        work_dir=str(tmp_path / "work"), fault_tolerant_mode=True, client_timeout_ms=1000
+    )
+    dispatcher = service.DispatchServer(config)
+    address = dispatcher.target.split("://")[1]
+    workers = [
+        service.WorkerServer(service.WorkerConfig(dispatcher_address=address)) for _ in range(2)
+    ]
+    try:
+        yield dispatcher
+    finally:
+        for server in [*workers, dispatcher]:
+            server.stop()
+
+
+def shared(target: str, n: int, **kw: object) -> Dataset:
+    return (
+        Dataset.range(n)
+        .batch(4)
+        .apply(
+            service.distribute(
+                "distributed_epoch", target, job_name="shared", acknowledge="on_commit", **kw
+            )
+        )
+    )
+
+
+def test_abort_returns_the_step_again_and_commit_counts_it_once(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    dispatcher = fault_tolerant
+    iterator = iter(shared(dispatcher.target, 40))
+    committed: list[int] = []
+    for step, batch in enumerate(iterator):
+        if step % 3 == 1:  # the step fails: its batch comes again
+            assert iterator.abort() == 1
+            assert [int(x) for x in next(iterator)] == [int(x) for x in batch]
+        assert iterator.commit() == 1
+        committed.extend(int(x) for x in batch)
+    assert sorted(committed) == list(range(40))
+
+
+def test_on_commit_needs_an_exactly_once_job(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    dispatcher = fault_tolerant
+    with pytest.raises(InvalidArgumentError, match="needs processing_mode 'distributed_epoch'"):
+        service.distribute("parallel_epochs", dispatcher.target, acknowledge="on_commit")
+    with pytest.raises(InvalidArgumentError, match="acknowledge must be one of"):
+        service.distribute("distributed_epoch", dispatcher.target, acknowledge="later")
+    plain = service.DispatchServer()
+    try:
+        dataset = Dataset.range(4).apply(
+            service.distribute("distributed_epoch", plain.target, acknowledge="on_commit")
+        )
+        with pytest.raises(FailedPreconditionError, match="fault_tolerant_mode=True"):
+            iter(dataset)
+        receipt = iter(Dataset.range(4).apply(service.distribute("parallel_epochs", plain.target)))
+        with pytest.raises(FailedPreconditionError, match="acknowledge='on_commit'"):
+            receipt.commit()  # type: ignore[attr-defined]
+        receipt.close()
+    finally:
+        plain.stop()
+
+
+def read_logs(paths: list[Path]) -> list[int]:
+    return [
+        x
+        for path in paths
+        if path.exists()
+        for line in path.read_text().split("\n")
+        if line
+        for x in json.loads(line)
+    ]
+
+
+def run_trainers(
+    target: str, tmp_path: Path, n: int, kill_during: threading.Event | None = None
+) -> tuple[list[int], list[int], dict[str, object]]:
+    """Three trainer processes on the shared job; ``victim`` is killed -9 at its 3rd step,
+    holding a batch it did not commit. The committed elements of all, the victim's batch, and
+    the survivors' results."""
+    logs = [tmp_path / f"{name}.log" for name in ("a", "b", "victim")]
+    marker = tmp_path / "victim.batch"
+    common = {"N": str(n), "FEEDLINE_TARGET": target}
+    with Processes(
+        TRAINER,
+        [
+            ("a", {"LOG": str(logs[0]), "PAUSE": "0.01"}),
+            ("b", {"LOG": str(logs[1]), "PAUSE": "0.01"}),
+            ("victim", {"LOG": str(logs[2]), "PAUSE": "0", "DIE_AT": "3", "MARKER": str(marker)}),
+        ],
+        timeout=150,
+        env=common,
+    ) as trainers:
+        trainers.wait_for(marker, timeout=90)
+        trainers.send("victim", signal.SIGKILL)
+        if kill_during is not None:
+            kill_during.set()
+        results = trainers.wait()
+    for name in ("a", "b"):
+        assert results[name].ok, results[name].describe()
+    held = json.loads(marker.read_text())
+    return read_logs(logs), held, {name: results[name].result for name in ("a", "b")}
+
+
+def test_a_trainer_killed_before_its_commit_loses_nothing_and_repeats_nothing(
+    fault_tolerant: service.DispatchServer, tmp_path: Path
+) -> None:
+    dispatcher = fault_tolerant
+    n = 600
+    committed, held, _ = run_trainers(dispatcher.target, tmp_path, n)
+    assert len(held) == 4
+    assert sorted(committed) == list(range(n)), {
+        "lost": sorted(set(range(n)) - set(committed)),
+        "twice": sorted(x for x in set(committed) if committed.count(x) > 1),
+    }
+
+
+def test_a_killed_trainer_and_a_killed_service_worker(tmp_path: Path) -> None:
+    n = 600
+    config = service.DispatcherConfig(
+        work_dir=str(tmp_path / "work"), fault_tolerant_mode=True, client_timeout_ms=1000
+    )
+    dispatcher = service.DispatchServer(config)
+    try:
+        with ServiceProcesses(timeout=200) as cluster:
+            cluster.port = int(dispatcher.target.rsplit(":", 1)[1])  # workers of this dispatcher
+            doomed = cluster.start_worker()
+            cluster.start_worker()
+            victim_killed = threading.Event()
+
+            def kill_worker() -> None:  # the service worker dies after the trainer did
+                if victim_killed.wait(150):
+                    time.sleep(0.2)
+                    cluster.send(doomed, signal.SIGKILL)
+
+            killer = threading.Thread(target=kill_worker, daemon=True)
+            killer.start()
+            committed, held, _ = run_trainers(dispatcher.target, tmp_path, n, victim_killed)
+            killer.join(10)
+            assert not cluster.alive(doomed)
+    finally:
+        dispatcher.stop()
+    assert len(held) == 4
+    assert sorted(committed) == list(range(n)), {
+        "lost": sorted(set(range(n)) - set(committed)),
+        "twice": sorted(x for x in set(committed) if committed.count(x) > 1),
+    }
