@@ -354,6 +354,18 @@ class SplitLedger:
         """(``commits``) The flush round consumer ``client_id`` is asked to report (0: none)."""
         return max((s.flush_at for s in self.open.values() if client_id in s.flushing), default=0)
 
+    def awaits_commits(self) -> bool:
+        """(``commits``) Whether every split handed out so far is out whole, with each element
+        committed or held by a consumer reading the job: until a consumer dies, nothing more
+        reaches any of them (call it once the cursor has handed out every split)."""
+        return not self.replay and all(
+            split.holder is not None
+            and split.handed_out
+            and split.count is not None
+            and covers(self.skip_of(key), split.count)
+            for key, split in self.open.items()
+        )
+
     def flushed(self, client_id: int, flush_round: int) -> None:
         """(``commits``) Consumer ``client_id`` reported everything it received up to the flush
         ``flush_round`` asked for, its replies in flight then included."""

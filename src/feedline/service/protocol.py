@@ -1227,12 +1227,14 @@ class HeartbeatReply:
     ``splits_done``: ``(key, count)`` of the splits the consumer reported or holds that are
     done (None in other jobs); in a job acknowledged on commit, ``flush``: the flush round the
     consumer is asked to report everything it received for, its replies in flight included
-    (0: none; ``ledger``)."""
+    (0: none; ``ledger``), and ``awaits_commits``: every split is out, each element committed
+    or held by a consumer, so nothing more comes unless one dies."""
 
     incarnation: int
     view: JobView
     splits_done: tuple[tuple[int, int], ...] | None = None
     flush: int = 0
+    awaits_commits: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> HeartbeatReply:
@@ -1249,6 +1251,7 @@ class HeartbeatReply:
             JobView.from_header(header),
             done,
             field(header, "flush", int, 0),
+            field(header, "awaits_commits", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1258,6 +1261,8 @@ class HeartbeatReply:
             header["splits_done"] = [[key, count] for key, count in self.splits_done]
         if self.flush:
             header["flush"] = self.flush
+        if self.awaits_commits:
+            header["awaits_commits"] = True
         return header
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from feedline import service
 from feedline.data import Dataset
+from feedline.data.committed import CommittedIterator
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.service.client import step_commits
 from feedline.service.client.queue import Item
@@ -278,3 +279,31 @@ def test_a_killed_trainer_across_a_dispatcher_restart(tmp_path: Path) -> None:
         for server in [*workers, *dispatchers]:
             server.stop()
     check_exactly_once(committed, n)
+
+
+def test_a_committed_iterator_over_the_service_uses_the_services_commits(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    iterator = CommittedIterator(iter(shared(fault_tolerant.target, 16)))
+    first = [int(x) for x in next(iterator)]
+    iterator.abort()
+    assert [int(x) for x in next(iterator)] == first
+    iterator.commit()
+    rest = [int(x) for batch in iterator for x in batch]  # never committed
+    assert sorted(first + rest) == list(range(16))
+    state = iterator.get_state()  # the position counts the committed step's element only
+    counted = sum(b - a for _, ranges in state["partial"] for a, b in ranges)
+    assert counted + sum(count for _, count in state["done"]) == 1
+    iterator.close()
+
+
+def test_the_input_ends_before_the_last_step_commits_and_the_job_after(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    iterator = iter(shared(fault_tolerant.target, 12))
+    # Never committed: the input ends once the job waits for nothing but this step's commit.
+    got = [int(x) for batch in iterator for x in batch]
+    assert sorted(got) == list(range(12))
+    assert iterator.commit() > 0
+    with pytest.raises(StopIteration):  # now the job itself ended
+        next(iterator)

@@ -464,6 +464,12 @@ class _ServiceIterator(DatasetIterator):
             return name, None  # joins the job that the lead consumer resumed
         return name, SplitPosition.union(shares)  # type: ignore[arg-type]
 
+    @property
+    def acknowledges_on_commit(self) -> bool:
+        """Whether elements count as consumed when ``commit`` says their step committed
+        (``acknowledge="on_commit"``), rather than on receipt."""
+        return self._reader.params.commits
+
     def commit(self) -> int:
         """The training step that used the elements ``next`` returned since the last commit
         committed (``acknowledge="on_commit"``): the dispatcher records them as consumed before

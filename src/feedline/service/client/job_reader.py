@@ -294,8 +294,10 @@ class _JobReader:
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
-            if self._commits is not None and reply.flush:
-                self._commits.asked(reply.flush, self.queue.requests_made())
+            if self._commits is not None:
+                self._commits.awaits_commits = reply.awaits_commits
+                if reply.flush:
+                    self._commits.asked(reply.flush, self.queue.requests_made())
             news = self._apply_view(reply.view, asked_after)
             if self._commits is not None and self._commits.flush_pending():
                 self.queue.wait_closed(0.01)  # its replies in flight arrive meanwhile
@@ -462,6 +464,14 @@ class _JobReader:
                 elif item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
                 return item.element
+            if (
+                self._commits is not None
+                and self._commits.step_size
+                and (self._commits.awaits_commits)
+            ):
+                # The job waits for steps to commit, this one's too: nothing more comes to it
+                # (unless a consumer dies). The step may commit; the reader stays joined.
+                raise StopIteration
             if self.queue.closed:  # released before the end: nothing more comes
                 raise FailedPreconditionError(
                     f"the consumer of job {self._job_id} was released before the job "

@@ -49,6 +49,8 @@ class StepCommits:
         self._flush_asked = 0  # the last flush round the dispatcher asked for
         self._flush_mark: int | None = None  # the requests to wait for, while one is asked
         self._flushed = 0  # the last round reported
+        #: The dispatcher said the job waits only for its consumers' steps to commit.
+        self.awaits_commits = False
 
     # -- the consumer's thread ----------------------------------------------------------------
     def again(self) -> Item | None:
