@@ -75,11 +75,12 @@ class CommittedIterator:
             self._start = self._inner.get_state()
         return next(self._inner)
 
-    def commit(self) -> None:
+    def commit(self, wait: bool = True) -> None:
         """The current step committed: the elements ``next`` returned since the last commit
-        are consumed."""
+        are consumed. ``wait=False`` lets a service iterator's acknowledgement travel while
+        the next step runs (``commit`` of a data service iterator)."""
         if self._delegate:
-            self._inner.commit()
+            self._inner.commit(wait)
         self._start = None
 
     def abort(self) -> None:

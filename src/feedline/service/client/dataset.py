@@ -470,10 +470,12 @@ class _ServiceIterator(DatasetIterator):
         (``acknowledge="on_commit"``), rather than on receipt."""
         return self._reader.params.commits
 
-    def commit(self) -> int:
+    def commit(self, wait: bool = True) -> int:
         """The training step that used the elements ``next`` returned since the last commit
         committed (``acknowledge="on_commit"``): the dispatcher records them as consumed before
-        this returns, and they count in the iterator's state; how many.
+        this returns, and they count in the iterator's state; how many. With ``wait=False``
+        the acknowledgement travels while the next step runs (the next ``commit`` waits for
+        it): a consumer killed in between gets that step delivered again.
 
         Raises:
           FailedPreconditionError: the dataset was not distributed with
@@ -481,7 +483,7 @@ class _ServiceIterator(DatasetIterator):
           UnavailableError: the dispatcher did not answer within the service timeout; the step
             is not committed (call ``commit`` again, or ``abort``).
         """
-        return self._reader.commit()
+        return self._reader.commit(wait)
 
     def abort(self) -> int:
         """The current step is aborted (``acknowledge="on_commit"``): ``next`` returns the

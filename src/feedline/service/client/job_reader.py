@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from feedline import structure
@@ -110,6 +110,38 @@ class StepWaits:
             return InputWait(self._steps, self._waited, time.monotonic() - self._first)
 
 
+class _Sending:
+    """A commit on its way to the dispatcher, on a thread of its own."""
+
+    def __init__(self, send: Callable[[], None], client_id: int) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(send,),
+            name=f"feedline-consumer-{client_id}-commit",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, send: Callable[[], None]) -> None:
+        try:
+            send()
+        except BaseException as error:  # raised by the next commit
+            self._error = error
+
+    def result(self, timeout: float) -> None:
+        """Waits up to ``timeout`` s for the commit; raises its error.
+
+        Raises:
+          UnavailableError: it did not arrive in time.
+        """
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise UnavailableError(f"a commit was not answered within {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
+
+
 class _JobReader:
     """Joins a job and reads it: a heartbeat thread follows the job's view at the dispatcher,
     fetch threads (``Fetchers``) fill the reader's ``ElementQueue``, ``next`` takes from it.
@@ -194,8 +226,9 @@ class _JobReader:
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
             self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
-        # A consumer that acknowledges on commit (``step_commits``).
+        # A consumer that acknowledges on commit (``step_commits``), and its commit in flight.
         self._commits = StepCommits() if params.commits and self._splits is not None else None
+        self._committing: _Sending | None = None
         self._fetchers = Fetchers(
             self.queue,
             self,
@@ -452,7 +485,7 @@ class _JobReader:
             try:
                 # A failed job raises at every call, even where a reply that was on its way
                 # when the error came left elements behind: the job is over.
-                item = item or self.queue.get(0.5)
+                item = item or self.queue.get(self._get_wait_s())
             except BaseException:  # the job's error, or StopIteration
                 self.release()
                 raise
@@ -482,31 +515,48 @@ class _JobReader:
                 raise overdue
 
     # -- acknowledged on commit (``step_commits``) -------------------------------------------
-    def commit(self) -> int:
+    def commit(self, wait: bool = True) -> int:
         """The current step committed: the elements ``next`` returned since the last commit
-        are acknowledged to the dispatcher (which records them before answering), and count
-        in this consumer's position; how many.
+        are acknowledged to the dispatcher (which journals them before answering), and then
+        count in this consumer's position; how many.
+
+        Args:
+          wait: return once the dispatcher answered. With False the acknowledgement travels
+            while the next step runs (one at a time: the next ``commit`` waits for it, and
+            raises its error); a consumer killed meanwhile gets the step delivered again.
 
         Raises:
           FailedPreconditionError: the consumer does not acknowledge on commit.
-          UnavailableError: the dispatcher did not answer for ``timeout_s`` (the step is not
-            committed: call ``commit`` again, or ``abort``).
+          UnavailableError: the dispatcher did not answer for ``timeout_s``; with ``wait``
+            the step is not committed (call ``commit`` again, or ``abort``).
         """
         commits = self._require_commits()
-        ranges = commits.step_ranges()
-        if ranges:
-            request = ClientHeartbeatRequest(self._client_id, committed=ranges).to_header()
-            call_within(
-                self._timeout_s,
-                lambda timeout: self._dispatcher.call("ClientHeartbeat", request, timeout=timeout),
-                attempt_s=RPC_TIMEOUT_S,
-            )
-            for tag in commits.step_tags():
-                if self._splits is not None:  # always: commits come with receipts
-                    self._splits.returned(tag)
-        count = commits.step_size
+        self._settle_commit()
+        ranges, tags, count = commits.step_ranges(), commits.step_tags(), commits.step_size
+        if ranges and wait:
+            self._send_commit(ranges, tags)
+        elif ranges:
+            sending = _Sending(lambda: self._send_commit(ranges, tags), self._client_id)
+            self._committing = sending
         commits.committed()
         return count
+
+    def _send_commit(self, ranges: list[list[Any]], tags: list[Sequence[int]]) -> None:
+        request = ClientHeartbeatRequest(self._client_id, committed=ranges).to_header()
+        call_within(
+            self._timeout_s,
+            lambda timeout: self._dispatcher.call("ClientHeartbeat", request, timeout=timeout),
+            attempt_s=RPC_TIMEOUT_S,
+        )
+        for tag in tags:
+            if self._splits is not None:  # always: commits come with receipts
+                self._splits.returned(tag)
+
+    def _settle_commit(self, timeout: float | None = None) -> None:
+        """Waits for the commit in flight, if any; raises its error."""
+        sending, self._committing = self._committing, None
+        if sending is not None:
+            sending.result(self._timeout_s + RPC_TIMEOUT_S if timeout is None else timeout)
 
     def abort(self) -> int:
         """The current step is aborted: ``next`` returns its elements again, in order; how
@@ -525,6 +575,11 @@ class _JobReader:
                 "with a dispatcher started with fault_tolerant_mode=True"
             )
         return self._commits
+
+    def _get_wait_s(self) -> float:
+        """How long ``next`` waits on the queue before looking again: briefly while its own
+        step is uncommitted (the job may wait for that step alone: ``awaits_commits``)."""
+        return 0.02 if self._commits is not None and self._commits.step_size else 0.5
 
     @property
     def exactly_once(self) -> bool:
@@ -604,7 +659,12 @@ class _JobReader:
             return self._joined > 1
 
     def release(self, timeout: float = 5.0) -> None:
-        """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
+        """Stops the threads and tells the dispatcher this consumer is done (once the commit
+        in flight, if any, arrived); idempotent."""
+        try:
+            self._settle_commit(timeout)
+        except FeedlineError as error:  # what it acknowledged goes back to the job
+            logger.debug("consumer %d: a commit failed: %s", self._client_id, error)
         self._shm.close()
         self.queue.close()
         with self._lock:
