@@ -13,8 +13,11 @@ elements of 4 KiB (1024 float32) each, a step being ``--steps`` elements taken w
 order: *receipt* (``acknowledge="on_receipt"``: the plain exactly-once DYNAMIC job) and
 *commit* (``acknowledge="on_commit"``, ``commit()`` after every step: one ClientHeartbeat that
 the dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: the
-acknowledgement travels during the next step). Prints elements/s of each and the ratios to
-*receipt*, and the median ratios per step size; writes ``benchmarks/results/step_commits.json``.
+acknowledgement travels during the next step). Prints elements/s of each, the CPU seconds of
+the consumer, dispatcher and workers together, the ratios to *receipt*, and the median ratios
+per step size (median and range over the trials); writes
+``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
+measure of what the protocol costs.
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ def read_epoch(target: str, name: str, elements: int, step: int, step_s: float, 
     return count / elapsed
 
 
+def cluster_cpu(cluster: ServiceProcesses, servers: list[str]) -> float:
+    """The CPU seconds used so far by this process (the consumer) and the servers."""
+    return time.process_time() + sum(cluster.cpu_seconds(name) for name in servers)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -97,14 +105,14 @@ def main() -> None:
     steps = [int(s) for s in args.steps.split(",")]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work, ServiceProcesses(timeout=3600) as cluster:
-        cluster.start_dispatcher("--fault-tolerant", "--work-dir", work)
-        for _ in range(2):
-            cluster.start_worker()
+        servers = [cluster.start_dispatcher("--fault-tolerant", "--work-dir", work)]
+        servers += [cluster.start_worker() for _ in range(2)]
         read_epoch(cluster.target, "warm-up", 2000, 32, 0.0, "pipelined")
         for trial in range(args.trials):
             for step in steps:
-                rates = {}
+                rates, cpu = {}, {}
                 for mode in MODES[trial % 3 :] + MODES[: trial % 3]:  # each first in turn
+                    before = cluster_cpu(cluster, servers)
                     rates[mode] = read_epoch(
                         cluster.target,
                         f"t{trial}-s{step}-{mode}",
@@ -113,34 +121,40 @@ def main() -> None:
                         args.step_ms / 1000,
                         mode,
                     )
+                    cpu[mode] = cluster_cpu(cluster, servers) - before
                 row = {
                     "trial": trial,
                     "step": step,
                     **rates,
+                    "cpu": cpu,
                     "commit_ratio": rates["commit"] / rates["receipt"],
                     "pipelined_ratio": rates["pipelined"] / rates["receipt"],
+                    "commit_cpu_ratio": cpu["commit"] / cpu["receipt"],
+                    "pipelined_cpu_ratio": cpu["pipelined"] / cpu["receipt"],
                     "load": os.getloadavg()[0],
                 }
                 rows.append(row)
                 print(
                     f"trial {trial} step {step}: receipt {rates['receipt']:.0f}/s, commit "
                     f"{rates['commit']:.0f}/s ({row['commit_ratio']:.3f}), pipelined "
-                    f"{rates['pipelined']:.0f}/s ({row['pipelined_ratio']:.3f}) "
+                    f"{rates['pipelined']:.0f}/s ({row['pipelined_ratio']:.3f}); CPU s "
+                    f"{cpu['receipt']:.2f} / {cpu['commit']:.2f} / {cpu['pipelined']:.2f} "
                     f"(load {row['load']:.1f})",
                     flush=True,
                 )
     print(
-        "\n| elements per step | commit(): median / receipt (range) | commit(wait=False): "
-        "median / receipt (range) |\n|---:|---|---|"
+        "\n| elements per step | rate, commit() / receipt | rate, commit(wait=False) / "
+        "receipt | CPU, commit() / receipt | CPU, commit(wait=False) / receipt |\n"
+        "|---:|---|---|---|---|"
     )
     summary: dict[str, dict[str, float]] = {}
     for step in steps:
         cells = []
-        for key in ("commit_ratio", "pipelined_ratio"):
+        for key in ("commit_ratio", "pipelined_ratio", "commit_cpu_ratio", "pipelined_cpu_ratio"):
             ratios = [row[key] for row in rows if row["step"] == step]
             summary.setdefault(str(step), {})[key] = statistics.median(ratios)
             cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
-        print(f"| {step} | {cells[0]} | {cells[1]} |")
+        print(f"| {step} | {' | '.join(cells)} |")
     write_results("step_commits", {"args": vars(args), "rows": rows, "median_ratio": summary})
 
 
