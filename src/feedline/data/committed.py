@@ -77,8 +77,8 @@ class CommittedIterator:
 
     def commit(self, wait: bool = True) -> None:
         """The current step committed: the elements ``next`` returned since the last commit
-        are consumed. ``wait=False`` lets a service iterator's acknowledgement travel while
-        the next step runs (``commit`` of a data service iterator)."""
+        are consumed. ``wait=False`` lets a service iterator's heartbeat carry the
+        acknowledgement (``commit`` of a data service iterator)."""
         if self._delegate:
             self._inner.commit(wait)
         self._start = None

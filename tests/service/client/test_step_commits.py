@@ -307,3 +307,19 @@ def test_the_input_ends_before_the_last_step_commits_and_the_job_after(
     assert iterator.commit() > 0
     with pytest.raises(StopIteration):  # now the job itself ended
         next(iterator)
+
+
+def test_commits_left_to_the_heartbeat_arrive_and_end_the_job(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    iterator = iter(shared(fault_tolerant.target, 40))
+    got, batches = [], 0
+    for batch in iterator:  # ends only once the dispatcher has every step's commit
+        got.extend(int(x) for x in batch)
+        batches += 1
+        iterator.commit(wait=False)
+    assert sorted(got) == list(range(40))
+    state = iterator.get_state()  # every batch (an element of the job) counts in the position
+    counted = sum(count for _, count in state["done"])
+    counted += sum(b - a for _, ranges in state["partial"] for a, b in ranges)
+    assert counted == batches

@@ -51,6 +51,9 @@ class StepCommits:
         self._flushed = 0  # the last round reported
         #: The dispatcher said the job waits only for its consumers' steps to commit.
         self.awaits_commits = False
+        # Committed steps whose acknowledgement the heartbeat carries (``commit(wait=False)``).
+        self._unsent: list[list[Any]] = []
+        self._unsent_tags: list[Sequence[int]] = []
 
     # -- the consumer's thread ----------------------------------------------------------------
     def again(self) -> Item | None:
@@ -88,7 +91,33 @@ class StepCommits:
         self._step.clear()
         return count
 
-    # -- the heartbeat thread -----------------------------------------------------------------
+    def send_later(self) -> None:
+        """The current step committed; the heartbeat carries its acknowledgement (a new step
+        starts)."""
+        with self._lock:
+            self._unsent.extend(self.step_ranges())
+            self._unsent_tags.extend(self.step_tags())
+        self._step.clear()
+
+    # -- the heartbeat thread (or ``release``) ------------------------------------------------
+    def take_unsent(self) -> tuple[list[list[Any]], list[Sequence[int]]]:
+        """The acknowledgements to send now, ``([[key, ranges], ...], tags)``; ``unsent``
+        puts them back if they did not arrive."""
+        with self._lock:
+            ranges, tags = self._unsent, self._unsent_tags
+            self._unsent, self._unsent_tags = [], []
+        return ranges, tags
+
+    def unsent(self, ranges: list[list[Any]], tags: list[Sequence[int]]) -> None:
+        """Acknowledgements that did not arrive: the next report carries them."""
+        with self._lock:
+            self._unsent[:0] = ranges
+            self._unsent_tags[:0] = tags
+
+    def has_unsent(self) -> bool:
+        with self._lock:
+            return bool(self._unsent)
+
     def asked(self, flush_round: int, mark: int) -> None:
         """The dispatcher asks for flush ``flush_round``; ``mark`` counts the requests made."""
         with self._lock:
