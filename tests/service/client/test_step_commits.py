@@ -31,8 +31,9 @@ from tests.service.procs import ServiceProcesses
 pytestmark = pytest.mark.timeout(240)
 
 #: One trainer: reads batches of the shared job, sleeps PAUSE s per step, commits, then logs the
-#: step's elements (a line of JSON per step). At step DIE_AT it writes its batch to MARKER and
-#: waits there to be killed.
+#: step's elements (a line of JSON per step). The victim (DIE_AT) touches READY once it read a
+#: batch (the others start then), and at step DIE_AT writes its batch to MARKER and waits there
+#: to be killed.
 TRAINER = """
 import json, os, time
 from pathlib import Path
@@ -50,12 +51,20 @@ dataset = Dataset.range(n).batch(4).apply(
         acknowledge="on_commit",
     )
 )
+ready = Path(os.environ["READY"])
+deadline = time.monotonic() + 90
+while not die_at and not ready.exists():  # the others start once the victim reads
+    if time.monotonic() > deadline:
+        raise SystemExit("the victim did not start reading")
+    time.sleep(0.02)
 iterator = iter(dataset)
 steps = 0
 with open(os.environ["LOG"], "a") as log:
     for batch in iterator:
         steps += 1
         ids = [int(x) for x in batch]
+        if die_at:
+            ready.touch()
         if steps == die_at:
             Path(os.environ["MARKER"]).write_text(json.dumps(ids))
             time.sleep(600)  # killed long before
@@ -189,7 +198,7 @@ def run_trainers(
     and the victim's batch."""
     logs = [tmp_path / f"{name}.log" for name in ("a", "b", "victim")]
     marker = tmp_path / "victim.batch"
-    common = {"N": str(n), "FEEDLINE_TARGET": target}
+    common = {"N": str(n), "FEEDLINE_TARGET": target, "READY": str(tmp_path / "victim.ready")}
     with Processes(
         TRAINER,
         [

@@ -176,6 +176,8 @@ class _JobReader:
         self._released = False
         # How long the training steps waited for input (the heartbeats report it).
         self._input_wait = StepWaits()
+        # A consumer that acknowledges on commit (``step_commits``), once it joined.
+        self._commits: StepCommits | None = None
         joined = self._join(dataset, iteration)
         self._client_id = joined.client_id
         self._job_id = joined.job_id
@@ -194,8 +196,8 @@ class _JobReader:
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
             self._heartbeat_s = min(self._heartbeat_s, _REPORT_S)
-        # A consumer that acknowledges on commit (``step_commits``).
-        self._commits = StepCommits() if params.commits and self._splits is not None else None
+        if params.commits and self._splits is not None:
+            self._commits = StepCommits()
         self._fetchers = Fetchers(
             self.queue,
             self,
