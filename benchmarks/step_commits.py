@@ -13,8 +13,8 @@ elements of 4 KiB (1024 float32) each, a step being ``--steps`` elements taken w
 order: *receipt* (``acknowledge="on_receipt"``: the plain exactly-once DYNAMIC job) and
 *commit* (``acknowledge="on_commit"``, ``commit()`` after every step: one ClientHeartbeat that
 the dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: the
-consumer's next heartbeat carries the acknowledgements, several steps at a time). Prints elements/s of each, the CPU seconds of
-the consumer, dispatcher and workers together, the ratios to *receipt*, and the median ratios
+consumer's next heartbeat carries the acknowledgements, several steps at a time). Prints
+elements/s of each, the CPU seconds of the consumer, dispatcher and workers together, the ratios to *receipt*, and the median ratios
 per step size (median and range over the trials); writes
 ``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
 measure of what the protocol costs.

@@ -121,7 +121,8 @@ class LongPoll:
         news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges, client_id)]
         closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
         commits = [[key, ranges] for key, ranges in committed if key in ledger.open]
-        flushed = request.flushed if 0 < ledger.flush_wanted(client_id) <= request.flushed else 0
+        wanted = ledger.flush_wanted(client_id) if ledger.commits and request.flushed else 0
+        flushed = request.flushed if 0 < wanted <= request.flushed else 0
         if news or closed or commits or flushed:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed, commits, flushed))
         keys = {key for key, _ in (*received, *committed)}
