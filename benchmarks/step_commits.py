@@ -9,14 +9,14 @@ Usage (from the repository root)::
 A ``feedline dispatcher --fault-tolerant`` (its journal on this machine's disk) and two
 ``feedline worker`` processes; this process reads ``distributed_epoch`` jobs of ``--elements``
 elements of 4 KiB (1024 float32) each, a step being ``--steps`` elements taken with ``next``
-(and ``--step-ms`` of simulated training, a sleep). Per trial and step size, in alternating
-order: *receipt* (``acknowledge="on_receipt"``: the plain exactly-once DYNAMIC job) and
+(and ``--step-ms`` of simulated training, a sleep). Per trial and step size, each first in
+turn: *receipt* (``acknowledge="on_receipt"``: the plain exactly-once DYNAMIC job),
 *commit* (``acknowledge="on_commit"``, ``commit()`` after every step: one ClientHeartbeat that
 the dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: the
 consumer's next heartbeat carries the acknowledgements, several steps at a time). Prints
-elements/s of each, the CPU seconds of the consumer, dispatcher and workers together, the ratios to *receipt*, and the median ratios
-per step size (median and range over the trials); writes
-``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
+elements/s of each, the CPU seconds of the consumer, dispatcher and workers together, the
+ratios to *receipt*, and per step size the median and range of the ratios over the trials;
+writes ``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
 measure of what the protocol costs.
 """
 
