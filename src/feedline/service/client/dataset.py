@@ -184,9 +184,10 @@ def from_dataset_id(
     data_transfer_protocol: str | None = None,
     target_workers: str = "AUTO",
     cross_trainer_cache: CrossTrainerCache | None = None,
+    acknowledge: str = "on_receipt",
 ) -> DataServiceDataset:
     """A dataset reading the registered dataset ``dataset_id`` from the service; the element
-    spec is asked of the dispatcher when not given."""
+    spec is asked of the dispatcher when not given. The other arguments are ``distribute``'s."""
     params = _read_params(
         processing_mode,
         service,
@@ -197,6 +198,7 @@ def from_dataset_id(
         data_transfer_protocol,
         target_workers,
         cross_trainer_cache,
+        acknowledge,
     )
     if not isinstance(dataset_id, str) or not dataset_id:
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
