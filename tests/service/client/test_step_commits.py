@@ -332,3 +332,24 @@ def test_commits_left_to_the_heartbeat_arrive_and_end_the_job(
     counted = sum(count for _, count in state["done"])
     counted += sum(b - a for _, ranges in state["partial"] for a, b in ranges)
     assert counted == batches
+
+
+def test_a_trainer_that_joins_after_the_only_one_died_gets_what_it_held(
+    fault_tolerant: service.DispatchServer, tmp_path: Path
+) -> None:
+    n = 200
+    logs = [tmp_path / "victim.log", tmp_path / "joiner.log"]
+    marker = tmp_path / "victim.batch"
+    common = {"N": str(n), "FEEDLINE_TARGET": fault_tolerant.target}
+    common["READY"] = str(tmp_path / "victim.ready")
+    victim_env = {"LOG": str(logs[0]), "PAUSE": "0", "DIE_AT": "3", "MARKER": str(marker)}
+    with Processes(TRAINER, [("victim", victim_env)], timeout=150, env=common) as victim:
+        victim.wait_for(marker, timeout=90)
+        victim.send("victim", signal.SIGKILL)
+        assert victim.wait_exit("victim", timeout=30) is not None
+    joiner_env = {"LOG": str(logs[1]), "PAUSE": "0"}
+    with Processes(TRAINER, [("joiner", joiner_env)], timeout=150, env=common) as joiner:
+        results = joiner.wait()
+    assert results["joiner"].ok, results["joiner"].describe()
+    check_exactly_once(read_logs(logs), n)
+    assert read_logs(logs[:1])  # the victim committed its first steps
