@@ -5,6 +5,7 @@ state updates and snapshots."""
 from __future__ import annotations
 
 import doctest
+import json
 import random
 
 import pytest
@@ -282,3 +283,140 @@ def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journa
 
 def test_doctests() -> None:
     assert doctest.testmod(ledger_module).failed == 0
+
+
+# -- a ledger acknowledged on commit (``commits``) ------------------------------------------------
+def test_on_commit_a_split_is_done_once_committed_not_once_received() -> None:
+    ledger = SplitLedger(commits=True)
+    ledger.joined(1, None)
+    ledger.grant(0, task_id=7)
+    ledger.count(0, 3)
+    ledger.receive(0, [[0, 3]], client_id=1)
+    assert 0 in ledger.open and ledger.open[0].held == {"1": [[0, 3]]}
+    assert not ledger.adds(0, [[0, 2]], client_id=1) and ledger.adds(0, [[0, 2]], client_id=2)
+    ledger.commit(0, [[0, 2]], client_id=1)
+    assert ledger.open[0].held == {"1": [[2, 3]]} and ledger.open[0].delivered == [[0, 2]]
+    ledger.commit(0, [[2, 3]], client_id=1)
+    assert ledger.done == {0: 3} and ledger.settled
+    ledger.receive(0, [[0, 1]], client_id=1)  # a late report of a done split: nothing changes
+    assert ledger.done == {0: 3} and not ledger.open
+
+
+def test_on_commit_a_dead_consumers_offsets_wait_for_the_split_to_be_handed_out_and_flushed() -> (
+    None
+):
+    ledger = SplitLedger(commits=True)
+    for client in (1, 2, 3):
+        ledger.joined(client, None)
+    ledger.grant(0, task_id=7)
+    ledger.receive(0, [[0, 2]], client_id=1)
+    ledger.receive(0, [[2, 4]], client_id=2)
+    ledger.client_gone(1)
+    assert ledger.flush_wanted(2) == 0  # its worker still hands the split out
+    ledger.count(0, 8)
+    ledger.handed_out(0, task_id=7)
+    assert ledger.flush_wanted(2) == ledger.flush_wanted(3) == 1 and ledger.flush_wanted(1) == 0
+    ledger.flushed(2, 1)
+    assert ledger.replay == []  # consumer 3 may hold offsets it did not report yet
+    ledger.receive(0, [[4, 6]], client_id=3)
+    ledger.flushed(3, 1)
+    # 0-1 (the dead consumer's) and 6-7 (reached no one who reported them) go back.
+    assert ledger.replay == [0] and ledger.skip_of(0) == [[2, 6]]
+    ledger.regrant(0, task_id=8)
+    ledger.receive(0, [[0, 2], [6, 8]], client_id=3)
+    ledger.commit(0, [[2, 4]], client_id=2)
+    ledger.commit(0, [[0, 2], [4, 8]], client_id=3)
+    assert ledger.done == {0: 8}
+
+
+def test_on_commit_a_lost_worker_replays_what_no_living_consumer_holds() -> None:
+    ledger = SplitLedger(commits=True)
+    ledger.joined(1, None)
+    ledger.joined(2, None)
+    ledger.grant(0, task_id=7)
+    ledger.receive(0, [[0, 3]], client_id=1)
+    ledger.commit(0, [[0, 1]], client_id=1)
+    ledger.receive(0, [[3, 5]], client_id=2)
+    ledger.holder_lost(7, consumers=[1, 2])
+    ledger.closed(1, [7])
+    ledger.client_gone(2)  # what it held goes back with the rest
+    assert ledger.replay == [0] and ledger.skip_of(0) == [[0, 3]]
+
+
+def test_on_commit_the_ledger_survives_its_snapshot() -> None:
+    ledger = SplitLedger(commits=True)
+    ledger.joined(1, None)
+    ledger.joined(2, None)
+    ledger.grant(0, task_id=7)
+    ledger.receive(0, [[0, 3]], client_id=1)
+    ledger.client_gone(1)
+    ledger.count(0, 4)
+    ledger.handed_out(0, task_id=7)
+    copy = SplitLedger.from_json(json.loads(json.dumps(ledger.to_json())))
+    assert copy == ledger and copy.flush_wanted(2) == 1
+    copy.flushed(2, 1)
+    assert copy.replay == [0] and copy.skip_of(0) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_on_commit_every_offset_is_committed_exactly_once_whoever_dies(seed: int) -> None:
+    """Simulated consumers take a split's elements, report some, commit some and die at random;
+    the dispatcher's repairs hand out again what the dead held: every offset is committed once."""
+    rng = random.Random(seed)
+    ledger = SplitLedger(commits=True)
+    count, next_client, task = 40, 1, 100
+    alive: dict[int, dict[str, list[int]]] = {}  # per consumer: received, reported, committed
+    committed: list[int] = []
+
+    def join() -> None:
+        nonlocal next_client
+        ledger.joined(next_client, None)
+        alive[next_client] = {"got": [], "reported": [], "done": []}
+        next_client += 1
+
+    for _ in range(3):
+        join()
+    ledger.grant(0, task_id=task)
+    pending = list(range(count))  # what the split's holder has still to hand out
+    for _ in range(10_000):
+        if 0 in ledger.done:
+            break
+        action = rng.random()
+        if pending and action < 0.4:
+            client = rng.choice(list(alive))
+            alive[client]["got"].append(pending.pop(0))
+            if not pending:
+                ledger.count(0, count)
+                ledger.handed_out(0, task)
+        elif action < 0.6:  # a report of what was received
+            client = rng.choice(list(alive))
+            state = alive[client]
+            new = [o for o in state["got"] if o not in state["reported"]]
+            ledger.receive(0, ranges_of(new), client)
+            state["reported"].extend(new)
+            wanted = ledger.flush_wanted(client)
+            if wanted:  # a flush: everything received was reported with it
+                ledger.flushed(client, wanted)
+        elif action < 0.8:  # a step commits what it took
+            client = rng.choice(list(alive))
+            state = alive[client]
+            step = [o for o in state["got"] if o not in state["done"]]
+            if step:
+                ledger.commit(0, ranges_of(step), client)
+                state["done"].extend(step)
+                committed.extend(step)
+        elif action < 0.85 and len(alive) > 1:  # kill -9: what it did not commit is lost to it
+            client = rng.choice(list(alive))
+            del alive[client]
+            ledger.client_gone(client)
+            if rng.random() < 0.7:
+                join()
+        if ledger.replay and not pending:  # a worker hands the split out again
+            task += 1
+            ledger.regrant(0, task)
+            skip = ledger.skip_of(0)
+            pending = [o for o in range(count) if not contains(skip, o)]
+            if not pending:
+                ledger.handed_out(0, task)
+    assert ledger.done == {0: count}
+    assert sorted(committed) == list(range(count))

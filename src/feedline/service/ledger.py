@@ -24,6 +24,26 @@ With ``fault_tolerant_mode`` a DYNAMIC job keeps a ``SplitLedger``: every split 
   what the leaver held is lost with it (at most once, for a consumer that dies), and the others
   reach the end of the epoch.
 
+A job whose consumers acknowledge on commit (``commits``) counts an element delivered only when
+the training step that used it *committed*: a consumer reports what it received as *held*
+(``receive``) and, once the step commits, as committed (``commit``); a split is done once its
+committed offsets cover it, and a replay skips what is committed or held by a consumer that
+reads the job now (``skip_of``). When a consumer dies (``client_gone``) what it held, and what
+reached it unreported, goes back: each open split it may have read from is *repaired* once its
+worker has handed all of it out and every other consumer has *flushed* (reported all it
+received, its replies in flight included: ``flush_wanted``, ``flushed``); the offsets then
+neither committed nor held by anyone are replayed, whoever reads the job next gets them.
+
+  >>> ledger = SplitLedger(commits=True)
+  >>> ledger.joined(1, None); ledger.joined(2, None)
+  >>> ledger.grant(0, task_id=7); ledger.count(0, 4)
+  >>> ledger.receive(0, [[0, 2]], client_id=1); ledger.receive(0, [[2, 3]], client_id=2)
+  >>> ledger.commit(0, [[0, 1]], client_id=1)  # consumer 1 committed offset 0, holds 1
+  >>> ledger.client_gone(1); ledger.handed_out(0, task_id=7); ledger.flush_wanted(2)
+  1
+  >>> ledger.flushed(2, 1); ledger.replay, ledger.skip_of(0)  # 1 and 3 (never reported) go back
+  ([0], [[0, 1], [2, 3]])
+
 Offsets travel as *ranges*: sorted, disjoint ``[start, stop)`` pairs (``add_ranges``).
 
 A cross-trainer job (``CrossTrainerCache``) keeps a ledger of its own kind (``per_trainer``):
@@ -86,6 +106,7 @@ __all__ = [
     "contains",
     "covers",
     "ranges_of",
+    "subtract_ranges",
 ]
 
 Ranges = list[list[int]]
@@ -154,6 +175,27 @@ def _insert(ranges: Ranges, offset: int) -> bool:
     return True
 
 
+def subtract_ranges(ranges: Sequence[Sequence[int]], minus: Sequence[Sequence[int]]) -> Ranges:
+    """The offsets of ``ranges`` that are not in ``minus``.
+
+    Example:
+      >>> subtract_ranges([[0, 10]], [[2, 4], [6, 7]])
+      [[0, 2], [4, 6], [7, 10]]
+    """
+    out: Ranges = []
+    cuts = add_ranges([], minus)
+    for start, stop in add_ranges([], ranges):
+        for cut_start, cut_stop in cuts:
+            if cut_stop <= start or cut_start >= stop:
+                continue
+            if cut_start > start:
+                out.append([start, cut_start])
+            start = max(start, cut_stop)
+        if start < stop:
+            out.append([start, stop])
+    return out
+
+
 def _check_ranges(value: Any, what: str) -> Ranges:
     if not isinstance(value, list) or not all(
         isinstance(pair, list)
@@ -177,6 +219,12 @@ class OpenSplit:
       awaiting: the consumers that must close ``lost_holder`` before it is replayed.
       handed_out: its holder has handed every element of it to consumers.
       trainers: in a ``per_trainer`` ledger, the offsets each trainer reported, as ranges.
+      held: in a ``commits`` ledger, the offsets each consumer (by its id as a string)
+        received and has not committed yet; ``delivered`` holds the committed ones.
+      repair: (``commits``) a consumer that may have read from it died: once handed out and
+        flushed, what is neither committed nor held goes back (``flush_wanted``).
+      flush_at: the flush round its repair waits for, 0 while none started.
+      flushing: the consumers that must flush (round ``flush_at``) before its repair.
     """
 
     holder: int | None
@@ -186,6 +234,10 @@ class OpenSplit:
     awaiting: list[int] = dataclasses.field(default_factory=list)
     handed_out: bool = False
     trainers: dict[str, Ranges] = dataclasses.field(default_factory=dict)
+    held: dict[str, Ranges] = dataclasses.field(default_factory=dict)
+    repair: bool = False
+    flush_at: int = 0
+    flushing: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -212,11 +264,18 @@ class SplitLedger:
     #: trainer that joined once one was done has not received it yet, and where its task is
     #: lost before it did, the split is open again (``holder_lost``).
     finished: dict[int, OpenSplit] = dataclasses.field(default_factory=dict)
+    #: The consumers acknowledge elements when their training step commits (module doc).
+    commits: bool = False
+    #: (``commits``) The consumers reading the job now, and the last flush round asked for.
+    consumers: list[int] = dataclasses.field(default_factory=list)
+    flush_round: int = 0
 
     def joined(self, client_id: int, trainer_id: str | None) -> None:
         """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``)."""
         if self.per_trainer and trainer_id is not None:
             self.trainer_of[client_id] = trainer_id
+        if self.commits and client_id not in self.consumers:
+            self.consumers.append(client_id)
 
     def reading(self) -> set[str]:
         """The trainers with a consumer that did not leave (``per_trainer``)."""
@@ -242,6 +301,7 @@ class SplitLedger:
         if split is not None:
             split.count = count
             self._settle(key)
+            self._repair(key)
 
     def receive(
         self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None
@@ -256,10 +316,82 @@ class SplitLedger:
             if trainer is None:
                 return
             split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
+        elif self.commits:
+            if client_id is None or client_id not in self.consumers:
+                return  # a consumer that left: what it held goes back (client_gone)
+            held = add_ranges(split.held.get(str(client_id), []), ranges)
+            split.held[str(client_id)] = subtract_ranges(held, split.delivered)
+            return
         else:
             split.delivered = add_ranges(split.delivered, ranges)
         if key in self.open:
             self._settle(key)
+
+    def commit(self, key: int, ranges: Sequence[Sequence[int]], client_id: int) -> None:
+        """(``commits``) Consumer ``client_id``'s training step that used the offsets ``ranges``
+        of split ``key`` committed: they are delivered, and held no more."""
+        split = self.open.get(key)
+        if split is None:
+            return
+        split.delivered = add_ranges(split.delivered, ranges)
+        for holder, held in list(split.held.items()):
+            rest = subtract_ranges(held, split.delivered)
+            if rest:
+                split.held[holder] = rest
+            else:
+                del split.held[holder]
+        self._settle(key)
+
+    def skip_of(self, key: int) -> Ranges:
+        """The offsets of open split ``key`` that a worker handing it out again skips: those
+        delivered, and (``commits``) those a consumer reading the job holds."""
+        split = self.open[key]
+        if not self.commits:
+            return split.delivered
+        return add_ranges(split.delivered, (pair for held in split.held.values() for pair in held))
+
+    def flush_wanted(self, client_id: int) -> int:
+        """(``commits``) The flush round consumer ``client_id`` is asked to report (0: none)."""
+        return max((s.flush_at for s in self.open.values() if client_id in s.flushing), default=0)
+
+    def awaits_commits(self) -> bool:
+        """(``commits``) Whether every split handed out so far is out whole, with each element
+        committed or held by a consumer reading the job: until a consumer dies, nothing more
+        reaches any of them (call it once the cursor has handed out every split)."""
+        return not self.replay and all(
+            split.holder is not None
+            and split.handed_out
+            and split.count is not None
+            and covers(self.skip_of(key), split.count)
+            for key, split in self.open.items()
+        )
+
+    def flushed(self, client_id: int, flush_round: int) -> None:
+        """(``commits``) Consumer ``client_id`` reported everything it received up to the flush
+        ``flush_round`` asked for, its replies in flight then included."""
+        for key, split in list(self.open.items()):
+            if client_id in split.flushing and split.flush_at <= flush_round:
+                split.flushing.remove(client_id)
+                self._repair(key)
+
+    def _repair(self, key: int) -> None:
+        """(``commits``) Moves the repair of split ``key`` on: it starts a flush once the split
+        is handed out, and once every consumer flushed sends the offsets neither committed nor
+        held back to be handed out again."""
+        split = self.open.get(key)
+        if split is None or not split.repair or split.holder is None:
+            return
+        if not split.handed_out or split.count is None:
+            return
+        if not split.flush_at:
+            self.flush_round += 1
+            split.flush_at, split.flushing = self.flush_round, list(self.consumers)
+        if split.flushing:
+            return
+        split.repair, split.flush_at = False, 0
+        if not covers(self.skip_of(key), split.count):
+            split.holder, split.handed_out = None, False
+            self._release(key)
 
     def _reported(self, key: int) -> OpenSplit | None:
         """The split whose receipts a report of ``key`` adds to: an open one, or (``per_trainer``)
@@ -283,6 +415,7 @@ class SplitLedger:
         for key, split in list(self.open.items()):
             if split.holder == task_id:
                 split.holder, split.lost_holder = None, task_id
+                split.repair, split.flush_at, split.flushing = False, 0, []
                 # A trainer drops what it has of a replayed split itself: nothing to wait for.
                 split.awaiting = [] if self.per_trainer else sorted(set(consumers))
                 self._release(key)
@@ -306,6 +439,9 @@ class SplitLedger:
             for key in list(self.open):
                 self._settle(key)
             return
+        if self.commits:
+            self._commit_client_gone(client_id)
+            return
         self.consumer_left = True
         for key, split in list(self.open.items()):
             if client_id in split.awaiting:
@@ -314,12 +450,29 @@ class SplitLedger:
             if key in self.open:
                 self._settle(key)
 
+    def _commit_client_gone(self, client_id: int) -> None:
+        """(``commits``) What consumer ``client_id`` held, or received unreported, goes back:
+        every split being handed out is repaired (``_repair``), as it may have read from any."""
+        if client_id in self.consumers:
+            self.consumers.remove(client_id)
+        for key, split in list(self.open.items()):
+            split.held.pop(str(client_id), None)
+            if client_id in split.awaiting:
+                split.awaiting.remove(client_id)
+                self._release(key)
+            if client_id in split.flushing:
+                split.flushing.remove(client_id)
+            if split.holder is not None:
+                split.repair = True
+            self._repair(key)
+
     def handed_out(self, key: int, task_id: int) -> None:
         """``task_id`` handed every element of split ``key`` to consumers."""
         split = self.open.get(key)
         if split is not None and split.holder == task_id:
             split.handed_out = True
             self._settle(key)
+            self._repair(key)
 
     def adds(self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None) -> bool:
         """Whether consumer ``client_id``'s report of ``ranges`` of split ``key`` is news to the
@@ -332,6 +485,9 @@ class SplitLedger:
             if trainer is None:
                 return False
             have = split.trainers.get(trainer, [])
+            return add_ranges(have, ranges) != have
+        if self.commits and client_id is not None:
+            have = add_ranges(split.delivered, split.held.get(str(client_id), []))
             return add_ranges(have, ranges) != have
         return add_ranges(split.delivered, ranges) != split.delivered
 
@@ -377,7 +533,9 @@ class SplitLedger:
         if self.per_trainer:
             done = all(covers(split.trainers.get(t, []), split.count) for t in self.reading())
         else:
-            done = covers(split.delivered, split.count) or (self.consumer_left and split.handed_out)
+            done = covers(split.delivered, split.count) or (
+                self.consumer_left and split.handed_out and not self.commits
+            )
         if done:
             del self.open[key]
             self.done[key] = split.count
@@ -405,6 +563,15 @@ class SplitLedger:
                 if self.per_trainer
                 else {}
             ),
+            **(
+                {
+                    "commits": True,
+                    "consumers": list(self.consumers),
+                    "flush_round": self.flush_round,
+                }
+                if self.commits
+                else {}
+            ),
         }
 
     @classmethod
@@ -419,6 +586,9 @@ class SplitLedger:
             {int(c): str(t) for c, t in data.get("trainer_of", ())},
             [int(c) for c in data.get("left", ())],
             {int(key): OpenSplit(**fields) for key, fields in data.get("finished", ())},
+            bool(data.get("commits", False)),
+            [int(c) for c in data.get("consumers", ())],
+            int(data.get("flush_round", 0)),
         )
 
 

@@ -385,6 +385,8 @@ class GetOrCreateJobRequest:
       request_id: the join's id, the same in each retry of it (None: none): the dispatcher
         answers a join it already served with the same consumer, so that a retried join (its
         reply lost to a restart) neither adds a consumer nor starts another job.
+      commits: the consumers acknowledge an element when the training step that used it
+        commits (``acknowledge="on_commit"``; a fault-tolerant dispatcher's DYNAMIC job).
     """
 
     dataset_id: str
@@ -397,6 +399,7 @@ class GetOrCreateJobRequest:
     cross_trainer: bool = False
     trainer_id: str | None = None
     request_id: str | None = None
+    commits: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -429,6 +432,7 @@ class GetOrCreateJobRequest:
             field(header, "cross_trainer", bool, False),
             field(header, "trainer_id", (str, type(None)), None),
             _request_id(header),
+            field(header, "commits", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -444,6 +448,7 @@ class GetOrCreateJobRequest:
             **({"cross_trainer": True} if self.cross_trainer else {}),
             **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
             **({"request_id": self.request_id} if self.request_id is not None else {}),
+            **({"commits": True} if self.commits else {}),
         }
 
 
@@ -481,6 +486,10 @@ class ClientHeartbeatRequest:
       closed: (exactly-once jobs) the lost tasks it takes nothing more from; checked as
         ``received``.
       input_wait: how long its steps waited for input so far (None: not measured).
+      committed: (jobs acknowledged on commit) the offsets its committed steps used, as
+        ``received``.
+      flushed: (jobs acknowledged on commit) the last flush round it reported everything it
+        received for (``HeartbeatReply.flush``), 0 if none.
     """
 
     client_id: int
@@ -490,6 +499,8 @@ class ClientHeartbeatRequest:
     holding: list[Any] = dataclasses.field(default_factory=list)
     closed: Any = dataclasses.field(default_factory=list)
     input_wait: InputWait | None = None
+    committed: Any = dataclasses.field(default_factory=list)
+    flushed: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -508,6 +519,8 @@ class ClientHeartbeatRequest:
             field(header, "holding", list, []),
             header.get("closed", []),
             InputWait.from_wire(header.get("input_wait")),
+            header.get("committed", []),
+            field(header, "flushed", int, 0),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -522,6 +535,10 @@ class ClientHeartbeatRequest:
             header.update(received=self.received, holding=self.holding, closed=self.closed)
         if self.input_wait is not None:
             header["input_wait"] = self.input_wait.to_wire()
+        if self.committed:
+            header["committed"] = self.committed
+        if self.flushed:
+            header["flushed"] = self.flushed
         return header
 
 
@@ -1225,7 +1242,10 @@ class HeartbeatReply:
     view is current (the request's ``version`` is the job's: ``{"unchanged": true}`` on the
     wire, a few bytes instead of a view of every task); and, in an exactly-once job,
     ``splits_done``: ``(key, count)`` of the splits the consumer reported or holds that are
-    done (None in other jobs).
+    done (None in other jobs); in a job acknowledged on commit, ``flush``: the flush round the
+    consumer is asked to report everything it received for, its replies in flight included
+    (0: none; ``ledger``), and ``awaits_commits``: every split is out, each element committed
+    or held by a consumer, so nothing more comes unless one dies.
 
     Example:
       >>> HeartbeatReply.from_header({"incarnation": 5, "unchanged": True}).view is None
@@ -1235,6 +1255,8 @@ class HeartbeatReply:
     incarnation: int
     view: JobView | None
     splits_done: tuple[tuple[int, int], ...] | None = None
+    flush: int = 0
+    awaits_commits: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> HeartbeatReply:
@@ -1247,8 +1269,13 @@ class HeartbeatReply:
         if field(header, "splits_done", (list, type(None)), None) is not None:
             done = tuple((key, count) for key, count in _rows(header, "splits_done", (int, int)))
         unchanged = field(header, "unchanged", bool, False)
-        view = None if unchanged else JobView.from_header(header)
-        return cls(field(header, "incarnation", int), view, done)
+        return cls(
+            field(header, "incarnation", int),
+            None if unchanged else JobView.from_header(header),
+            done,
+            field(header, "flush", int, 0),
+            field(header, "awaits_commits", bool, False),
+        )
 
     def to_header(self) -> dict[str, Any]:
         """The reply's header."""
@@ -1259,6 +1286,10 @@ class HeartbeatReply:
             header.update(self.view.to_header())
         if self.splits_done is not None:
             header["splits_done"] = [[key, count] for key, count in self.splits_done]
+        if self.flush:
+            header["flush"] = self.flush
+        if self.awaits_commits:
+            header["awaits_commits"] = True
         return header
 
 

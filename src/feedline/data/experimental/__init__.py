@@ -8,6 +8,7 @@ those of ``feedline.data.Options``;
 from feedline import _porting
 from feedline.data._fluent import sample_from_datasets
 from feedline.data.auto_shard import ShardMode, auto_shard
+from feedline.data.committed import CommittedIterator
 from feedline.data.dataset import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY, Optional
 from feedline.data.experimental.functions import (
     at,
@@ -71,6 +72,7 @@ __all__ = [
     "AutoShardPolicy",
     "AutotuneAlgorithm",
     "AutotuneOptions",
+    "CommittedIterator",
     "Counter",
     "CsvDataset",
     "DistributeOptions",

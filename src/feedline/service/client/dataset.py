@@ -82,6 +82,7 @@ def distribute(
     compression: str | None = "AUTO",
     target_workers: str = "AUTO",
     cross_trainer_cache: CrossTrainerCache | None = None,
+    acknowledge: str = "on_receipt",
 ) -> Any:
     """A transformation (for ``dataset.apply``) that moves the dataset's processing onto the
     data service.
@@ -118,6 +119,12 @@ def distribute(
         every element of the job ``job_name``, which the workers compute once for all its
         trainers (needs ``job_name``; under ``parallel_epochs`` an infinite dataset). It
         follows ``target_workers`` (TensorFlow 2.21 puts it before): pass it by name.
+      acknowledge: ``"on_receipt"`` (the default) or ``"on_commit"``: under
+        ``distributed_epoch`` with a fault-tolerant dispatcher, an element counts as consumed
+        only when the step that used it commits (the iterator's ``commit()``); the elements of
+        a consumer that dies before its step committed go to the job's other consumers, or to
+        one that joins, and ``abort()`` returns the step's elements again. Batch before
+        ``distribute`` and commit each step before the next ``next()``.
 
     Raises:
       InvalidArgumentError: an argument out of its range; under DYNAMIC, a dataset without a
@@ -133,6 +140,7 @@ def distribute(
         data_transfer_protocol,
         target_workers,
         cross_trainer_cache,
+        acknowledge,
     )
     _check_compression(compression)
 
@@ -176,9 +184,10 @@ def from_dataset_id(
     data_transfer_protocol: str | None = None,
     target_workers: str = "AUTO",
     cross_trainer_cache: CrossTrainerCache | None = None,
+    acknowledge: str = "on_receipt",
 ) -> DataServiceDataset:
     """A dataset reading the registered dataset ``dataset_id`` from the service; the element
-    spec is asked of the dispatcher when not given."""
+    spec is asked of the dispatcher when not given. The other arguments are ``distribute``'s."""
     params = _read_params(
         processing_mode,
         service,
@@ -189,6 +198,7 @@ def from_dataset_id(
         data_transfer_protocol,
         target_workers,
         cross_trainer_cache,
+        acknowledge,
     )
     if not isinstance(dataset_id, str) or not dataset_id:
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
@@ -455,6 +465,32 @@ class _ServiceIterator(DatasetIterator):
         if not state[cluster_shares.LEAD]:
             return name, None  # joins the job that the lead consumer resumed
         return name, SplitPosition.union(shares)  # type: ignore[arg-type]
+
+    @property
+    def acknowledges_on_commit(self) -> bool:
+        """Whether elements count as consumed when ``commit`` says their step committed
+        (``acknowledge="on_commit"``), rather than on receipt."""
+        return self._reader.params.commits
+
+    def commit(self, wait: bool = True) -> int:
+        """The training step that used the elements ``next`` returned since the last commit
+        committed (``acknowledge="on_commit"``): the dispatcher records them as consumed before
+        this returns, and they count in the iterator's state; how many. With ``wait=False``
+        the consumer's next heartbeat carries the acknowledgement (within ~0.1 s): a consumer
+        killed before it went out gets those steps delivered again.
+
+        Raises:
+          FailedPreconditionError: the dataset was not distributed with
+            ``acknowledge="on_commit"``.
+          UnavailableError: the dispatcher did not answer within the service timeout; the step
+            is not committed (call ``commit`` again, or ``abort``).
+        """
+        return self._reader.commit(wait)
+
+    def abort(self) -> int:
+        """The current step is aborted (``acknowledge="on_commit"``): ``next`` returns the
+        elements it returned since the last commit again, in order; how many."""
+        return self._reader.abort()
 
     def _close(self) -> None:
         self._reader.release()

@@ -38,6 +38,7 @@ from feedline.service.client.exactly_once import SplitReceipts
 from feedline.service.client.fetch import REPLY_BYTES, RPC_TIMEOUT_S, Fetchers
 from feedline.service.client.queue import ElementQueue
 from feedline.service.client.read_params import _ReadParams
+from feedline.service.client.step_commits import StepCommits
 from feedline.service.config import ShardingPolicy
 from feedline.service.position import (
     JobPosition,
@@ -182,6 +183,8 @@ class _JobReader:
         self._released = False
         # How long the training steps waited for input (the heartbeats report it).
         self._input_wait = StepWaits()
+        # A consumer that acknowledges on commit (``step_commits``), once it joined.
+        self._commits: StepCommits | None = None
         joined = self._join(dataset, iteration)
         self._client_id = joined.client_id
         self._job_id = joined.job_id
@@ -204,6 +207,8 @@ class _JobReader:
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
             self._heartbeat_s = self._idle_heartbeat_s = min(self._heartbeat_s, _REPORT_S)
+        if params.commits and self._splits is not None:
+            self._commits = StepCommits()
         self._fetchers = Fetchers(
             self.queue,
             self,
@@ -254,6 +259,7 @@ class _JobReader:
             trainer_id=None if self.trainer is None else self.trainer.trainer_id,
             # The same in every retry of this join: the dispatcher serves it once.
             request_id=secrets.token_hex(16),
+            commits=params.commits,
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -269,11 +275,24 @@ class _JobReader:
             with self._lock:
                 version = self._version
             wait_ms = int(interval * 1000)
+            committed_tags: list[Sequence[int]] = []  # (on commit) acknowledged by this one
             request = ClientHeartbeatRequest(
                 self._client_id, version, wait_ms, input_wait=self._input_wait.report()
             )
             if self._splits is not None:  # what it received, and the lost tasks it closed
-                request = dataclasses.replace(request, **self._splits.report(wait_ms))
+                # A flush is reported with the receipts collected after it (``step_commits``).
+                commits = self._commits
+                flushed = (
+                    0 if commits is None else commits.flush_report(self.queue.answered_through)
+                )
+                request = dataclasses.replace(
+                    request, **self._splits.report(wait_ms), flushed=flushed
+                )
+                if self._commits is not None:  # steps committed with commit(wait=False)
+                    committed, committed_tags = self._commits.take_unsent()
+                    request = dataclasses.replace(request, committed=committed)
+                    if self._commits.flush_pending() or committed:
+                        request = dataclasses.replace(request, wait_ms=0)
             try:
                 header, _ = self._dispatcher.call(
                     "ClientHeartbeat", request.to_header(), timeout=interval + RPC_TIMEOUT_S
@@ -282,6 +301,8 @@ class _JobReader:
             except UnavailableError:  # next() raises once this lasts too long
                 if self._splits is not None:
                     self._splits.report_failed()
+                if self._commits is not None and request.committed:
+                    self._commits.unsent(request.committed, committed_tags)
                 self.queue.wait_closed(min(interval, 0.5))
                 continue
             except BaseException as error:
@@ -289,13 +310,25 @@ class _JobReader:
                 return
             with self._lock:
                 self._answered_at = time.monotonic()
+            if self._splits is not None and self._commits is not None:
+                for tag in committed_tags:  # acknowledged: they count in the position
+                    self._splits.returned(tag)
             # A trainer keeps what it has of a split done for the job: restored from its
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
-            if self._apply_view(self._view_in(reply), asked_after):
+            if self._commits is not None:
+                self._commits.awaits_commits = reply.awaits_commits
+                if reply.flush:
+                    self._commits.asked(reply.flush, self.queue.requests_made())
+            news = self._apply_view(self._view_in(reply), asked_after)
+            if news:
                 interval = self._heartbeat_s
-            else:  # no news: the next waits its turn, and while none comes, longer each time
+            if self._commits is not None and (
+                self._commits.flush_pending() or self._commits.has_unsent()
+            ):
+                self.queue.wait_closed(0.01)  # its replies in flight arrive meanwhile
+            elif not news:  # no news: the next waits its turn, and while none comes, longer each time
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
                 interval = min(interval * 2, self._idle_heartbeat_s)
 
@@ -452,19 +485,30 @@ class _JobReader:
 
     def _next(self) -> Any:
         while True:
+            item = None if self._commits is None else self._commits.again()
             try:
                 # A failed job raises at every call, even where a reply that was on its way
                 # when the error came left elements behind: the job is over.
-                item = self.queue.get(0.5)
+                item = item or self.queue.get(self._get_wait_s())
             except BaseException:  # the job's error, or StopIteration
                 self.release()
                 raise
             if item is not None:
-                if item.tag is not None and self.trainer is not None:
+                if self._commits is not None:  # counted as returned when its step commits
+                    self._commits.returned(item)
+                elif item.tag is not None and self.trainer is not None:
                     self.trainer.returned(item.task_id, item.tag)
                 elif item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
                 return item.element
+            if (
+                self._commits is not None
+                and self._commits.step_size
+                and (self._commits.awaits_commits)
+            ):
+                # The job waits for steps to commit, this one's too: nothing more comes to it
+                # (unless a consumer dies). The step may commit; the reader stays joined.
+                raise StopIteration
             if self.queue.closed:  # released before the end: nothing more comes
                 raise FailedPreconditionError(
                     f"the consumer of job {self._job_id} was released before the job "
@@ -473,6 +517,67 @@ class _JobReader:
             overdue = self._overdue()
             if overdue is not None:
                 raise overdue
+
+    # -- acknowledged on commit (``step_commits``) -------------------------------------------
+    def commit(self, wait: bool = True) -> int:
+        """The current step committed: the elements ``next`` returned since the last commit
+        are acknowledged to the dispatcher (which journals them before answering), and then
+        count in this consumer's position; how many.
+
+        Args:
+          wait: return once the dispatcher answered. With False the consumer's next heartbeat
+            carries the acknowledgement (within ~0.1 s, several steps in one call): a consumer
+            killed before it arrived gets those steps delivered again.
+
+        Raises:
+          FailedPreconditionError: the consumer does not acknowledge on commit.
+          UnavailableError: the dispatcher did not answer for ``timeout_s``; the step is not
+            committed (call ``commit`` again, or ``abort``).
+        """
+        commits = self._require_commits()
+        count = commits.step_size
+        if not wait:
+            commits.send_later()
+            return count
+        ranges, tags = commits.step_ranges(), commits.step_tags()
+        if ranges:
+            self._send_commit(ranges, tags)
+        commits.committed()
+        return count
+
+    def _send_commit(self, ranges: list[list[Any]], tags: list[Sequence[int]]) -> None:
+        request = ClientHeartbeatRequest(self._client_id, committed=ranges).to_header()
+        call_within(
+            self._timeout_s,
+            lambda timeout: self._dispatcher.call("ClientHeartbeat", request, timeout=timeout),
+            attempt_s=RPC_TIMEOUT_S,
+        )
+        for tag in tags:
+            if self._splits is not None:  # always: commits come with receipts
+                self._splits.returned(tag)
+
+    def abort(self) -> int:
+        """The current step is aborted: ``next`` returns its elements again, in order; how
+        many.
+
+        Raises:
+          FailedPreconditionError: the consumer does not acknowledge on commit.
+        """
+        return self._require_commits().abort()
+
+    def _require_commits(self) -> StepCommits:
+        if self._commits is None:
+            raise FailedPreconditionError(
+                "commit() and abort() need a consumer that acknowledges on commit: "
+                "distribute(processing_mode='distributed_epoch', ..., acknowledge='on_commit') "
+                "with a dispatcher started with fault_tolerant_mode=True"
+            )
+        return self._commits
+
+    def _get_wait_s(self) -> float:
+        """How long ``next`` waits on the queue before looking again: briefly while its own
+        step is uncommitted (the job may wait for that step alone: ``awaits_commits``)."""
+        return 0.02 if self._commits is not None and self._commits.step_size else 0.5
 
     @property
     def exactly_once(self) -> bool:
@@ -552,7 +657,15 @@ class _JobReader:
             return self._joined > 1
 
     def release(self, timeout: float = 5.0) -> None:
-        """Stops the threads and tells the dispatcher this consumer is done; idempotent."""
+        """Stops the threads and tells the dispatcher this consumer is done (after the
+        acknowledgements ``commit(wait=False)`` left to the heartbeat); idempotent."""
+        if self._commits is not None and self._commits.has_unsent() and not self._released:
+            ranges, _ = self._commits.take_unsent()
+            last = ClientHeartbeatRequest(self._client_id, committed=ranges).to_header()
+            try:
+                self._dispatcher.call("ClientHeartbeat", last, timeout=timeout)
+            except FeedlineError as error:  # what it acknowledged goes back to the job
+                logger.debug("consumer %d: a commit failed: %s", self._client_id, error)
         self._shm.close()
         self.queue.close()
         with self._lock:

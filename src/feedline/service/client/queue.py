@@ -95,6 +95,9 @@ class ElementQueue:
         # Tasks with a request in flight: elements a worker handed out before it said it was
         # done may still be on their way here.
         self._in_flight: set[int] = set()
+        # Every request gets a number (``reading``); those still in flight.
+        self._requests = 0
+        self._outstanding: set[int] = set()
         self._returned: collections.Counter[int] = collections.Counter()
         # How many times a task ended here, and that count when the newest view applied was
         # asked for: the end of the tasks known here is the end of the job only once a view
@@ -213,12 +216,26 @@ class ElementQueue:
         """Marks a request to ``task_id`` as in flight (the job cannot end meanwhile)."""
         with self._cond:
             self._in_flight.add(task_id)
+            self._requests += 1
+            number = self._requests
+            self._outstanding.add(number)
         try:
             yield
         finally:
             with self._cond:
                 self._in_flight.discard(task_id)
+                self._outstanding.discard(number)
                 self._cond.notify_all()
+
+    def requests_made(self) -> int:
+        """How many requests were made so far (a mark for ``answered_through``)."""
+        with self._cond:
+            return self._requests
+
+    def answered_through(self, mark: int) -> bool:
+        """Whether every request up to ``mark`` (``requests_made``) has its reply delivered."""
+        with self._cond:
+            return all(number > mark for number in self._outstanding)
 
     def put(self, task_id: int, items: Sequence[Item], credits: int) -> None:
         """Adds ``items`` of ``task_id``, which a request of ``credits`` brought (those it did

@@ -13,6 +13,8 @@ from feedline.service.config import ShardingPolicy
 from feedline.service.protocol import TARGET_WORKERS
 
 _COMPRESSIONS = ("AUTO", None)
+#: When a consumer acknowledges an element: as it receives it, or when its step commits.
+ACKNOWLEDGE = ("on_receipt", "on_commit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,8 @@ class _ReadParams:
     data_transfer_protocol: str | None = None
     # A trainer of a cross-trainer job (CrossTrainerCache): it reads every element.
     trainer_id: str | None = None
+    # acknowledge="on_commit": elements count as consumed when the step that used them commits.
+    commits: bool = False
 
 
 def _read_params(
@@ -43,6 +47,7 @@ def _read_params(
     data_transfer_protocol: Any,
     target_workers: Any,
     cross_trainer_cache: Any = None,
+    acknowledge: Any = "on_receipt",
 ) -> _ReadParams:
     mode = ShardingPolicy.parse(processing_mode)
     address = _rpc.parse_service(service)
@@ -93,6 +98,15 @@ def _read_params(
                 f"cross_trainer_cache needs processing_mode ShardingPolicy.OFF "
                 f"('parallel_epochs') or DYNAMIC ('distributed_epoch'), got {mode.name}"
             )
+    if acknowledge not in ACKNOWLEDGE:
+        raise InvalidArgumentError(f"acknowledge must be one of {ACKNOWLEDGE}, got {acknowledge!r}")
+    if acknowledge == "on_commit" and (
+        mode != ShardingPolicy.DYNAMIC or num_consumers is not None or trainer_id is not None
+    ):
+        raise InvalidArgumentError(
+            "acknowledge='on_commit' needs processing_mode 'distributed_epoch' (DYNAMIC) "
+            f"without consumer_index/num_consumers or cross_trainer_cache, got {mode.name}"
+        )
     return _ReadParams(
         mode,
         address,
@@ -103,6 +117,7 @@ def _read_params(
         "ANY" if workers == "AUTO" else workers,
         data_transfer_protocol,
         trainer_id,
+        acknowledge == "on_commit",
     )
 
 

@@ -92,13 +92,30 @@ class Jobs:
                 )
             if request.cross_trainer:
                 check_cross_trainer(request, mode, record.cardinality)
+            if request.commits and not (
+                core.config.fault_tolerant_mode
+                and mode == ShardingPolicy.DYNAMIC
+                and num_consumers is None
+                and not request.cross_trainer
+            ):
+                raise FailedPreconditionError(
+                    "acknowledge='on_commit' needs an exactly-once job: ShardingPolicy.DYNAMIC "
+                    f"(got {mode.name}) without num_consumers or a cross-trainer cache, from a "
+                    "dispatcher started with fault_tolerant_mode=True"
+                )
             job = self._find_job(request.job_name, request.iteration)
             if job is not None and position is not None:
                 self._collect_for_resume(job)
                 job = None
             if job is not None:
                 self._check_same_job(
-                    job, record, mode, num_consumers, request.target_workers, request.cross_trainer
+                    job,
+                    record,
+                    mode,
+                    num_consumers,
+                    request.target_workers,
+                    request.cross_trainer,
+                    request.commits,
                 )
             else:
                 job = self._create_job(record, mode, request, position)
@@ -145,6 +162,7 @@ class Jobs:
         num_consumers: int | None,
         target_workers: str,
         cross_trainer: bool = False,
+        commits: bool = False,
     ) -> None:
         """A consumer joins a job by its name alone, as in TensorFlow: where it registered
         another dataset than the job's, it reads the job's dataset (TensorFlow's
@@ -160,6 +178,7 @@ class Jobs:
             ("num_consumers", job.num_consumers, num_consumers),
             ("target workers", job.target_workers, target_workers),
             ("cross_trainer_cache", job.cross_trainer, cross_trainer),
+            ("acknowledge on commit", job.commits, commits),
         ):
             if theirs != mine:
                 diff.append(f"Existing {what}: <{theirs}>; got <{mine}>.")
@@ -229,6 +248,7 @@ class Jobs:
                     and num_consumers is None
                 ),
                 cross_trainer=request.cross_trainer,
+                commits=request.commits,
             )
         )
         if isinstance(position, SplitPosition):

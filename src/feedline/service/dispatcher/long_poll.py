@@ -31,6 +31,7 @@ from feedline.service.protocol import (
     StreamView,
     TaskView,
 )
+from feedline.service.splits import SplitCursor
 
 __all__ = ["MAX_WAIT_S", "LongPoll"]
 
@@ -119,20 +120,31 @@ class LongPoll:
 
     def _take_report(
         self, client_id: int, job: JobRecord, request: ClientHeartbeatRequest
-    ) -> tuple[tuple[int, int], ...] | None:
+    ) -> tuple[tuple[tuple[int, int], ...], int, bool] | None:
         """Applies what a consumer of an exactly-once job reports (the offsets it received, the
-        lost tasks it closed); ``(key, count)`` of the splits it reported or holds that are
-        done, or None for other jobs."""
+        lost tasks it closed; on commit: the offsets committed, the flush round reported);
+        ``(key, count)`` of the splits it reported or holds that are done, the flush round it
+        is asked for and whether the job waits for commits only, or None for other jobs."""
         ledger = self._core.state.ledgers.get(job.job_id)
         if ledger is None:
             return None
         received, closed = check_report(request.received, request.closed)
+        committed, _ = check_report(request.committed, [])
         news = [[key, ranges] for key, ranges in received if ledger.adds(key, ranges, client_id)]
         closed = [task_id for task_id in closed if ledger.awaits(client_id, task_id)]
-        if news or closed:
-            self._core.apply(ReportSplits(job.job_id, client_id, news, closed))
-        keys = {key for key, _ in received} | {k for k in request.holding if isinstance(k, int)}
-        return tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        commits = [[key, ranges] for key, ranges in committed if key in ledger.open]
+        wanted = ledger.flush_wanted(client_id) if ledger.commits and request.flushed else 0
+        flushed = request.flushed if 0 < wanted <= request.flushed else 0
+        if news or closed or commits or flushed:
+            self._core.apply(ReportSplits(job.job_id, client_id, news, closed, commits, flushed))
+        keys = {key for key, _ in (*received, *committed)}
+        keys |= {k for k in request.holding if isinstance(k, int)}
+        done = tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        if not ledger.commits:
+            return done, 0, False
+        cursor = self._core.state.split_cursors.get((job.job_id, 0))
+        handed_out_all = cursor is not None and SplitCursor.from_json(cursor).done
+        return done, ledger.flush_wanted(client_id), handed_out_all and ledger.awaits_commits()
 
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
@@ -166,7 +178,7 @@ class LongPoll:
                         if core.job_versions[job.job_id] == request.version:
                             return self._unchanged_frame()
                         return self._reply_frame(job)
-                    reply = HeartbeatReply(core.incarnation, self.job_view(job), done)
+                    reply = HeartbeatReply(core.incarnation, self.job_view(job), *done)
                     return reply.to_header(), ()
                 self._waiting_consumers += 1
                 try:

@@ -172,9 +172,8 @@ class SplitHandout:
             return GetSplitReply(None)
         else:
             return GetSplitReply(None, wait=True)
-        split = ledger.open.get(key)
         # A split done meanwhile (only a retry can ask for one) is skipped whole.
-        skip = split.delivered if split is not None else [[0, 1 << 62]]
+        skip = ledger.skip_of(key) if key in ledger.open else [[0, 1 << 62]]
         fields = {"key": key, "skip": tuple((start, end) for start, end in skip)}
         taken = dataclasses.replace(cursor, position=key).take()
         return cursor, taken or (key, key), fields

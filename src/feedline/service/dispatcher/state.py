@@ -133,6 +133,8 @@ class JobRecord:
     exactly_once: bool = False
     #: Its consumers are trainers that each read every element (``CrossTrainerCache``).
     cross_trainer: bool = False
+    #: (``exactly_once``) Its consumers acknowledge elements when their step commits (``ledger``).
+    commits: bool = False
 
 
 @dataclasses.dataclass
@@ -198,6 +200,7 @@ class CreateJob:
     target_workers: str
     exactly_once: bool = False
     cross_trainer: bool = False
+    commits: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,12 +292,16 @@ class HandOutSplits:
 @dataclasses.dataclass(frozen=True)
 class ReportSplits:
     """Consumer ``client_id`` of exactly-once job ``job_id`` received the offsets ``received``
-    (``[[key, ranges], ...]``) and takes nothing more from the lost tasks ``closed``."""
+    (``[[key, ranges], ...]``) and takes nothing more from the lost tasks ``closed``; in a job
+    acknowledged on commit, its steps committed the offsets ``committed`` (as ``received``) and
+    it reported all it received up to the flush round ``flushed`` (0: none)."""
 
     job_id: int
     client_id: int
     received: list[list[Any]]
     closed: list[int]
+    committed: list[list[Any]] = dataclasses.field(default_factory=list)
+    flushed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,7 +500,9 @@ class DispatcherState:
                 if job.job_name is not None:
                     self.job_by_key[(job.job_name, job.iteration)] = job.job_id
                 if job.exactly_once:
-                    self.ledgers[job.job_id] = SplitLedger(per_trainer=job.cross_trainer)
+                    self.ledgers[job.job_id] = SplitLedger(
+                        per_trainer=job.cross_trainer, commits=job.commits
+                    )
                 self._take_id(job.job_id)
             case CreateTask():
                 task = TaskRecord(**dataclasses.asdict(update))
@@ -546,11 +555,15 @@ class DispatcherState:
             case HandOutSplits(job_id, task_id, keys):
                 for handed_out in keys:
                     self.ledgers[job_id].handed_out(handed_out, task_id)
-            case ReportSplits(job_id, client_id, received, closed):
+            case ReportSplits(job_id, client_id, received, closed, committed, flushed):
                 ledger = self.ledgers[job_id]
                 for received_key, ranges in received:
                     ledger.receive(int(received_key), ranges, client_id)
+                for committed_key, ranges in committed:
+                    ledger.commit(int(committed_key), ranges, client_id)
                 ledger.closed(client_id, closed)
+                if flushed:
+                    ledger.flushed(client_id, flushed)
             case ResumeSplits(job_id, cursor, done, partial):
                 if cursor is not None:
                     self.split_cursors[(job_id, 0)] = {**cursor, "position": 0}
