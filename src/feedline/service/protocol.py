@@ -1483,8 +1483,8 @@ def _path(header: dict[str, Any]) -> str:
     return path
 
 
-def _count(header: dict[str, Any], name: str) -> int:
-    value = field(header, name, int)
+def _count(header: dict[str, Any], name: str, default: Any = ...) -> int:
+    value = field(header, name, int, default)
     if value < 0:
         raise InvalidArgumentError(f"malformed request: {name} must be >= 0, got {value}")
     return int(value)
@@ -1558,7 +1558,9 @@ class GetSnapshotStreamRequest:
 class SnapshotStreamReply:
     """A stream to write: stream ``stream`` of the save to ``path`` (run ``run``), the dataset
     (``dataset_id``, ``fingerprint``) run over the source units ``units`` (None: the whole
-    dataset, whose source does not split), chunks compressed with ``codec``."""
+    dataset, whose source does not split), chunks compressed with ``codec``; ``generation``
+    is this hand-over of the stream, ``chunks`` its committed chunks (``[name, count]``), after
+    which the writer writes on."""
 
     path: str
     stream: int
@@ -1567,6 +1569,8 @@ class SnapshotStreamReply:
     run: str
     codec: str
     units: list[int] | None
+    generation: int = 0
+    chunks: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self | None:
@@ -1582,19 +1586,42 @@ class SnapshotStreamReply:
             field(header, "run", str),
             field(header, "codec", str),
             None if units is None else list(_ints(header, "units")),
+            _count(header, "generation", 0),
+            _chunk_list(header),
         )
 
     def to_header(self) -> dict[str, Any]:
         """The header that carries this reply."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "chunks": [list(c) for c in self.chunks]}
+
+
+def _chunk_list(header: dict[str, Any]) -> list[tuple[str, int]]:
+    """``header["chunks"]``: ``[[name, count], ...]`` (missing: empty)."""
+    chunks = []
+    for item in field(header, "chunks", list, []):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], int)
+            and not isinstance(item[1], bool)
+            and 0 <= item[1] < 2**63
+        ):
+            raise InvalidArgumentError(
+                f"malformed reply: chunks must be [name, count] pairs, got {item!r:.100}"
+            )
+        chunks.append((item[0], item[1]))
+    return chunks
 
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotProgressRequest:
-    """SnapshotProgress: the worker at ``address`` committed a chunk of stream ``stream`` of
-    the save to ``path``: the stream now has ``chunks`` chunks, ``elements`` elements and
-    ``nbytes`` bytes; ``done`` once its DONE file is written. ``error``: the dataset raised
-    this (``"Type: message"``) while the stream was written, which fails the save."""
+    """SnapshotProgress: the worker at ``address``, writing stream ``stream`` of the save to
+    ``path`` in hand-over ``generation``, asks to commit chunk ``chunk`` (its file written,
+    ``count`` elements), after which the stream has ``chunks`` chunks, ``elements`` elements
+    and ``nbytes`` bytes; or, with ``done``, to complete the stream. ``error``: the dataset
+    raised this (``"Type: message"``) while the stream was written, which fails the save.
+    The reply's ``accepted`` is False where the stream is no longer this writer's."""
 
     address: str
     path: str
@@ -1604,6 +1631,9 @@ class SnapshotProgressRequest:
     nbytes: int
     done: bool
     error: str | None = None
+    generation: int = 0
+    chunk: str | None = None
+    count: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -1621,6 +1651,9 @@ class SnapshotProgressRequest:
             _count(header, "nbytes"),
             field(header, "done", bool),
             field(header, "error", (str, type(None)), None),
+            _count(header, "generation", 0),
+            field(header, "chunk", (str, type(None)), None),
+            _count(header, "count", 0),
         )
 
     def to_header(self) -> dict[str, Any]:

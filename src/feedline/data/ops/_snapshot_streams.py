@@ -77,6 +77,14 @@ def stream_chunk_name(index: int, count: int, generation: int = 0) -> str:
     return f"chunk_{index:08d}_{count}_{generation:016x}{_CHUNK_SUFFIX}"
 
 
+_CHUNK_NAME = re.compile(r"^chunk_\d{8}_\d+_[0-9a-f]{16}\.flchunk$")
+
+
+def is_chunk_name(name: str) -> bool:
+    """Whether ``name`` is the name of a stream's chunk file (``stream_chunk_name``)."""
+    return _CHUNK_NAME.match(name) is not None
+
+
 def _marker(name: str) -> str:
     return name.removesuffix(_CHUNK_SUFFIX) + _COMMITTED_SUFFIX
 
@@ -174,6 +182,7 @@ def finish_save(
     run_dir = fs.join(path, run)
     shards = []
     for stream in range(num_streams):
+        chunks: list[tuple[str, int]] | None
         if chains is not None:
             chunks = [(str(name), int(count)) for name, count in chains[stream]]
         else:
@@ -304,7 +313,10 @@ class StreamWriter:
             return True
         count = 0 if chunk is None else chunk[1]
         accepted = self._accept(
-            len(self.chunks) + (chunk is not None), self.committed + count, self.nbytes + nbytes, chunk
+            len(self.chunks) + (chunk is not None),
+            self.committed + count,
+            self.nbytes + nbytes,
+            chunk,
         )
         self.revoked = not accepted
         return accepted

@@ -31,6 +31,7 @@ __all__ = [
     "AcquireClient",
     "AssignStream",
     "ClientRecord",
+    "CommitChunk",
     "CountSplit",
     "CreateJob",
     "CreateTask",
@@ -164,6 +165,14 @@ class SnapshotRecord:
     finished: bool = False
     #: Why the save failed (the dataset raised while a stream was written), None if it did not.
     error: str | None = None
+    #: Each stream's last hand-over (0: never handed out): only its writer commits chunks.
+    generations: list[int] = dataclasses.field(default_factory=list)
+    #: Each stream's committed chunks, ``[name, count]``, in order.
+    chains: list[list[list[Any]]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.generations += [0] * (self.num_streams - len(self.generations))
+        self.chains += [[] for _ in range(self.num_streams - len(self.chains))]
 
 
 # -- updates ----------------------------------------------------------------------------------
@@ -320,11 +329,25 @@ class StartSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class AssignStream:
-    """Stream ``stream`` of the save to ``path`` is written by the worker at ``worker``."""
+    """Stream ``stream`` of the save to ``path`` is written by the worker at ``worker``, in
+    hand-over ``generation`` (an id: never reused, across dispatcher lives too)."""
 
     path: str
     stream: int
     worker: str
+    generation: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitChunk:
+    """The next chunk of stream ``stream`` of the save to ``path`` is ``name`` (``count``
+    elements), written in hand-over ``generation``."""
+
+    path: str
+    stream: int
+    generation: int
+    name: str
+    count: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,6 +408,7 @@ Update = (
     | RemoveDataset
     | StartSnapshot
     | AssignStream
+    | CommitChunk
     | FinishStream
     | FinishSnapshot
     | FailSnapshot
@@ -561,8 +585,13 @@ class DispatcherState:
                 self.snapshots[update.path] = SnapshotRecord(
                     **fields, writers=[None] * count, done=[False] * count
                 )
-            case AssignStream(path, stream, worker):
-                self.snapshots[path].writers[stream] = worker
+            case AssignStream(path, stream, worker, generation):
+                snapshot = self.snapshots[path]
+                snapshot.writers[stream] = worker
+                snapshot.generations[stream] = generation
+                self._take_id(generation)
+            case CommitChunk(path, stream, _, name, count):
+                self.snapshots[path].chains[stream].append([name, count])
             case FinishStream(path, stream):
                 snapshot = self.snapshots[path]
                 snapshot.done[stream] = True
