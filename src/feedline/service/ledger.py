@@ -37,7 +37,13 @@ so one that had consumed part of it gets the rest, one that had none gets all of
 trainer restored from a checkpoint taken before it read them gets them again too. A done split
 is kept with its task and what each trainer received of it (``finished``): a trainer that
 joins once it is done reads it from its worker's cache, and if that worker is lost before the
-trainer received all of it, the split is open again and handed out again like the others.
+trainer received all of it, the split is open again and handed out again like the others. The
+ledger keeps the lost tasks (``lost``), so that a trainer that joins after the worker was lost
+gets those splits too: when it joins, each done split of a lost task that it lacks is open
+again. A trainer restored from a checkpoint joins with the offsets its position says it
+returned (``restored``), which replace what the ledger had counted for it (it may have
+received more before it was killed): a done split of a lost task that it lacks since is open
+again for it as well.
 
   >>> ledger = SplitLedger(per_trainer=True)
   >>> ledger.joined(1, "a"); ledger.joined(2, "b")
@@ -50,6 +56,11 @@ trainer received all of it, the split is open again and handed out again like th
   {0: 4}
   >>> ledger.joined(3, "c")  # c joins late: split 0 is done, c reads it from task 8's cache
   >>> ledger.holder_lost(8, consumers=[1, 2, 3]); ledger.replay, ledger.done  # c lacks it
+  ([0], {})
+  >>> ledger.regrant(0, task_id=9); ledger.receive(0, [[0, 4]], client_id=3); ledger.done
+  {0: 4}
+  >>> ledger.holder_lost(9, consumers=[1, 2, 3])  # every trainer has split 0: it stays done
+  >>> ledger.joined(4, "d"); ledger.replay, ledger.done  # d joins after task 9 was lost
   ([0], {})
 
 Example:
@@ -210,13 +221,46 @@ class SplitLedger:
     left: list[int] = dataclasses.field(default_factory=list)
     #: (``per_trainer``) The done splits, with their task and what each trainer received: a
     #: trainer that joined once one was done has not received it yet, and where its task is
-    #: lost before it did, the split is open again (``holder_lost``).
+    #: lost before it did, the split is open again (``holder_lost``, ``joined``).
     finished: dict[int, OpenSplit] = dataclasses.field(default_factory=dict)
+    #: (``per_trainer``) The tasks lost, whose done splits a trainer joining later lacks.
+    lost: list[int] = dataclasses.field(default_factory=list)
 
-    def joined(self, client_id: int, trainer_id: str | None) -> None:
-        """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``)."""
-        if self.per_trainer and trainer_id is not None:
-            self.trainer_of[client_id] = trainer_id
+    def joined(
+        self,
+        client_id: int,
+        trainer_id: str | None,
+        restored: Mapping[int, Sequence[Sequence[int]]] | None = None,
+    ) -> None:
+        """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``);
+        ``restored``: the offsets of each split that the trainer's restored position says it
+        returned (None: not restored), which replace what it was counted as having received.
+        A done split of a lost task that the trainer lacks is open again."""
+        if not self.per_trainer or trainer_id is None:
+            return
+        self.trainer_of[client_id] = trainer_id
+        if restored is not None:
+            for split in (*self.open.values(), *self.finished.values()):
+                split.trainers.pop(trainer_id, None)
+            for key, ranges in restored.items():
+                had = self._reported(int(key))
+                if had is not None:
+                    had.trainers[trainer_id] = add_ranges([], ranges)
+        self._reopen_lacking()
+
+    def _reopen_lacking(self) -> None:
+        """(``per_trainer``) Opens again each done split of a lost task that a trainer reading
+        the job has not received all of: it is handed out again, whole."""
+        reading = self.reading()
+        for key, split in list(self.finished.items()):
+            if split.holder in self.lost and not all(
+                covers(split.trainers.get(t, []), split.count or 0) for t in reading
+            ):
+                del self.finished[key], self.done[key]
+                self.open[key] = split
+                split.holder, split.lost_holder, split.awaiting = None, split.holder, []
+                split.handed_out = False
+                self._release(key)
 
     def reading(self) -> set[str]:
         """The trainers with a consumer that did not leave (``per_trainer``)."""
@@ -273,13 +317,9 @@ class SplitLedger:
         if self.per_trainer:
             # A done split the lost task made that a trainer reading the job has not received
             # all of (it joined once the split was done) is open again.
-            reading = self.reading()
-            for key, split in list(self.finished.items()):
-                if split.holder == task_id and not all(
-                    covers(split.trainers.get(t, []), split.count or 0) for t in reading
-                ):
-                    del self.finished[key], self.done[key]
-                    self.open[key] = split
+            if task_id not in self.lost:
+                self.lost.append(task_id)
+            self._reopen_lacking()
         for key, split in list(self.open.items()):
             if split.holder == task_id:
                 split.holder, split.lost_holder = None, task_id
@@ -401,6 +441,7 @@ class SplitLedger:
                     "finished": [
                         [key, dataclasses.asdict(split)] for key, split in self.finished.items()
                     ],
+                    "lost": list(self.lost),
                 }
                 if self.per_trainer
                 else {}
@@ -419,6 +460,7 @@ class SplitLedger:
             {int(c): str(t) for c, t in data.get("trainer_of", ())},
             [int(c) for c in data.get("left", ())],
             {int(key): OpenSplit(**fields) for key, fields in data.get("finished", ())},
+            [int(task) for task in data.get("lost", ())],
         )
 
 

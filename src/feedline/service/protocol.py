@@ -373,6 +373,9 @@ class GetOrCreateJobRequest:
         (``CrossTrainerCache``): the workers keep what one trainer read for the others.
       trainer_id: the trainer this consumer reads as, in a cross-trainer job (a fault-tolerant
         dispatcher counts what each trainer received, ``ledger``).
+      trainer_splits: a trainer restored from its checkpoint: the offsets of each split that
+        its position says it returned, ``[[key, [[start, stop], ...]], ...]``; None for a
+        trainer not restored (and every other consumer).
     """
 
     dataset_id: str
@@ -384,6 +387,7 @@ class GetOrCreateJobRequest:
     resume: Any = None
     cross_trainer: bool = False
     trainer_id: str | None = None
+    trainer_splits: list[list[Any]] | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -415,6 +419,7 @@ class GetOrCreateJobRequest:
             header.get("resume"),
             field(header, "cross_trainer", bool, False),
             field(header, "trainer_id", (str, type(None)), None),
+            _trainer_splits(header),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -429,7 +434,34 @@ class GetOrCreateJobRequest:
             "resume": self.resume,
             **({"cross_trainer": True} if self.cross_trainer else {}),
             **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
+            **({"trainer_splits": self.trainer_splits} if self.trainer_splits is not None else {}),
         }
+
+
+def _trainer_splits(header: dict[str, Any]) -> list[list[Any]] | None:
+    """``header["trainer_splits"]``: ``[[key, ranges], ...]`` checked, or None."""
+    value = field(header, "trainer_splits", (list, type(None)), None)
+    if value is None:
+        return None
+    splits: list[list[Any]] = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and _is_count(item[0])) or not (
+            isinstance(item[1], list)
+            and all(
+                isinstance(pair, list) and len(pair) == 2 and all(map(_is_count, pair))
+                for pair in item[1]
+            )
+        ):
+            raise InvalidArgumentError(
+                "malformed request: trainer_splits must be [[key, [[start, stop], ...]], ...], "
+                f"got {item!r:.100}"
+            )
+        splits.append([item[0], [list(pair) for pair in item[1]]])
+    return splits
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 @dataclasses.dataclass(frozen=True)

@@ -241,6 +241,7 @@ class _JobReader:
             None if self._resume is None else self._resume.to_state(),
             cross_trainer=self.trainer is not None,
             trainer_id=None if self.trainer is None else self.trainer.trainer_id,
+            trainer_splits=None if self.trainer is None else self.trainer.restored_report(),
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(

@@ -100,7 +100,9 @@ class Jobs:
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
-            core.apply(AcquireClient(client_id, job.job_id, request.trainer_id))
+            core.apply(
+                AcquireClient(client_id, job.job_id, request.trainer_id, request.trainer_splits)
+            )
             core.client_seen[client_id] = core.clock()
             core.job_idle_since.pop(job.job_id, None)
             reply = JoinReply(

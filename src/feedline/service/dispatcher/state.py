@@ -239,6 +239,9 @@ class AcquireClient:
     job_id: int
     #: The trainer of a cross-trainer job the consumer reads as (``CrossTrainerCache``).
     trainer_id: str | None = None
+    #: A trainer restored from its checkpoint: the offsets of each split its position says it
+    #: returned, ``[[key, ranges], ...]`` (``SplitLedger.joined``); None: not restored.
+    restored: list[list[Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -529,10 +532,14 @@ class DispatcherState:
                     self.tasks[task_id].finished = True
                 for key in [key for key in self.split_cursors if key[0] == job_id]:
                     del self.split_cursors[key]
-            case AcquireClient(client_id, job_id, trainer_id):
+            case AcquireClient(client_id, job_id, trainer_id, restored):
                 self.clients[client_id] = ClientRecord(client_id, job_id)
                 if job_id in self.ledgers:
-                    self.ledgers[job_id].joined(client_id, trainer_id)
+                    self.ledgers[job_id].joined(
+                        client_id,
+                        trainer_id,
+                        None if restored is None else {int(k): r for k, r in restored},
+                    )
                 self.jobs[job_id].client_ids.append(client_id)
                 self._take_id(client_id)
             case ReleaseClient(client_id):
