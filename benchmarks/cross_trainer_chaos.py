@@ -5,7 +5,7 @@ over rounds.
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/cross_trainer_chaos.py [--rounds 10] [--fault-at random]
-        [--fault-tolerant] [--elements 400] [--kill trainer|worker]
+        [--fault-tolerant] [--elements 400] [--kill trainer|worker] [--late-trainer]
 
 Each round starts a fresh cluster (``tests/service/procs.py``): a ``feedline dispatcher`` (with
 ``--fault-tolerant``: on a fresh work dir, ``--fault-tolerant``), two ``feedline worker``
@@ -25,8 +25,15 @@ a new worker started in its place; the trainers fetch 8 elements ahead
 (``max_outstanding_requests``), so the dead worker's cache held elements some trainers had
 not fetched. The promise holds with ``--fault-tolerant`` (the
 dead worker's splits run again, and each trainer takes what it had not received); without it,
-what the dead worker held is lost to the trainers that had not fetched it.
-``tests/service/client/test_cross_trainer.py`` runs three rounds.
+what the dead worker held is lost to the trainers that had not fetched it. In ``--kill worker``
+rounds the dispatcher drops a dead worker after 1 s (``--worker-timeout-ms 1000``).
+
+``--late-trainer`` (with ``--kill worker``) adds a fourth trainer, ``late``, that first joins
+the job once the dispatcher has dropped the dead worker: it reads what the live workers cached
+from the job's start, and under ``--fault-tolerant`` gets the dead worker's splits, which the
+other trainers had received in full, run again. The three others read slower in these rounds
+(a pause of 30 ms an element), so that the epoch still runs when ``late`` joins.
+``tests/service/client/test_cross_trainer.py`` runs four rounds.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ if str(ROOT) not in sys.path:
 from tests.service.procs import ServiceProcesses  # noqa: E402
 
 TRAINERS = ("a", "b", "victim")
+#: The trainer that first joins after the worker died (``--late-trainer``).
+LATE = "late"
 #: Steps between a trainer's checkpoints.
 EVERY = 7
 
@@ -124,11 +133,16 @@ def run_round(
     fault_tolerant: bool = False,
     hang_seconds: float = 90.0,
     kill: str = "trainer",
+    late: bool = False,
 ) -> Round:
     """Runs one round on a fresh cluster (module docstring); ``kill``: ``trainer`` (the
-    victim) or ``worker`` (the first worker, replaced by a new one)."""
+    victim) or ``worker`` (the first worker, replaced by a new one); ``late``: a trainer
+    first joins after the worker died (``kill="worker"`` only)."""
+    if late and kill != "worker":
+        raise ValueError("a late trainer joins after a worker died: use kill='worker'")
     workdir.mkdir(parents=True, exist_ok=True)
-    files = {name: workdir / f"{name}.txt" for name in TRAINERS}
+    names = (*TRAINERS, LATE) if late else TRAINERS
+    files = {name: workdir / f"{name}.txt" for name in names}
     # A worker killed mid-epoch must hold elements the trainers have not fetched yet: they
     # fetch a few at a time.
     outstanding = 8 if kill == "worker" else 0
@@ -138,19 +152,23 @@ def run_round(
         return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
 
     kill_at = max(1, round(elements * fault_fraction))
+    slow = 7.5 if late else 1.0  # the epoch runs on until the late trainer joins
     with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
+        args: tuple[str, ...] = ("--worker-timeout-ms", "1000") if kill == "worker" else ()
         if fault_tolerant:
-            cluster.start_dispatcher("--work-dir", str(workdir / "journal"), "--fault-tolerant")
-        else:
-            cluster.start_dispatcher()
+            args += ("--work-dir", str(workdir / "journal"), "--fault-tolerant")
+        dispatcher = cluster.start_dispatcher(*args)
         workers = [cluster.start_worker() for _ in range(2)]
         trainers = cluster.run(
             TRAINER,
-            [("a", env("a", 0.004)), ("b", env("b", 0.006)), ("victim", env("victim", 0.004))],
+            [
+                ("a", env("a", 0.004 * slow)),
+                ("b", env("b", 0.006 * slow)),
+                ("victim", env("victim", 0.004 * slow)),
+            ],
             timeout=hang_seconds + 60,
         )
-        # A worker is killed once every trainer reads the job (one that first joins after a
-        # worker died does not get what every other trainer had of it: docs/data_service.md).
+        # A worker is killed once every trainer reads the job.
         waited = {name: kill_at if name == "victim" else int(kill == "worker") for name in TRAINERS}
         deadline = time.monotonic() + 60
         while any(_lines(files[name]) < count for name, count in waited.items()):
@@ -164,6 +182,14 @@ def run_round(
             killed_at = len(files["victim"].read_text().split())
             cluster.start_worker()  # its replacement
             groups: list[tuple[Any, tuple[str, ...]]] = [(trainers, TRAINERS)]
+            if late:
+                deadline = time.monotonic() + 30
+                while "missed heartbeats" not in cluster.output(dispatcher):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the dispatcher did not drop the dead worker in 30 s")
+                    time.sleep(0.05)
+                joined = cluster.run(TRAINER, [(LATE, env(LATE, 0.0))], timeout=hang_seconds + 60)
+                groups.append((joined, (LATE,)))
         else:
             trainers.send("victim", signal.SIGKILL)
             if trainers.wait_exit("victim", 30) is None:
@@ -182,7 +208,7 @@ def run_round(
                 if group.poll(name) is None:
                     hung.append(name)
         results = {name: result for group, _ in groups for name, result in group.wait().items()}
-    failed = {name: results[name].describe()[-2000:] for name in TRAINERS if not results[name].ok}
+    failed = {name: results[name].describe()[-2000:] for name in names if not results[name].ok}
     lost, duplicated = {}, {}
     for name, path in files.items():
         values = [int(x) for x in path.read_text().split()] if path.exists() else []
@@ -198,6 +224,11 @@ def main() -> None:
     parser.add_argument("--fault-at", default="random", help="a fraction of the epoch, or random")
     parser.add_argument("--fault-tolerant", action="store_true")
     parser.add_argument("--kill", choices=("trainer", "worker"), default="trainer")
+    parser.add_argument(
+        "--late-trainer",
+        action="store_true",
+        help="with --kill worker: a fourth trainer first joins after the worker died",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -217,6 +248,7 @@ def main() -> None:
             fault_fraction=fraction,
             fault_tolerant=args.fault_tolerant,
             kill=args.kill,
+            late=args.late_trainer,
         )
         rounds.append(row)
         print(
@@ -226,7 +258,8 @@ def main() -> None:
             flush=True,
         )
     print(
-        f"\n{len(rounds)} rounds, {len(rounds)} kills -9 of a {args.kill} "
+        f"\n{len(rounds)} rounds, {len(rounds)} kills -9 of a {args.kill}"
+        f"{' (and a trainer joining after it)' if args.late_trainer else ''} "
         f"({'fault-tolerant' if args.fault_tolerant else 'plain'} dispatcher): "
         f"lost {sum(sum(r.lost.values()) for r in rounds)}, "
         f"duplicated {sum(sum(r.duplicated.values()) for r in rounds)}, "

@@ -329,6 +329,28 @@ def test_a_worker_killed_mid_epoch_under_fault_tolerance_costs_no_trainer_anythi
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
 
 
+def test_a_trainer_that_first_joins_after_a_worker_died_gets_every_element_once(
+    tmp_path: Path,
+) -> None:
+    """As above, and a fourth trainer process first joins once the dispatcher dropped the dead
+    worker: the dead worker's splits, which the three others had received in full, run again
+    for it (``benchmarks/cross_trainer_chaos.py --kill worker --late-trainer``, one round)."""
+    elements = 400
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=0.3,
+        fault_tolerant=True,
+        hang_seconds=90,
+        kill="worker",
+        late=True,
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0, "late": 0}, row
+
+
 def test_a_trainers_position_passes_over_what_it_drops_once_the_elements_before_are_returned() -> (
     None
 ):
