@@ -31,8 +31,8 @@ rounds the dispatcher drops a dead worker after 1 s (``--worker-timeout-ms 1000`
 ``--late-trainer`` (with ``--kill worker``) adds a fourth trainer, ``late``, that first joins
 the job once the dispatcher has dropped the dead worker: it reads what the live workers cached
 from the job's start, and under ``--fault-tolerant`` gets the dead worker's splits, which the
-other trainers had received in full, run again. The three others read slower in these rounds
-(a pause of 30 ms an element), so that the epoch still runs when ``late`` joins.
+other trainers had received in full, run again. So that the epoch still runs when ``late``
+joins, the three others wait before their last 10 elements until ``late`` has its first.
 ``tests/service/client/test_cross_trainer.py`` runs four rounds.
 """
 
@@ -87,11 +87,21 @@ if os.environ.get("RESUME"):
     lines = out.read_text().split()[: saved["lines"]]
     iterator.set_state(saved["state"])
 every, pause = int(os.environ["EVERY"]), float(os.environ["PAUSE"])
+# HOLD: this trainer waits (at most 60 s) before its last 10 elements until that file exists;
+# JOINED: this trainer creates that file once it has its first element.
+hold, joined = os.environ.get("HOLD"), os.environ.get("JOINED")
 with out.open("w", buffering=1) as log:
     log.write("".join(f"{x}\\n" for x in lines))
     for x in iterator:
         lines.append(str(int(x)))
         log.write(f"{int(x)}\\n")
+        if joined and len(lines) == 1:
+            Path(joined).touch()
+        deadline = time.monotonic() + 60
+        while hold and len(lines) == int(os.environ["ELEMENTS"]) - 10 and not Path(hold).exists():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         if len(lines) % every == 0:
             tmp = checkpoint.with_suffix(".tmp")
             tmp.write_text(json.dumps({"state": iterator.get_state(), "lines": len(lines)}))
@@ -152,7 +162,8 @@ def run_round(
         return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
 
     kill_at = max(1, round(elements * fault_fraction))
-    slow = 7.5 if late else 1.0  # the epoch runs on until the late trainer joins
+    if late:  # the epoch runs on until the late trainer joins
+        common["HOLD"] = str(workdir / "late-joined")
     with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
         args: tuple[str, ...] = ("--worker-timeout-ms", "1000") if kill == "worker" else ()
         if fault_tolerant:
@@ -162,9 +173,9 @@ def run_round(
         trainers = cluster.run(
             TRAINER,
             [
-                ("a", env("a", 0.004 * slow)),
-                ("b", env("b", 0.006 * slow)),
-                ("victim", env("victim", 0.004 * slow)),
+                ("a", env("a", 0.004)),
+                ("b", env("b", 0.006)),
+                ("victim", env("victim", 0.004)),
             ],
             timeout=hang_seconds + 60,
         )
@@ -188,7 +199,10 @@ def run_round(
                     if time.monotonic() > deadline:
                         raise RuntimeError("the dispatcher did not drop the dead worker in 30 s")
                     time.sleep(0.05)
-                joined = cluster.run(TRAINER, [(LATE, env(LATE, 0.0))], timeout=hang_seconds + 60)
+                extra = {"HOLD": "", "JOINED": common["HOLD"]}
+                joined = cluster.run(
+                    TRAINER, [(LATE, env(LATE, 0.0, **extra))], timeout=hang_seconds + 60
+                )
                 groups.append((joined, (LATE,)))
         else:
             trainers.send("victim", signal.SIGKILL)
