@@ -5,7 +5,8 @@ over rounds.
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/cross_trainer_chaos.py [--rounds 10] [--fault-at random]
-        [--fault-tolerant] [--elements 400] [--kill trainer|worker] [--late-trainer]
+        [--fault-tolerant] [--elements 400] [--kill trainer|worker|worker+trainer]
+        [--late-trainer]
 
 Each round starts a fresh cluster (``tests/service/procs.py``): a ``feedline dispatcher`` (with
 ``--fault-tolerant``: on a fresh work dir, ``--fault-tolerant``), two ``feedline worker``
@@ -33,6 +34,14 @@ the job once the dispatcher has dropped the dead worker: it reads what the live 
 from the job's start, and under ``--fault-tolerant`` gets the dead worker's splits, which the
 other trainers had received in full, run again. So that the epoch still runs when ``late``
 joins, the three others wait before their last 10 elements until ``late`` has its first.
+``--kill worker+trainer``: the victim saves checkpoints only up to ``--fault-at`` of the epoch;
+once every trainer has read 100 elements past that (the victim, reading slowest, last), the
+first worker is killed and replaced,
+then the victim is killed and restarted from that checkpoint, older than the worker's death:
+under ``--fault-tolerant`` the dead worker's splits that every trainer had received in full
+since run again for the restored victim. The two others wait before their last 10 elements
+until the restarted victim has its first: a trainer that comes back once the others have
+finished the epoch finds nothing to run those splits again (docs/data_service.md).
 ``tests/service/client/test_cross_trainer.py`` runs four rounds.
 """
 
@@ -87,6 +96,8 @@ if os.environ.get("RESUME"):
     lines = out.read_text().split()[: saved["lines"]]
     iterator.set_state(saved["state"])
 every, pause = int(os.environ["EVERY"]), float(os.environ["PAUSE"])
+# CKPT_UNTIL: no checkpoint is saved past that many elements.
+until = int(os.environ.get("CKPT_UNTIL") or 1 << 62)
 # HOLD: this trainer waits (at most 60 s) before its last 10 elements until that file exists;
 # JOINED: this trainer creates that file once it has its first element.
 hold, joined = os.environ.get("HOLD"), os.environ.get("JOINED")
@@ -102,7 +113,7 @@ with out.open("w", buffering=1) as log:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        if len(lines) % every == 0:
+        if len(lines) % every == 0 and len(lines) <= until:
             tmp = checkpoint.with_suffix(".tmp")
             tmp.write_text(json.dumps({"state": iterator.get_state(), "lines": len(lines)}))
             tmp.replace(checkpoint)
@@ -146,8 +157,9 @@ def run_round(
     late: bool = False,
 ) -> Round:
     """Runs one round on a fresh cluster (module docstring); ``kill``: ``trainer`` (the
-    victim) or ``worker`` (the first worker, replaced by a new one); ``late``: a trainer
-    first joins after the worker died (``kill="worker"`` only)."""
+    victim), ``worker`` (the first worker, replaced by a new one) or ``worker+trainer`` (the
+    worker, then the victim, restored from a checkpoint older than the worker's death);
+    ``late``: a trainer first joins after the worker died (``kill="worker"`` only)."""
     if late and kill != "worker":
         raise ValueError("a late trainer joins after a worker died: use kill='worker'")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -155,17 +167,23 @@ def run_round(
     files = {name: workdir / f"{name}.txt" for name in names}
     # A worker killed mid-epoch must hold elements the trainers have not fetched yet: they
     # fetch a few at a time.
-    outstanding = 8 if kill == "worker" else 0
+    worker_dies = kill in ("worker", "worker+trainer")
+    outstanding = 8 if worker_dies else 0
     common = {"ELEMENTS": str(elements), "EVERY": str(EVERY), "OUTSTANDING": str(outstanding)}
 
     def env(name: str, pause: float, **extra: str) -> dict[str, str]:
         return {**common, "TRAINER": name, "OUT": str(files[name]), "PAUSE": str(pause), **extra}
 
     kill_at = max(1, round(elements * fault_fraction))
+    past = 0  # what every trainer reads past the victim's last checkpoint before the kills
+    if kill == "worker+trainer":
+        kill_at = max(EVERY, round((elements - 150) * fault_fraction))
+        past = 100
+        common["HOLD"] = str(workdir / "victim-back")  # the epoch runs until it is back
     if late:  # the epoch runs on until the late trainer joins
         common["HOLD"] = str(workdir / "late-joined")
     with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
-        args: tuple[str, ...] = ("--worker-timeout-ms", "1000") if kill == "worker" else ()
+        args: tuple[str, ...] = ("--worker-timeout-ms", "1000") if worker_dies else ()
         if fault_tolerant:
             args += ("--work-dir", str(workdir / "journal"), "--fault-tolerant")
         dispatcher = cluster.start_dispatcher(*args)
@@ -175,22 +193,37 @@ def run_round(
             [
                 ("a", env("a", 0.004)),
                 ("b", env("b", 0.006)),
-                ("victim", env("victim", 0.004)),
+                # With ``past`` the victim is the slowest: the epoch runs on until it is killed.
+                (
+                    "victim",
+                    env(
+                        "victim",
+                        0.02 if past else 0.004,
+                        CKPT_UNTIL=str(kill_at) if past else "",
+                        HOLD="",
+                    ),
+                ),
             ],
             timeout=hang_seconds + 60,
         )
-        # A worker is killed once every trainer reads the job.
-        waited = {name: kill_at if name == "victim" else int(kill == "worker") for name in TRAINERS}
+        # A worker is killed once every trainer reads the job (with ``past``: once every
+        # trainer has read that far past the victim's last checkpoint).
+        if past:
+            waited = dict.fromkeys(TRAINERS, kill_at + past)
+        else:
+            waited = {name: kill_at if name == "victim" else int(worker_dies) for name in TRAINERS}
         deadline = time.monotonic() + 60
         while any(_lines(files[name]) < count for name, count in waited.items()):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the trainers did not read {waited} elements in 60 s")
             time.sleep(0.01)
-        if kill == "worker":
+        if worker_dies:
             cluster.send(workers[0], signal.SIGKILL)
             if cluster.wait_exit(workers[0], 30) is None:
                 raise RuntimeError("the worker outlived its kill -9 for 30 s")
             killed_at = len(files["victim"].read_text().split())
+            if past:  # the victim too, before it reads much further
+                trainers.send("victim", signal.SIGKILL)
             cluster.start_worker()  # its replacement
             groups: list[tuple[Any, tuple[str, ...]]] = [(trainers, TRAINERS)]
             if late:
@@ -204,19 +237,23 @@ def run_round(
                     TRAINER, [(LATE, env(LATE, 0.0, **extra))], timeout=hang_seconds + 60
                 )
                 groups.append((joined, (LATE,)))
-        else:
-            trainers.send("victim", signal.SIGKILL)
+        if kill != "worker":
+            if not past:
+                trainers.send("victim", signal.SIGKILL)
             if trainers.wait_exit("victim", 30) is None:
                 raise RuntimeError("the victim outlived its kill -9 for 30 s")
             killed_at = len(files["victim"].read_text().split())
+            back = {"HOLD": "", "JOINED": common.get("HOLD", "")}
             restarted = cluster.run(
-                TRAINER, [("victim", env("victim", 0.001, RESUME="1"))], timeout=hang_seconds + 60
+                TRAINER,
+                [("victim", env("victim", 0.001, RESUME="1", **back))],
+                timeout=hang_seconds + 60,
             )
             groups = [(trainers, ("a", "b")), (restarted, ("victim",))]
         hung = []
         deadline = time.monotonic() + hang_seconds
-        for group, names in groups:
-            for name in names:
+        for group, members in groups:
+            for name in members:
                 while group.poll(name) is None and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if group.poll(name) is None:
@@ -237,7 +274,9 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=400)
     parser.add_argument("--fault-at", default="random", help="a fraction of the epoch, or random")
     parser.add_argument("--fault-tolerant", action="store_true")
-    parser.add_argument("--kill", choices=("trainer", "worker"), default="trainer")
+    parser.add_argument(
+        "--kill", choices=("trainer", "worker", "worker+trainer"), default="trainer"
+    )
     parser.add_argument(
         "--late-trainer",
         action="store_true",

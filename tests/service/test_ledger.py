@@ -311,6 +311,11 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     ledger.client_gone(3)
     ledger.joined(5, "b", restored={})
     assert ledger.replay == [0] and ledger.done == {4: 4}  # 4's task 8 lives
+    # A done split is said done to a trainer only once that trainer has all of it: b, restored
+    # with nothing, reads split 4 from task 8's cache.
+    assert ledger.done_for(1, [0, 4]) == [(4, 4)] and ledger.done_for(5, [0, 4, 12]) == []
+    ledger.receive(4, [[0, 4]], client_id=5)
+    assert ledger.done_for(5, [0, 4]) == [(4, 4)]
 
 
 def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journal() -> None:

@@ -375,6 +375,23 @@ class SplitLedger:
             return add_ranges(have, ranges) != have
         return add_ranges(split.delivered, ranges) != split.delivered
 
+    def done_for(self, client_id: int, keys: Iterable[int]) -> list[tuple[int, int]]:
+        """``(key, count)`` of the splits among ``keys`` that are done for consumer
+        ``client_id``: done, and (``per_trainer``) received in full by its trainer, which may
+        lack a done split (it was restored from a checkpoint; it joined once the split was
+        done) that its worker's cache, or a run again, still gives it."""
+        found = []
+        trainer = self.trainer_of.get(client_id)
+        for key in sorted(set(keys)):
+            count = self.done.get(key)
+            if count is None:
+                continue
+            split = self.finished.get(key) if self.per_trainer else None
+            if split is not None and not covers(split.trainers.get(trainer or "", []), count):
+                continue
+            found.append((key, count))
+        return found
+
     def awaits(self, client_id: int, task_id: int) -> bool:
         """Whether a split waits for consumer ``client_id`` to close the lost ``task_id``."""
         return any(

@@ -120,7 +120,7 @@ class LongPoll:
         if news or closed:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed))
         keys = {key for key, _ in received} | {k for k in request.holding if isinstance(k, int)}
-        return tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        return tuple(ledger.done_for(client_id, keys))
 
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
