@@ -42,7 +42,7 @@ under ``--fault-tolerant`` the dead worker's splits that every trainer had recei
 since run again for the restored victim. The two others wait before their last 10 elements
 until the restarted victim has its first: a trainer that comes back once the others have
 finished the epoch finds nothing to run those splits again (docs/data_service.md).
-``tests/service/client/test_cross_trainer.py`` runs four rounds.
+``tests/service/client/test_cross_trainer.py`` runs five rounds.
 """
 
 from __future__ import annotations

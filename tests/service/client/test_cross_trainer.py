@@ -351,6 +351,20 @@ def test_a_trainer_that_first_joins_after_a_worker_died_gets_every_element_once(
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0, "late": 0}, row
 
 
+def test_a_trainer_restored_from_before_a_worker_died_loses_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """Trainer processes: a worker is killed (kill -9) once every trainer has read 100 elements
+    past the victim's last checkpoint, then the victim, which is restarted from that
+    checkpoint (``benchmarks/cross_trainer_chaos.py --kill worker+trainer``, one round)."""
+    row = run_round(
+        tmp_path, elements=400, fault_fraction=0.2, fault_tolerant=True, kill="worker+trainer"
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
+
+
 def test_a_trainers_position_passes_over_what_it_drops_once_the_elements_before_are_returned() -> (
     None
 ):
