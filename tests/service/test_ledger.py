@@ -301,6 +301,8 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     ledger.holder_lost(7, consumers=[1])
     assert ledger.done == {0: 4, 4: 4} and ledger.settled
     ledger.joined(3, "b", restored={0: [[0, 4]], 4: [[0, 2]]})
+    ledger.receive(4, [[0, 4]], client_id=2)  # a late report of b's gone consumer: not counted
+    assert not ledger.adds(4, [[2, 4]], 2)
     assert ledger.replay == [4] and ledger.done == {0: 4}
     assert ledger.finished[0].trainers["b"] == [[0, 4]]
     assert ledger.open[4].trainers["b"] == [[0, 2]]  # what it had since counts no more

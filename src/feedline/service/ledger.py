@@ -296,7 +296,7 @@ class SplitLedger:
         if split is None:
             return
         if self.per_trainer:
-            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            trainer = self._reporting_trainer(client_id)
             if trainer is None:
                 return
             split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
@@ -304,6 +304,14 @@ class SplitLedger:
             split.delivered = add_ranges(split.delivered, ranges)
         if key in self.open:
             self._settle(key)
+
+    def _reporting_trainer(self, client_id: int | None) -> str | None:
+        """(``per_trainer``) The trainer a report of consumer ``client_id`` counts for; None
+        for a consumer that left: its trainer may have been restored from a checkpoint since,
+        and what the gone consumer had received no longer says what the trainer has."""
+        if client_id is None or client_id in self.left:
+            return None
+        return self.trainer_of.get(client_id)
 
     def _reported(self, key: int) -> OpenSplit | None:
         """The split whose receipts a report of ``key`` adds to: an open one, or (``per_trainer``)
@@ -368,7 +376,7 @@ class SplitLedger:
         if split is None:
             return False
         if self.per_trainer:
-            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            trainer = self._reporting_trainer(client_id)
             if trainer is None:
                 return False
             have = split.trainers.get(trainer, [])
