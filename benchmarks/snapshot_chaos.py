@@ -5,9 +5,11 @@ Usage (from the repository root)::
 
     .venv/bin/python benchmarks/snapshot_chaos.py [--rounds 3] [--seed 0] [--elements 640]
         [--only worker-kill-9,dispatcher-kill-9,both-kill-9,worker-added,worker-kill-9+reader]
+        [--worker-timeout-ms 10000]
 
 Each round starts a fresh cluster (``tests/service/procs.py``): a fault-tolerant ``feedline
-dispatcher`` (``--work-dir D --fault-tolerant``, a fresh ``D`` per round) and two ``feedline
+dispatcher`` (``--work-dir D --fault-tolerant``, a fresh ``D`` per round, and
+``--worker-timeout-ms`` where given: how soon a killed worker's stream moves) and two ``feedline
 worker`` processes, and starts ``distributed_save`` of ``Dataset.range(N).map(f)`` to a fresh
 local directory, where ``f`` sleeps ``--delay`` seconds and tags the element (``x + TAG``).
 Once a random fraction of the save's streams is complete (drawn in [0, 0.7] per round: 0 is
@@ -175,6 +177,7 @@ def run_round(
     delay: float = 0.01,
     fault_fraction: float = 0.3,
     hang_seconds: float = 120.0,
+    worker_timeout_ms: int | None = None,
 ) -> Round:
     """Runs one round on a fresh cluster (module docstring)."""
     fault, _, reader = scenario.partition("+")
@@ -182,7 +185,9 @@ def run_round(
         raise ValueError(f"unknown scenario {scenario!r}; choose from {SCENARIOS}")
     workdir.mkdir(parents=True, exist_ok=True)
     path = str(workdir / "snapshot")
-    args = ("--work-dir", str(workdir / "dispatcher"), "--fault-tolerant")
+    args: tuple[str, ...] = ("--work-dir", str(workdir / "dispatcher"), "--fault-tolerant")
+    if worker_timeout_ms is not None:
+        args += ("--worker-timeout-ms", str(worker_timeout_ms))
     read: dict[str, Any] = {}
     with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
         dispatcher = cluster.start_dispatcher(*args)
@@ -272,6 +277,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.01, help="seconds the map sleeps")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     parser.add_argument("--hang-seconds", type=float, default=120.0)
+    parser.add_argument(
+        "--worker-timeout-ms",
+        type=int,
+        default=None,
+        help="the dispatcher's --worker-timeout-ms (its default, 10000, when not given)",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -287,6 +298,7 @@ def main() -> None:
                 delay=args.delay,
                 fault_fraction=rng.uniform(0.0, 0.7),
                 hang_seconds=args.hang_seconds,
+                worker_timeout_ms=args.worker_timeout_ms,
             )
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)

@@ -59,15 +59,19 @@ class Server:
     def wait_for_line(self, prefix: str, timeout: float = BANNER_TIMEOUT_S) -> str:
         """The first line of output starting with ``prefix`` (waiting for it); fails after
         ``timeout`` seconds or when the process ends without printing it."""
+        return self.wait_for(lambda line: line.startswith(prefix), repr(prefix), timeout)
+
+    def wait_for(self, match: Callable[[str], bool], what: str, timeout: float) -> str:
+        """The first line of output that ``match``es (waiting for it), as ``wait_for_line``."""
         for line in self.output:
-            if line.startswith(prefix):
+            if match(line):
                 return line
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 pytest.fail(
-                    f"`feedline {' '.join(self.args)}` printed no {prefix!r} line in "
+                    f"`feedline {' '.join(self.args)}` printed no {what} line in "
                     f"{timeout} s; output so far: {self.output}"
                 )
             try:
@@ -77,11 +81,11 @@ class Server:
             if line is None:
                 pytest.fail(
                     f"`feedline {' '.join(self.args)}` ended (exit code "
-                    f"{self.process.wait(EXIT_TIMEOUT_S)}) before printing {prefix!r}; "
+                    f"{self.process.wait(EXIT_TIMEOUT_S)}) before printing {what}; "
                     f"output: {self.output}"
                 )
             self.output.append(line)
-            if line.startswith(prefix):
+            if match(line):
                 return line
 
     def address(self) -> str:
@@ -206,6 +210,21 @@ def test_worker_outside_the_fixed_list_exits_with_an_error(spawn: Callable[..., 
     line = worker.wait_for_line("feedline worker: error: ")
     assert "not in the dispatcher's worker_addresses" in line
     assert worker.process.wait(EXIT_TIMEOUT_S) == 2
+
+
+def test_worker_timeout_ms_drops_a_killed_worker_sooner(spawn: Callable[..., Server]) -> None:
+    """``--worker-timeout-ms 300``: a worker killed with kill -9 is dropped after about a
+    second (the dispatcher looks every second), not after the default 10 s."""
+    dispatcher = spawn("dispatcher", "--port", "0", "--worker-timeout-ms", "300")
+    worker = spawn("worker", "--dispatcher", dispatcher.address(), "--port", "0")
+    address = worker.address()
+    dispatcher.wait_for(lambda line: f"worker {address} registered" in line, "registered", 20)
+    worker.process.kill()
+    line = dispatcher.wait_for(
+        lambda line: f"worker {address} missed heartbeats for " in line, "a drop", 30
+    )
+    missed = float(line.split("missed heartbeats for ", 1)[1].split(" s", 1)[0])
+    assert 0.3 < missed < 5.0, line  # the default would wait past 10 s
 
 
 def test_bad_arguments_exit_with_code_2(spawn: Callable[..., Server]) -> None:

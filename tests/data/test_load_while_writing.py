@@ -67,10 +67,11 @@ def test_a_chunk_is_committed_by_rows_bytes_or_time(tmp_path: pathlib.Path) -> N
     writer, complete = write_stream(str(tmp_path), 0, range(5))
     assert complete
     assert writer.chunks == [
-        ("chunk_00000000_2.flchunk", 2),
-        ("chunk_00000001_2.flchunk", 2),
-        ("chunk_00000002_1.flchunk", 1),
+        (streams.stream_chunk_name(0, 2), 2),
+        (streams.stream_chunk_name(1, 2), 2),
+        (streams.stream_chunk_name(2, 1), 1),
     ]
+    assert writer.chunks[0][0] == "chunk_00000000_2_0000000000000000.flchunk"
     directory = fmt.shard_dir(f"{tmp_path}/run", 0)
     assert streams.committed_chunks(directory) == writer.chunks
     assert streams.stream_done(directory) == writer.chunks
@@ -83,22 +84,88 @@ def test_a_stream_taken_over_keeps_the_committed_chunks_and_writes_on(
     # The first writer stops at its 6th element (its third chunk not committed).
     assert write_stream(str(tmp_path), 0, range(9), stop_after=5) == (mock.ANY, False)
     assert streams.committed_chunks(directory) == [
-        ("chunk_00000000_2.flchunk", 2),
-        ("chunk_00000001_2.flchunk", 2),
+        (streams.stream_chunk_name(0, 2), 2),
+        (streams.stream_chunk_name(1, 2), 2),
     ]
     assert streams.stream_done(directory) is None
     # Another writer takes it over: it skips the 4 committed elements.
-    reports: list[tuple[int, int, int]] = []
-    second = streams.StreamWriter(
-        directory, SPEC, "NONE", on_commit=lambda *r: reports.append(r), commit_interval_s=60
-    )
+    reports: list[tuple[int, int, int, Any]] = []
+
+    def accept(*report: Any) -> bool:
+        reports.append(report)
+        return True
+
+    second = streams.StreamWriter(directory, SPEC, "NONE", accept=accept, commit_interval_s=60)
     assert second.committed == 4
     assert second.write(iter(Dataset.range(9)))
     assert [count for _, count in streams.stream_done(directory) or []] == [2, 2, 5]
-    assert [r[:2] for r in reports] == [(3, 9)]
+    # The third chunk is asked for, then the stream's end.
+    assert [r[:2] for r in reports] == [(3, 9), (3, 9)]
+    assert reports[0][3] == (streams.stream_chunk_name(2, 5), 5) and reports[1][3] is None
     path = str(tmp_path)
     streams.start_save(path, "run", SPEC, "NONE", 1)
     streams.finish_save(path, "run", 1)
+    assert [int(x) for x in Dataset.load(path)] == list(range(9))
+
+
+def test_a_refused_writer_commits_nothing_and_its_successor_publishes_what_was_accepted(
+    tmp_path: pathlib.Path,
+) -> None:
+    directory = fmt.shard_dir(f"{tmp_path}/run", 0)
+    accepted: list[tuple[str, int]] = []  # the chain the dispatcher keeps
+
+    def owner(generation: int) -> Any:
+        """What the dispatcher answers: the writer of ``generation`` owns the stream."""
+
+        def accept(chunks: int, elements: int, nbytes: int, chunk: Any) -> bool:
+            if generation != current[0] or (chunk is not None and chunks != len(accepted) + 1):
+                return False
+            if chunk is not None:
+                accepted.append(chunk)
+            return True
+
+        return accept
+
+    current = [1]
+    now = [0.0]
+
+    def elements() -> Any:
+        """0 to 8, the clock moving a second each (a chunk every two); the writer is dropped
+        after the third, and the stream goes to generation 2."""
+        for x in Dataset.range(9):
+            now[0] += 1
+            if int(x) == 3:
+                current[0] = 2
+            yield x
+
+    zombie = streams.StreamWriter(
+        directory,
+        SPEC,
+        "NONE",
+        generation=1,
+        chunks=[],
+        accept=owner(1),
+        commit_interval_s=1,
+        clock=lambda: now[0],
+    )
+    assert not zombie.write(elements()) and zombie.revoked
+    assert accepted == [(streams.stream_chunk_name(0, 2, 1), 2)]
+    # Chunk 0 was accepted; say its marker was lost with its writer: the successor is handed
+    # the accepted chunk and publishes the marker.
+    os.remove(os.path.join(directory, streams.stream_chunk_name(0, 2, 1)[:-8] + ".committed"))
+    assert streams.committed_chunks(directory) == []
+    successor = streams.StreamWriter(
+        directory, SPEC, "NONE", generation=2, chunks=list(accepted), accept=owner(2)
+    )
+    assert successor.write(iter(Dataset.range(9)))
+    # The zombie's refused chunk file is there, and counts for nobody.
+    refused = streams.stream_chunk_name(1, 2, 1)
+    assert refused in os.listdir(directory)
+    assert [c for c, _ in streams.committed_chunks(directory)] == [c for c, _ in accepted]
+    assert streams.committed_chunks(directory)[1] == (streams.stream_chunk_name(1, 7, 2), 7)
+    path = str(tmp_path)
+    streams.start_save(path, "run", SPEC, "NONE", 1)
+    streams.finish_save(path, "run", 1, [accepted])
     assert [int(x) for x in Dataset.load(path)] == list(range(9))
 
 
@@ -164,15 +231,15 @@ def test_a_damaged_chunk_is_data_loss_naming_it(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path)
     streams.start_save(path, "run", SPEC, "NONE", 1)
     write_stream(path, 0, range(4))
-    chunk = os.path.join(fmt.shard_dir(f"{path}/run", 0), "chunk_00000001_2.flchunk")
+    chunk = os.path.join(fmt.shard_dir(f"{path}/run", 0), streams.stream_chunk_name(1, 2))
     data = bytearray(pathlib.Path(chunk).read_bytes())
     data[-6] ^= 0xFF
     pathlib.Path(chunk).write_bytes(bytes(data))
-    with pytest.raises(DataLossError, match=r"chunk_00000001_2\.flchunk") as raised:
+    with pytest.raises(DataLossError, match=r"chunk_00000001_2_0{16}\.flchunk") as raised:
         list(Dataset.load(path, wait=True))
     assert raised.value.filename == chunk
     streams.finish_save(path, "run", 1)
-    with pytest.raises(DataLossError, match=r"chunk_00000001_2\.flchunk"):
+    with pytest.raises(DataLossError, match=r"chunk_00000001_2_0{16}\.flchunk"):
         list(Dataset.load(path))
 
 

@@ -1,7 +1,9 @@
 """``distributed_save`` with real ``feedline worker`` and ``feedline dispatcher`` processes:
-a worker killed with kill -9 in the middle of a chunk (on a local path and on S3), a
-fault-tolerant dispatcher killed with kill -9 and started again on its journal, and a worker
-that joins halfway. Every save ends with a snapshot holding every element exactly once.
+a worker killed with kill -9 in the middle of a chunk (on a local path and on S3), a worker
+stopped (SIGSTOP) past ``worker_timeout_ms`` and resumed while its stream is another's (a
+zombie), a fault-tolerant dispatcher killed with kill -9 and started again on its journal, and
+a worker that joins halfway. Every save ends with a snapshot holding every element exactly
+once.
 
 Each element is ``(x, pid)``: the process id of the worker that computed it, so a test can tell
 who wrote what. How a kill lands mid-chunk: the map stops at one chosen element, the first time
@@ -15,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -56,6 +59,25 @@ def tagged(marker: str | None, pause_s: float, x: Any) -> Any:
     if pause_s:
         time.sleep(pause_s)
     return x, np.int64(os.getpid()), np.full(WIDTH, x, np.float32)
+
+
+def gated(marker: str, go: str, x: Any) -> Any:
+    """``tagged``, except that the worker stopping at ``CHOSEN`` and the last element wait for
+    the file ``go`` (at most 120 s) instead of a kill."""
+    if int(x) in (CHOSEN, ELEMENTS - 1):
+        first = True
+        if int(x) == CHOSEN:
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                first = False
+            else:
+                os.write(fd, b"%d" % os.getpid())
+                os.close(fd)
+        deadline = time.monotonic() + 120
+        while first and not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return tagged(None, 0.0, x)
 
 
 def dataset(marker: Path | None = None, pause_s: float = 0.0) -> Dataset:
@@ -126,6 +148,66 @@ def test_a_worker_killed_mid_chunk_leaves_every_element_once(
     # The killed worker's committed chunk stays: elements 100-115 are its own.
     assert {pid for x, pid in found if 100 <= x < 116} == {killed}
     assert killed not in {pid for x, pid in found if 116 <= x < 120}
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_worker_stopped_past_its_timeout_cannot_commit_when_it_resumes(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The zombie: a worker stopped (SIGSTOP) mid-stream past ``worker_timeout_ms`` is dropped
+    and its stream finished by another; resumed (SIGCONT), it writes its next chunk, which is
+    refused: neither the snapshot nor a reader following the save counts it. The save cannot
+    finish before the zombie has written (its last element waits for the same ``go`` file)."""
+    path = str(tmp_path / "snapshot")
+    if store == "s3":
+        path = f"{request.getfixturevalue('s3_bucket')}/snapshot"
+    marker, go = tmp_path / "stopped", tmp_path / "go"
+    with ServiceProcesses() as cluster:
+        config = service.DispatcherConfig(
+            port=cluster.port, worker_timeout_ms=1000, job_gc_check_interval_ms=100
+        )
+        with service.DispatchServer(config):
+            names = [cluster.start_worker() for _ in range(2)]
+            save = Dataset.range(ELEMENTS).map(functools.partial(gated, str(marker), str(go)))
+            service.distributed_save(save, path, cluster.address)
+            names.append(cluster.start_worker())  # the stream with the last element waits
+            saving = read_saving(path)
+            assert saving is not None and saving["num_streams"] == 32
+            stream = fs.join(path, saving["run"], "shard_00005")
+            read: list[tuple[int, int]] = []
+            reader = threading.Thread(
+                target=lambda: read.extend(
+                    (int(x), int(p)) for x, p, _ in Dataset.load(path, wait=True)
+                ),
+                daemon=True,
+            )
+            reader.start()
+            wait_until(lambda: marker.exists() and marker.read_text() != "", 90, "a worker stops")
+            zombie = int(marker.read_text())
+            (name,) = [n for n in names if cluster.pid(n) == zombie]
+            cluster.send(name, signal.SIGSTOP)
+            try:
+                # Dropped after worker_timeout_ms, its stream goes to another worker.
+                wait_until(lambda: fs.exists(fs.join(stream, "DONE")), 90, "stream 5 is done")
+                files = {n for n in fs.listdir(stream) if n.endswith(".flchunk")}
+                go.touch()
+            finally:
+                cluster.send(name, signal.SIGCONT)
+            # Resumed, the zombie writes the chunk it had open (its clock says it is due).
+            wait_until(
+                lambda: len({n for n in fs.listdir(stream) if n.endswith(".flchunk")} - files),
+                60,
+                "the zombie writes a chunk",
+            )
+            wait_until(lambda: is_finished(path), 90, "the save finishes")
+            reader.join(60)
+            assert not reader.is_alive()
+            assert cluster.alive(name)
+    found = saved(path)
+    check_exactly_once(found)
+    assert sorted(read) == sorted(found)  # the reader that followed the save read the same
+    assert {pid for x, pid in found if 100 <= x < 116} == {zombie}  # committed before it stopped
+    assert zombie not in {pid for x, pid in found if 116 <= x < 120}
 
 
 def test_a_dispatcher_killed_and_restarted_on_its_journal_finishes_the_save(

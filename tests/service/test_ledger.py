@@ -257,6 +257,94 @@ def test_a_done_cross_trainer_split_a_late_trainer_lacks_runs_again_when_its_wor
     assert ledger.done == {0: 4, 4: 4, 8: 4} and ledger.settled
 
 
+def test_a_trainer_that_first_joins_after_a_worker_was_lost_gets_its_done_splits() -> None:
+    """Splits every trainer had in full when their worker was lost stay done; a trainer that
+    joins the job only then lacks them, and they are open again for it, whole."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    for key, task in ((0, 7), (4, 7), (8, 9)):
+        ledger.grant(key, task_id=task)
+        ledger.count(key, 4)
+        for client in (1, 2):
+            ledger.receive(key, [[0, 4]], client_id=client)
+    ledger.holder_lost(7, consumers=[1, 2])
+    assert ledger.done == {0: 4, 4: 4, 8: 4} and ledger.settled  # a and b have them
+    ledger.joined(3, "late")
+    # Task 7's splits are open again for the late trainer; task 9 lives: it reads 8 there.
+    assert sorted(ledger.replay) == [0, 4] and ledger.done == {8: 4}
+    assert ledger.open[0].holder is None and ledger.open[0].delivered == []
+    assert SplitLedger.from_json(ledger.to_json()) == ledger  # the lost tasks too
+    ledger.regrant(0, task_id=10)
+    ledger.regrant(4, task_id=10)
+    ledger.receive(0, [[0, 4]], client_id=3)
+    ledger.receive(4, [[0, 3]], client_id=3)
+    assert ledger.done == {0: 4, 8: 4} and list(ledger.open) == [4]
+    ledger.receive(4, [[3, 4]], client_id=3)
+    assert ledger.settled
+    ledger.joined(4, "later")  # task 10 lives: nothing is open again
+    assert ledger.settled
+
+
+def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position_lacks() -> None:
+    """A restored trainer is counted as having what its position says it returned, not what
+    it had received before it was killed: a done split of a lost task that it lacks since is
+    open again."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    for key in (0, 4):
+        ledger.grant(key, task_id=7)
+        ledger.count(key, 4)
+        for client in (1, 2):
+            ledger.receive(key, [[0, 4]], client_id=client)
+    ledger.client_gone(2)  # b is killed; its checkpoint had all of 0 and half of 4
+    ledger.holder_lost(7, consumers=[1])
+    assert ledger.done == {0: 4, 4: 4} and ledger.settled
+    ledger.joined(3, "b", restored={0: [[0, 4]], 4: [[0, 2]]})
+    ledger.receive(4, [[0, 4]], client_id=2)  # a late report of b's gone consumer: not counted
+    assert not ledger.adds(4, [[2, 4]], 2)
+    assert ledger.replay == [4] and ledger.done == {0: 4}
+    assert ledger.finished[0].trainers["b"] == [[0, 4]]
+    assert ledger.open[4].trainers["b"] == [[0, 2]]  # what it had since counts no more
+    ledger.regrant(4, task_id=8)
+    ledger.receive(4, [[2, 4]], client_id=3)
+    assert ledger.settled and ledger.done == {0: 4, 4: 4}
+    # Restored with nothing of split 0 (a checkpoint from before it): 0 is open again too.
+    ledger.client_gone(3)
+    ledger.joined(5, "b", restored={})
+    assert ledger.replay == [0] and ledger.done == {4: 4}  # 4's task 8 lives
+    # A done split is said done to a trainer only once that trainer has all of it: b, restored
+    # with nothing, reads split 4 from task 8's cache.
+    assert ledger.done_for(1, [0, 4]) == [(4, 4)] and ledger.done_for(5, [0, 4, 12]) == []
+    ledger.receive(4, [[0, 4]], client_id=5)
+    assert ledger.done_for(5, [0, 4]) == [(4, 4)]
+
+
+def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journal() -> None:
+    state = st.DispatcherState(incarnation=6)
+    state.apply(st.RegisterWorker("w:1"))
+    job_id = state.new_id()
+    state.apply(
+        st.CreateJob(job_id, "d", 3, "j", 0, None, "ANY", exactly_once=True, cross_trainer=True)
+    )
+    task_id = state.new_id()
+    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    state.apply(st.AcquireClient(100, job_id, "a"))
+    cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
+    state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
+    state.apply(st.CountSplit(job_id, 0, 2))
+    state.apply(st.ReportSplits(job_id, 100, [[0, [[0, 2]]]], []))
+    state.apply(st.RemoveWorker("w:1"))
+    assert state.ledgers[job_id].done == {0: 2}
+    acquire = st.AcquireClient(101, job_id, "b", [[0, [[0, 1]]]])
+    assert st.update_from_json(st.update_to_json(acquire)) == acquire
+    state.apply(acquire)
+    ledger = state.ledgers[job_id]
+    assert ledger.replay == [0] and ledger.open[0].trainers == {"a": [[0, 2]], "b": [[0, 1]]}
+    assert st.state_from_json(st.state_to_json(state)).ledgers[job_id] == ledger
+
+
 def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journal() -> None:
     state = st.DispatcherState(incarnation=6)
     state.apply(st.RegisterWorker("w:1"))

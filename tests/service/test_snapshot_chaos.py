@@ -24,6 +24,7 @@ def test_a_save_and_its_reader_under_kill_9_of_both_get_every_element_once(
         delay=0.01,
         fault_fraction=0.25,
         hang_seconds=90,
+        worker_timeout_ms=1000,  # the killed worker's stream moves after 1-2 s, not 10-11
     )
     # The fault came before the save had finished.
     assert not row.streams_done_at_fault.endswith("(finished)"), row

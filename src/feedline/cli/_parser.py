@@ -242,6 +242,13 @@ def _add_dispatcher(commands: Commands) -> None:
         default=None,
         help="comma-separated fixed worker list, for static sharding (FILE, DATA, HINT)",
     )
+    parser.add_argument(
+        "--worker-timeout-ms",
+        type=positive_int,
+        default=None,
+        help="drop a worker without a heartbeat for this long: its tasks are lost and its "
+        "distributed_save streams go to other workers (default 10000)",
+    )
     _add_status_port(parser)
     add_security(parser)
 

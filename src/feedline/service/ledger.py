@@ -57,7 +57,13 @@ so one that had consumed part of it gets the rest, one that had none gets all of
 trainer restored from a checkpoint taken before it read them gets them again too. A done split
 is kept with its task and what each trainer received of it (``finished``): a trainer that
 joins once it is done reads it from its worker's cache, and if that worker is lost before the
-trainer received all of it, the split is open again and handed out again like the others.
+trainer received all of it, the split is open again and handed out again like the others. The
+ledger keeps the lost tasks (``lost``), so that a trainer that joins after the worker was lost
+gets those splits too: when it joins, each done split of a lost task that it lacks is open
+again. A trainer restored from a checkpoint joins with the offsets its position says it
+returned (``restored``), which replace what the ledger had counted for it (it may have
+received more before it was killed): a done split of a lost task that it lacks since is open
+again for it as well.
 
   >>> ledger = SplitLedger(per_trainer=True)
   >>> ledger.joined(1, "a"); ledger.joined(2, "b")
@@ -70,6 +76,11 @@ trainer received all of it, the split is open again and handed out again like th
   {0: 4}
   >>> ledger.joined(3, "c")  # c joins late: split 0 is done, c reads it from task 8's cache
   >>> ledger.holder_lost(8, consumers=[1, 2, 3]); ledger.replay, ledger.done  # c lacks it
+  ([0], {})
+  >>> ledger.regrant(0, task_id=9); ledger.receive(0, [[0, 4]], client_id=3); ledger.done
+  {0: 4}
+  >>> ledger.holder_lost(9, consumers=[1, 2, 3])  # every trainer has split 0: it stays done
+  >>> ledger.joined(4, "d"); ledger.replay, ledger.done  # d joins after task 9 was lost
   ([0], {})
 
 Example:
@@ -262,7 +273,7 @@ class SplitLedger:
     left: list[int] = dataclasses.field(default_factory=list)
     #: (``per_trainer``) The done splits, with their task and what each trainer received: a
     #: trainer that joined once one was done has not received it yet, and where its task is
-    #: lost before it did, the split is open again (``holder_lost``).
+    #: lost before it did, the split is open again (``holder_lost``, ``joined``).
     finished: dict[int, OpenSplit] = dataclasses.field(default_factory=dict)
     #: The consumers acknowledge elements when their training step commits (module doc).
     commits: bool = False
@@ -270,12 +281,46 @@ class SplitLedger:
     consumers: list[int] = dataclasses.field(default_factory=list)
     flush_round: int = 0
 
-    def joined(self, client_id: int, trainer_id: str | None) -> None:
-        """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``)."""
-        if self.per_trainer and trainer_id is not None:
-            self.trainer_of[client_id] = trainer_id
+    #: (``per_trainer``) The tasks lost, whose done splits a trainer joining later lacks.
+    lost: list[int] = dataclasses.field(default_factory=list)
+
+    def joined(
+        self,
+        client_id: int,
+        trainer_id: str | None,
+        restored: Mapping[int, Sequence[Sequence[int]]] | None = None,
+    ) -> None:
+        """Consumer ``client_id`` joined the job as trainer ``trainer_id`` (``per_trainer``);
+        ``restored``: the offsets of each split that the trainer's restored position says it
+        returned (None: not restored), which replace what it was counted as having received.
+        A done split of a lost task that the trainer lacks is open again."""
         if self.commits and client_id not in self.consumers:
             self.consumers.append(client_id)
+        if not self.per_trainer or trainer_id is None:
+            return
+        self.trainer_of[client_id] = trainer_id
+        if restored is not None:
+            for split in (*self.open.values(), *self.finished.values()):
+                split.trainers.pop(trainer_id, None)
+            for key, ranges in restored.items():
+                had = self._reported(int(key))
+                if had is not None:
+                    had.trainers[trainer_id] = add_ranges([], ranges)
+        self._reopen_lacking()
+
+    def _reopen_lacking(self) -> None:
+        """(``per_trainer``) Opens again each done split of a lost task that a trainer reading
+        the job has not received all of: it is handed out again, whole."""
+        reading = self.reading()
+        for key, split in list(self.finished.items()):
+            if split.holder in self.lost and not all(
+                covers(split.trainers.get(t, []), split.count or 0) for t in reading
+            ):
+                del self.finished[key], self.done[key]
+                self.open[key] = split
+                split.holder, split.lost_holder, split.awaiting = None, split.holder, []
+                split.handed_out = False
+                self._release(key)
 
     def reading(self) -> set[str]:
         """The trainers with a consumer that did not leave (``per_trainer``)."""
@@ -312,7 +357,7 @@ class SplitLedger:
         if split is None:
             return
         if self.per_trainer:
-            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            trainer = self._reporting_trainer(client_id)
             if trainer is None:
                 return
             split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
@@ -393,6 +438,14 @@ class SplitLedger:
             split.holder, split.handed_out = None, False
             self._release(key)
 
+    def _reporting_trainer(self, client_id: int | None) -> str | None:
+        """(``per_trainer``) The trainer a report of consumer ``client_id`` counts for; None
+        for a consumer that left: its trainer may have been restored from a checkpoint since,
+        and what the gone consumer had received no longer says what the trainer has."""
+        if client_id is None or client_id in self.left:
+            return None
+        return self.trainer_of.get(client_id)
+
     def _reported(self, key: int) -> OpenSplit | None:
         """The split whose receipts a report of ``key`` adds to: an open one, or (``per_trainer``)
         a done one whose task may still be lost before a trainer has all of it."""
@@ -405,13 +458,9 @@ class SplitLedger:
         if self.per_trainer:
             # A done split the lost task made that a trainer reading the job has not received
             # all of (it joined once the split was done) is open again.
-            reading = self.reading()
-            for key, split in list(self.finished.items()):
-                if split.holder == task_id and not all(
-                    covers(split.trainers.get(t, []), split.count or 0) for t in reading
-                ):
-                    del self.finished[key], self.done[key]
-                    self.open[key] = split
+            if task_id not in self.lost:
+                self.lost.append(task_id)
+            self._reopen_lacking()
         for key, split in list(self.open.items()):
             if split.holder == task_id:
                 split.holder, split.lost_holder = None, task_id
@@ -481,7 +530,7 @@ class SplitLedger:
         if split is None:
             return False
         if self.per_trainer:
-            trainer = self.trainer_of.get(client_id) if client_id is not None else None
+            trainer = self._reporting_trainer(client_id)
             if trainer is None:
                 return False
             have = split.trainers.get(trainer, [])
@@ -490,6 +539,23 @@ class SplitLedger:
             have = add_ranges(split.delivered, split.held.get(str(client_id), []))
             return add_ranges(have, ranges) != have
         return add_ranges(split.delivered, ranges) != split.delivered
+
+    def done_for(self, client_id: int, keys: Iterable[int]) -> list[tuple[int, int]]:
+        """``(key, count)`` of the splits among ``keys`` that are done for consumer
+        ``client_id``: done, and (``per_trainer``) received in full by its trainer, which may
+        lack a done split (it was restored from a checkpoint; it joined once the split was
+        done) that its worker's cache, or a run again, still gives it."""
+        found = []
+        trainer = self.trainer_of.get(client_id)
+        for key in sorted(set(keys)):
+            count = self.done.get(key)
+            if count is None:
+                continue
+            split = self.finished.get(key) if self.per_trainer else None
+            if split is not None and not covers(split.trainers.get(trainer or "", []), count):
+                continue
+            found.append((key, count))
+        return found
 
     def awaits(self, client_id: int, task_id: int) -> bool:
         """Whether a split waits for consumer ``client_id`` to close the lost ``task_id``."""
@@ -559,6 +625,7 @@ class SplitLedger:
                     "finished": [
                         [key, dataclasses.asdict(split)] for key, split in self.finished.items()
                     ],
+                    "lost": list(self.lost),
                 }
                 if self.per_trainer
                 else {}
@@ -589,6 +656,7 @@ class SplitLedger:
             bool(data.get("commits", False)),
             [int(c) for c in data.get("consumers", ())],
             int(data.get("flush_round", 0)),
+            [int(task) for task in data.get("lost", ())],
         )
 
 

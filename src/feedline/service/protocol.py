@@ -387,6 +387,9 @@ class GetOrCreateJobRequest:
         reply lost to a restart) neither adds a consumer nor starts another job.
       commits: the consumers acknowledge an element when the training step that used it
         commits (``acknowledge="on_commit"``; a fault-tolerant dispatcher's DYNAMIC job).
+      trainer_splits: a trainer restored from its checkpoint: the offsets of each split that
+        its position says it returned, ``[[key, [[start, stop], ...]], ...]``; None for a
+        trainer not restored (and every other consumer).
     """
 
     dataset_id: str
@@ -400,6 +403,7 @@ class GetOrCreateJobRequest:
     trainer_id: str | None = None
     request_id: str | None = None
     commits: bool = False
+    trainer_splits: list[list[Any]] | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -433,6 +437,7 @@ class GetOrCreateJobRequest:
             field(header, "trainer_id", (str, type(None)), None),
             _request_id(header),
             field(header, "commits", bool, False),
+            _trainer_splits(header),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -449,7 +454,34 @@ class GetOrCreateJobRequest:
             **({"trainer_id": self.trainer_id} if self.trainer_id is not None else {}),
             **({"request_id": self.request_id} if self.request_id is not None else {}),
             **({"commits": True} if self.commits else {}),
+            **({"trainer_splits": self.trainer_splits} if self.trainer_splits is not None else {}),
         }
+
+
+def _trainer_splits(header: dict[str, Any]) -> list[list[Any]] | None:
+    """``header["trainer_splits"]``: ``[[key, ranges], ...]`` checked, or None."""
+    value = field(header, "trainer_splits", (list, type(None)), None)
+    if value is None:
+        return None
+    splits: list[list[Any]] = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and _is_count(item[0])) or not (
+            isinstance(item[1], list)
+            and all(
+                isinstance(pair, list) and len(pair) == 2 and all(map(_is_count, pair))
+                for pair in item[1]
+            )
+        ):
+            raise InvalidArgumentError(
+                "malformed request: trainer_splits must be [[key, [[start, stop], ...]], ...], "
+                f"got {item!r:.100}"
+            )
+        splits.append([item[0], [list(pair) for pair in item[1]]])
+    return splits
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1542,8 +1574,8 @@ def _path(header: dict[str, Any]) -> str:
     return path
 
 
-def _count(header: dict[str, Any], name: str) -> int:
-    value = field(header, name, int)
+def _count(header: dict[str, Any], name: str, default: Any = ...) -> int:
+    value = field(header, name, int, default)
     if value < 0:
         raise InvalidArgumentError(f"malformed request: {name} must be >= 0, got {value}")
     return int(value)
@@ -1617,7 +1649,9 @@ class GetSnapshotStreamRequest:
 class SnapshotStreamReply:
     """A stream to write: stream ``stream`` of the save to ``path`` (run ``run``), the dataset
     (``dataset_id``, ``fingerprint``) run over the source units ``units`` (None: the whole
-    dataset, whose source does not split), chunks compressed with ``codec``."""
+    dataset, whose source does not split), chunks compressed with ``codec``; ``generation``
+    is this hand-over of the stream, ``chunks`` its committed chunks (``[name, count]``), after
+    which the writer writes on."""
 
     path: str
     stream: int
@@ -1626,6 +1660,8 @@ class SnapshotStreamReply:
     run: str
     codec: str
     units: list[int] | None
+    generation: int = 0
+    chunks: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self | None:
@@ -1641,19 +1677,42 @@ class SnapshotStreamReply:
             field(header, "run", str),
             field(header, "codec", str),
             None if units is None else list(_ints(header, "units")),
+            _count(header, "generation", 0),
+            _chunk_list(header),
         )
 
     def to_header(self) -> dict[str, Any]:
         """The header that carries this reply."""
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "chunks": [list(c) for c in self.chunks]}
+
+
+def _chunk_list(header: dict[str, Any]) -> list[tuple[str, int]]:
+    """``header["chunks"]``: ``[[name, count], ...]`` (missing: empty)."""
+    chunks = []
+    for item in field(header, "chunks", list, []):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], int)
+            and not isinstance(item[1], bool)
+            and 0 <= item[1] < 2**63
+        ):
+            raise InvalidArgumentError(
+                f"malformed reply: chunks must be [name, count] pairs, got {item!r:.100}"
+            )
+        chunks.append((item[0], item[1]))
+    return chunks
 
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotProgressRequest:
-    """SnapshotProgress: the worker at ``address`` committed a chunk of stream ``stream`` of
-    the save to ``path``: the stream now has ``chunks`` chunks, ``elements`` elements and
-    ``nbytes`` bytes; ``done`` once its DONE file is written. ``error``: the dataset raised
-    this (``"Type: message"``) while the stream was written, which fails the save."""
+    """SnapshotProgress: the worker at ``address``, writing stream ``stream`` of the save to
+    ``path`` in hand-over ``generation``, asks to commit chunk ``chunk`` (its file written,
+    ``count`` elements), after which the stream has ``chunks`` chunks, ``elements`` elements
+    and ``nbytes`` bytes; or, with ``done``, to complete the stream. ``error``: the dataset
+    raised this (``"Type: message"``) while the stream was written, which fails the save.
+    The reply's ``accepted`` is False where the stream is no longer this writer's."""
 
     address: str
     path: str
@@ -1663,6 +1722,9 @@ class SnapshotProgressRequest:
     nbytes: int
     done: bool
     error: str | None = None
+    generation: int = 0
+    chunk: str | None = None
+    count: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -1680,6 +1742,9 @@ class SnapshotProgressRequest:
             _count(header, "nbytes"),
             field(header, "done", bool),
             field(header, "error", (str, type(None)), None),
+            _count(header, "generation", 0),
+            field(header, "chunk", (str, type(None)), None),
+            _count(header, "count", 0),
         )
 
     def to_header(self) -> dict[str, Any]:

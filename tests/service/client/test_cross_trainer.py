@@ -329,6 +329,42 @@ def test_a_worker_killed_mid_epoch_under_fault_tolerance_costs_no_trainer_anythi
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
 
 
+def test_a_trainer_that_first_joins_after_a_worker_died_gets_every_element_once(
+    tmp_path: Path,
+) -> None:
+    """As above, and a fourth trainer process first joins once the dispatcher dropped the dead
+    worker: the dead worker's splits, which the three others had received in full, run again
+    for it (``benchmarks/cross_trainer_chaos.py --kill worker --late-trainer``, one round)."""
+    elements = 400
+    row = run_round(
+        tmp_path,
+        elements=elements,
+        fault_fraction=0.3,
+        fault_tolerant=True,
+        hang_seconds=90,
+        kill="worker",
+        late=True,
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert 0 < row.killed_at < elements  # killed mid-epoch
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0, "late": 0}, row
+
+
+def test_a_trainer_restored_from_before_a_worker_died_loses_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """Trainer processes: a worker is killed (kill -9) once every trainer has read 100 elements
+    past the victim's last checkpoint, then the victim, which is restarted from that
+    checkpoint (``benchmarks/cross_trainer_chaos.py --kill worker+trainer``, one round)."""
+    row = run_round(
+        tmp_path, elements=400, fault_fraction=0.2, fault_tolerant=True, kill="worker+trainer"
+    )
+    print(json.dumps(dataclasses.asdict(row)))
+    assert not row.failed and not row.hung, row
+    assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0}, row
+
+
 def test_a_trainers_position_passes_over_what_it_drops_once_the_elements_before_are_returned() -> (
     None
 ):
@@ -427,3 +463,63 @@ def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
     got = read_concurrently({"restarted": again, "steady": steady}, {})
     assert sorted(before + got["restarted"]) == list(range(300))
     assert sorted(got["steady"]) == list(range(300))
+
+
+def test_a_trainer_restored_from_before_a_worker_died_gets_the_splits_every_trainer_had(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    """Under a fault-tolerant dispatcher: a trainer saves its position, both trainers read on
+    past many splits, which are then done (each trainer received all of them); the trainer is
+    gone, a worker dies, and the trainer is restored from the position it saved before. The
+    dead worker's done splits that its position lacks run again for it: it gets every element
+    it had not returned by then, once; the other trainer gets nothing twice."""
+    cluster = make_cluster(
+        0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
+    )
+    for _ in range(2):
+        cluster.add_worker(heartbeat_interval_ms=100)
+    dataset = Dataset.range(300)
+
+    def trainer(name: str) -> Any:
+        return iter(
+            dataset.apply(
+                service.distribute(
+                    "distributed_epoch",
+                    cluster.target,
+                    job_name="ft",
+                    cross_trainer_cache=service.CrossTrainerCache(name),
+                    max_outstanding_requests=4,
+                )
+            )
+        )
+
+    steady, restarted = trainer("steady"), trainer("restarted")
+    before = [int(next(restarted)) for _ in range(20)]
+    state = restarted.get_state()
+    after = [int(next(restarted)) for _ in range(160)]
+    first = [int(next(steady)) for _ in range(160)]
+    ledger = cluster.dispatcher._core.state.ledgers
+    (job_ledger,) = ledger.values()
+    dead = cluster.workers[0].worker_address
+    tasks = {
+        t.task_id for t in cluster.dispatcher._core.state.tasks.values() if t.worker_address == dead
+    }
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+        s.holder in tasks for s in list(job_ledger.finished.values())
+    ):
+        time.sleep(0.05)  # the trainers' reports arrive with their heartbeats
+    assert any(s.holder in tasks for s in list(job_ledger.finished.values()))  # done there
+    restarted.close()  # the trainer is gone, then the worker dies
+    cluster.workers[0].stop()
+    cluster.add_worker(heartbeat_interval_ms=100)
+    deadline = time.monotonic() + 30
+    while not set(job_ledger.lost) & tasks and time.monotonic() < deadline:
+        time.sleep(0.05)  # the dispatcher dropped the dead worker
+    assert set(job_ledger.lost) & tasks
+    assert len(set(before + after)) == 180
+    again = trainer("restarted")
+    again.set_state(state)
+    got = read_concurrently({"restarted": again, "steady": steady}, {})
+    assert sorted(before + got["restarted"]) == list(range(300))
+    assert sorted(first + got["steady"]) == list(range(300))

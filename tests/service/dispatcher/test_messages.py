@@ -59,6 +59,15 @@ GET_SPLIT = {"job_id": 4, "task_id": 6, "request": 2, "repetition": 0}
     [
         (WorkerHeartbeatRequest, WORKER_HEARTBEAT),
         (GetOrCreateJobRequest, GET_OR_CREATE_JOB),
+        (
+            GetOrCreateJobRequest,
+            {
+                **GET_OR_CREATE_JOB,
+                "cross_trainer": True,
+                "trainer_id": "a",
+                "trainer_splits": [[0, [[0, 4]]], [8, []]],
+            },
+        ),
         (RegisterDatasetRequest, REGISTER_DATASET),
         (ClientHeartbeatRequest, CLIENT_HEARTBEAT),
         (ClientHeartbeatRequest, {"client_id": 5, "version": -1, "wait_ms": 0}),
@@ -86,6 +95,11 @@ def test_fields_are_typed() -> None:
         (WorkerHeartbeatRequest, {"address": "a", "draining": 1}, "field 'draining' must be"),
         (GetOrCreateJobRequest, {**GET_OR_CREATE_JOB, "target_workers": "X"}, "target_workers"),
         (GetOrCreateJobRequest, {**GET_OR_CREATE_JOB, "dataset_id": 12}, "must be a string"),
+        (
+            GetOrCreateJobRequest,
+            {**GET_OR_CREATE_JOB, "trainer_splits": [[0, [[0, -1]]]]},
+            "trainer_splits must be",
+        ),
         (RegisterDatasetRequest, {**REGISTER_DATASET, "dataset_id": ""}, "non-empty string"),
         (GetSplitRequest, {**GET_SPLIT, "finished": ["a", 1]}, "finished must be"),
         (GetSplitRequest, {**GET_SPLIT, "handed_out": [True]}, "handed_out must be"),

@@ -6,6 +6,7 @@ the kill tests with real processes are in tests/service/test_distributed_save.py
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import time
 from collections.abc import Callable
@@ -20,11 +21,16 @@ from feedline.data import Dataset
 from feedline.data import experimental as exp
 from feedline.data.ops._snapshot_format import is_finished
 from feedline.data.ops._snapshot_streams import read_saving
+from feedline.service.dispatcher.core import DispatcherCore
+from feedline.service.dispatcher.snapshots import Snapshots
 from feedline.service.dispatcher.state import (
     AssignStream,
+    CommitChunk,
+    DatasetRecord,
     DispatcherState,
     FinishSnapshot,
     FinishStream,
+    RegisterDataset,
     RegisterWorker,
     RemoveWorker,
     StartSnapshot,
@@ -172,10 +178,11 @@ def test_a_dropped_worker_frees_its_streams_and_the_state_round_trips() -> None:
             3,
             {"num_units": 9, "split_size": 3, "position": 0, "seed": None},
         ),
-        AssignStream("/s", 0, "w1:1"),
-        AssignStream("/s", 1, "w2:1"),
+        AssignStream("/s", 0, "w1:1", 11),
+        AssignStream("/s", 1, "w2:1", 12),
+        CommitChunk("/s", 0, 11, "chunk_00000000_3_000000000000000b.flchunk", 3),
         FinishStream("/s", 0),
-        AssignStream("/s", 2, "w1:1"),
+        AssignStream("/s", 2, "w1:1", 13),
         RemoveWorker("w1:1"),
     ]
     for update in updates:
@@ -183,6 +190,8 @@ def test_a_dropped_worker_frees_its_streams_and_the_state_round_trips() -> None:
         state.apply(update)
     snapshot = state.snapshots["/s"]
     assert snapshot.writers == [None, "w2:1", None] and snapshot.done == [True, False, False]
+    assert snapshot.generations == [11, 12, 13]
+    assert snapshot.chains == [[["chunk_00000000_3_000000000000000b.flchunk", 3]], [], []]
     copy = state_from_json(state_to_json(state))
     assert dataclasses.asdict(copy.snapshots["/s"]) == dataclasses.asdict(snapshot)
     state.apply(FinishSnapshot("/s"))
@@ -215,6 +224,9 @@ PROGRESS = {
     "nbytes": 1 << 20,
     "done": False,
     "error": None,
+    "generation": 1 << 33,
+    "chunk": "chunk_00000001_1024_0000000200000001.flchunk",
+    "count": 1024,
 }
 STREAM = {
     "path": "/data/snapshot",
@@ -224,6 +236,8 @@ STREAM = {
     "run": "r",
     "codec": "NONE",
     "units": [9, 10, 11],
+    "generation": 7,
+    "chunks": [["chunk_00000000_4_0000000000000005.flchunk", 4]],
 }
 
 
@@ -233,7 +247,7 @@ STREAM = {
         (SnapshotRequest, SNAPSHOT),
         (SnapshotProgressRequest, PROGRESS),
         (SnapshotStreamReply, STREAM),
-        (SnapshotStreamReply, {**STREAM, "units": None}),
+        (SnapshotStreamReply, {**STREAM, "units": None, "chunks": []}),
         (GetSnapshotStreamRequest, {"address": "localhost:5051"}),
     ],
 )
@@ -251,6 +265,8 @@ def test_a_header_reads_back_to_itself(kind: Any, header: dict[str, Any]) -> Non
         (SnapshotRequest, {**SNAPSHOT, "path": "a\nb"}, "printable"),
         (SnapshotProgressRequest, {**PROGRESS, "elements": -1}, "elements must be >= 0"),
         (SnapshotProgressRequest, {**PROGRESS, "done": 1}, "'done'"),
+        (SnapshotProgressRequest, {**PROGRESS, "generation": -1}, "generation must be >= 0"),
+        (SnapshotStreamReply, {**STREAM, "chunks": [["a", -1]]}, "chunks must be"),
         (GetSnapshotStreamRequest, {"address": 5}, "'address'"),
     ],
 )
@@ -271,3 +287,62 @@ def test_a_malformed_call_is_refused_and_the_dispatcher_serves_on(make_cluster: 
     reply, _ = raw.call("GetSnapshotStream", {"address": "nobody:1"}, timeout=5)
     assert reply == {"stream": None}
     raw.close()
+
+
+def test_only_a_streams_current_writer_commits_its_chunks(tmp_path: pathlib.Path) -> None:
+    """The fence, at the handler: a writer dropped while it still runs is refused its next
+    chunk and its stream's end; an answer asked again is the same answer."""
+    path = str(tmp_path)
+    core = DispatcherCore()
+    snapshots = Snapshots(core)
+    with core.lock:
+        core.apply(RegisterDataset(DatasetRecord("d1", "00ff", b"", b"", None, 4, None)))
+        core.apply(StartSnapshot(path, "d1", "00ff", "run", "NONE", 1, None))
+        core.apply(RegisterWorker("a:1"))
+        core.apply(RegisterWorker("b:1"))
+
+    def ask(address: str) -> SnapshotStreamReply:
+        reply = snapshots.get_snapshot_stream({"address": address}, [])[0]
+        stream = SnapshotStreamReply.from_header(reply)
+        assert stream is not None
+        return stream
+
+    def commit(address: str, generation: int, index: int, count: int, total: int) -> bool:
+        chunk = f"chunk_{index:08d}_{count}_{generation:016x}.flchunk"
+        request = SnapshotProgressRequest(
+            address, path, 0, index + 1, total, 0, False, None, generation, chunk, count
+        )
+        return snapshots.snapshot_progress(request.to_header(), [])[0]["accepted"]
+
+    def done(address: str, generation: int, chunks: int) -> bool:
+        request = SnapshotProgressRequest(
+            address, path, 0, chunks, 0, 0, True, generation=generation
+        )
+        return snapshots.snapshot_progress(request.to_header(), [])[0]["accepted"]
+
+    first = ask("a:1")
+    assert first.generation > 0 and first.chunks == []
+    assert commit("a:1", first.generation, 0, 2, 2)
+    assert commit("a:1", first.generation, 0, 2, 2)  # asked again: the same answer
+    assert not commit("a:1", first.generation, 0, 3, 3)  # another chunk 0: never
+    assert not commit("a:1", first.generation, 2, 2, 6)  # past a gap: never
+    with core.lock:
+        core.apply(RemoveWorker("a:1"))  # missed its heartbeats; it runs on, a zombie
+    second = ask("b:1")
+    assert second.generation > first.generation
+    assert second.chunks == [(f"chunk_00000000_2_{first.generation:016x}.flchunk", 2)]
+    assert not commit("a:1", first.generation, 1, 2, 4)  # the zombie's next chunk
+    with core.lock:
+        core.apply(RegisterWorker("a:1"))  # it registers again: still not its stream
+    assert not commit("a:1", first.generation, 1, 2, 4)
+    assert not done("a:1", first.generation, 1)
+    assert commit("b:1", second.generation, 1, 5, 7)
+    assert not done("b:1", second.generation, 1)  # it has two chunks
+    assert done("b:1", second.generation, 2)
+    assert done("b:1", second.generation, 2)  # asked again
+    record = core.state.snapshots[path]
+    assert record.done == [True] and record.finished  # its DONE lists the accepted chunks
+    assert [count for _, count in record.chains[0]] == [2, 5]
+    assert [
+        shard["chunks"] for shard in json.loads((tmp_path / "DONE").read_text())["body"]["shards"]
+    ] == [record.chains[0]]

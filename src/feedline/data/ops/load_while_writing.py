@@ -1,7 +1,7 @@
 """``Dataset.load(path, wait=True)`` of a snapshot that ``distributed_save`` is still writing.
 
 The reader follows the save's streams (``_snapshot_streams``): it yields the elements of each
-committed chunk as soon as the chunk's file appears, taking one whole chunk of each stream in
+committed chunk as soon as its commit marker appears, taking one whole chunk of each stream in
 turn, waits (polling the streams' directories) while no new chunk is committed, and ends once
 the save's ``DONE`` is written and every chunk it lists has been read. Its place is the chunk
 and row reached in every stream, the stream whose chunk it reads and how many rows of that

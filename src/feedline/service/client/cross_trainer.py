@@ -188,6 +188,13 @@ class TrainerPositions:
         """The offsets of each split returned before the restored position was saved."""
         return {} if self._resume is None else dict(self._resume.splits)
 
+    def restored_report(self) -> list[list[Any]] | None:
+        """``[[key, ranges], ...]`` of ``restored_splits``, what a restored trainer joins with
+        (a fault-tolerant dispatcher counts that as what it has); None where not restored."""
+        if self._resume is None:
+            return None
+        return [[key, [list(p) for p in r]] for key, r in sorted(self._resume.splits.items())]
+
     def admit(
         self,
         receipts: SplitReceipts,

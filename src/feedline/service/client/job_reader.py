@@ -260,6 +260,7 @@ class _JobReader:
             # The same in every retry of this join: the dispatcher serves it once.
             request_id=secrets.token_hex(16),
             commits=params.commits,
+            trainer_splits=None if self.trainer is None else self.trainer.restored_report(),
         )
         what = f"joining a job of dataset {dataset_id}"
         reply, _ = _bounded_call(
@@ -328,7 +329,9 @@ class _JobReader:
                 self._commits.flush_pending() or self._commits.has_unsent()
             ):
                 self.queue.wait_closed(0.01)  # its replies in flight arrive meanwhile
-            elif not news:  # no news: the next waits its turn, and while none comes, longer each time
+            elif (
+                not news
+            ):  # no news: the next waits its turn, and while none comes, longer each time
                 self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
                 interval = min(interval * 2, self._idle_heartbeat_s)
 

@@ -120,7 +120,15 @@ class Jobs:
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
-            core.apply(AcquireClient(client_id, job.job_id, request.trainer_id, request.request_id))
+            core.apply(
+                AcquireClient(
+                    client_id,
+                    job.job_id,
+                    request.trainer_id,
+                    request.request_id,
+                    request.trainer_splits,
+                )
+            )
             core.job_idle_since.pop(job.job_id, None)
             return self._join_reply(job, client_id)
 

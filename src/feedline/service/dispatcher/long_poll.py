@@ -139,7 +139,7 @@ class LongPoll:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed, commits, flushed))
         keys = {key for key, _ in (*received, *committed)}
         keys |= {k for k in request.holding if isinstance(k, int)}
-        done = tuple((key, ledger.done[key]) for key in sorted(keys) if key in ledger.done)
+        done = tuple(ledger.done_for(client_id, keys))
         if not ledger.commits:
             return done, 0, False
         cursor = self._core.state.split_cursors.get((job.job_id, 0))

@@ -8,14 +8,19 @@ restarted on the same address), else the next stream nobody writes. A worker rep
 chunk it commits and the end of its stream (``SnapshotProgress``); once every stream is
 complete the dispatcher writes the save's ``DONE`` (``_snapshot_streams.finish_save``).
 
-What decides which elements the snapshot holds is on the file system: a stream's committed
-chunks are the files that exist (``_snapshot_streams``), so a stream whose worker died (dropped
-after ``worker_timeout_ms`` without heartbeats: ``RemoveWorker`` frees its streams) goes to
-another worker, which skips the elements committed and writes on. The state here (the journal's
-``StartSnapshot``, ``AssignStream``, ``FinishStream``, ``FinishSnapshot``) says which saves run
-and who writes what, so that a restarted dispatcher hands out the same streams. A worker the
-dispatcher dropped while it still ran (a zombie) may write a stream alongside its new writer;
-``worker_timeout_ms`` longer than a worker's longest pause keeps that from happening.
+Which elements the snapshot holds is decided here, one chunk at a time: each hand-over of a
+stream is a new *generation* (an id, never reused), and a writer asks to commit each chunk it
+has written (``SnapshotProgress`` with the chunk): the dispatcher accepts chunk ``k`` of a
+stream only from the stream's current writer and generation, and only one chunk ``k``, and
+only then does the writer publish the chunk's marker (``_snapshot_streams``). A stream whose
+worker died (dropped after ``worker_timeout_ms`` without heartbeats: ``RemoveWorker`` frees its
+streams) goes to another worker with the chunks committed so far, which skips their elements
+and writes on; a dropped worker that still runs (a zombie: paused, then resumed) is refused
+its next chunk, so what it writes is never counted. The state (the journal's
+``StartSnapshot``, ``AssignStream``, ``CommitChunk``, ``FinishStream``, ``FinishSnapshot``)
+says which saves run, who writes what and which chunks are committed, so that a restarted
+dispatcher carries on; a save resumed without a journal starts from the committed chunks its
+streams' directories hold.
 
 Progress (chunks, elements and bytes of each stream) is what workers report, kept in memory
 for the status page and ``/metrics``: after a restart it fills again as chunks are committed.
@@ -29,12 +34,16 @@ import math
 import uuid
 from typing import Any
 
-from feedline.data.ops._snapshot_format import is_finished, spec_from_json
+from feedline.data.ops import _snapshot_fs as fs
+from feedline.data.ops._snapshot_format import is_finished, shard_dir, spec_from_json
 from feedline.data.ops._snapshot_streams import (
+    committed_chunks,
     finish_save,
+    is_chunk_name,
     read_error,
     read_saving,
     start_save,
+    stream_done,
     write_error,
 )
 from feedline.errors import (
@@ -47,11 +56,13 @@ from feedline.errors import (
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import (
     AssignStream,
+    CommitChunk,
     FailSnapshot,
     FinishSnapshot,
     FinishStream,
     SnapshotRecord,
     StartSnapshot,
+    Update,
 )
 from feedline.service.protocol import (
     GetSnapshotStreamRequest,
@@ -125,6 +136,7 @@ class Snapshots:
         if failed is not None:
             raise FailedPreconditionError(_failed(request.path, failed))
         saving = read_saving(request.path)
+        found: list[Update] = []
         if saving is not None:
             if saving.get("fingerprint") != request.fingerprint:
                 raise InvalidArgumentError(
@@ -141,6 +153,7 @@ class Snapshots:
                 int(saving["num_streams"]),
                 saving["cursor"],
             )
+            found = self._found(start)
         else:
             start = self._plan(request, plan, workers)
             start_save(
@@ -158,6 +171,8 @@ class Snapshots:
                 self._check_same(known, request)
             else:
                 core.apply(start)
+                for update in found:
+                    core.apply(update)
                 logger.info(
                     "distributed_save to %s: %d streams%s",
                     start.path,
@@ -181,6 +196,21 @@ class Snapshots:
                 f"distributed_save: {request.path} already holds a finished snapshot; load it "
                 "with Dataset.load, or save to another path"
             )
+
+    @staticmethod
+    def _found(start: StartSnapshot) -> list[Update]:
+        """What the directories of a save resumed without the dispatcher's journal hold: each
+        stream's committed chunks, and which streams are complete."""
+        run_dir = fs.join(start.path, start.run)
+        found: list[Update] = []
+        for stream in range(start.num_streams):
+            directory = shard_dir(run_dir, stream)
+            done = stream_done(directory)
+            for name, count in committed_chunks(directory) if done is None else done:
+                found.append(CommitChunk(start.path, stream, 0, name, count))
+            if done is not None:
+                found.append(FinishStream(start.path, stream))
+        return found
 
     @staticmethod
     def _plan(request: SnapshotRequest, plan: dict[str, Any] | None, workers: int) -> StartSnapshot:
@@ -220,7 +250,8 @@ class Snapshots:
             for snapshot in running:
                 for stream, writer in enumerate(snapshot.writers):
                     if writer is None and not snapshot.done[stream]:
-                        core.apply(AssignStream(snapshot.path, stream, request.address))
+                        generation = core.state.new_id()
+                        core.apply(AssignStream(snapshot.path, stream, request.address, generation))
                         return self._stream(snapshot, stream), ()
         return {"stream": None}, ()
 
@@ -239,12 +270,20 @@ class Snapshots:
             snapshot.run,
             snapshot.codec,
             units,
+            snapshot.generations[stream],
+            [(str(name), int(count)) for name, count in snapshot.chains[stream]],
         ).to_header()
 
     # -- SnapshotProgress -------------------------------------------------------------------
     def snapshot_progress(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
-        """SnapshotProgress: a worker committed a chunk, or completed its stream."""
+        """SnapshotProgress: a writer asks to commit a chunk or to complete its stream, or
+        reports that the dataset raised; refused (``accepted`` False) where the stream is not
+        the writer's (its generation) any more."""
         request = SnapshotProgressRequest.from_header(header)
+        if request.chunk is not None and not is_chunk_name(request.chunk):
+            raise InvalidArgumentError(
+                f"malformed request: chunk must be a chunk file name, got {request.chunk!r:.100}"
+            )
         core = self._core
         message = ""
         with core.lock:
@@ -253,14 +292,23 @@ class Snapshots:
                 raise NotFoundError(
                     f"no distributed_save to {request.path} has a stream {request.stream}"
                 )
-            self._progress[(request.path, request.stream)] = (
-                request.chunks,
-                request.elements,
-                request.nbytes,
-            )
-            if request.done and not snapshot.done[request.stream]:
-                core.apply(FinishStream(request.path, request.stream))
-            failed = request.error is not None and snapshot.error is None
+            accepted = self._accept(snapshot, request)
+            if accepted:
+                self._progress[(request.path, request.stream)] = (
+                    request.chunks,
+                    request.elements,
+                    request.nbytes,
+                )
+            else:
+                logger.warning(
+                    "distributed_save to %s: refused worker %s (generation %d) its writes to "
+                    "stream %d, which is another writer's now",
+                    request.path,
+                    request.address,
+                    request.generation,
+                    request.stream,
+                )
+            failed = accepted and request.error is not None and snapshot.error is None
             if failed:
                 message = f"{request.error} (stream {request.stream}, worker {request.address})"
                 core.apply(FailSnapshot(request.path, message))
@@ -268,7 +316,33 @@ class Snapshots:
         if failed:
             write_error(request.path, message)
         self._finish_complete()
-        return {}, ()
+        return {"accepted": accepted}, ()
+
+    def _accept(self, snapshot: SnapshotRecord, request: SnapshotProgressRequest) -> bool:
+        """Whether the request's writer owns its stream; commits its chunk, or completes the
+        stream, where it asks to (under the lock). An answer lost on the way is asked again
+        and gets the same answer."""
+        stream = request.stream
+        chain = snapshot.chains[stream]
+        if snapshot.generations[stream] != request.generation:
+            return False
+        if snapshot.writers[stream] != request.address:
+            # Only a complete stream's last writer, asking again, still counts.
+            return snapshot.done[stream] and request.done and request.chunks == len(chain)
+        if request.chunk is not None:
+            index = request.chunks - 1
+            if index < len(chain):  # asked again
+                return chain[index] == [request.chunk, request.count]
+            if index > len(chain):
+                return False
+            self._core.apply(
+                CommitChunk(request.path, stream, request.generation, request.chunk, request.count)
+            )
+        if request.done:
+            if request.chunks != len(chain):
+                return False
+            self._core.apply(FinishStream(request.path, stream))
+        return True
 
     def _finish_complete(self) -> None:
         """Writes the DONE of every save whose streams are all complete (the files outside the
@@ -276,13 +350,13 @@ class Snapshots:
         core = self._core
         with core.lock:
             complete = [
-                (s.path, s.run, s.num_streams)
+                (s.path, s.run, s.num_streams, [[(n, c) for n, c in ch] for ch in s.chains])
                 for s in core.state.snapshots.values()
                 if not s.finished and s.error is None and all(s.done)
             ]
-        for path, run, streams in complete:
+        for path, run, streams, chains in complete:
             try:
-                elements = finish_save(path, run, streams)
+                elements = finish_save(path, run, streams, chains)
             except (FeedlineError, OSError) as error:
                 logger.error("distributed_save to %s could not be finished: %s", path, error)
                 continue

@@ -31,6 +31,7 @@ __all__ = [
     "AcquireClient",
     "AssignStream",
     "ClientRecord",
+    "CommitChunk",
     "CountSplit",
     "CreateJob",
     "CreateTask",
@@ -168,6 +169,14 @@ class SnapshotRecord:
     finished: bool = False
     #: Why the save failed (the dataset raised while a stream was written), None if it did not.
     error: str | None = None
+    #: Each stream's last hand-over (0: never handed out): only its writer commits chunks.
+    generations: list[int] = dataclasses.field(default_factory=list)
+    #: Each stream's committed chunks, ``[name, count]``, in order.
+    chains: list[list[list[Any]]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.generations += [0] * (self.num_streams - len(self.generations))
+        self.chains += [[] for _ in range(self.num_streams - len(self.chains))]
 
 
 # -- updates ----------------------------------------------------------------------------------
@@ -237,6 +246,9 @@ class AcquireClient:
     trainer_id: str | None = None
     #: The id of the join that made the consumer (``GetOrCreateJobRequest.request_id``).
     request_id: str | None = None
+    #: A trainer restored from its checkpoint: the offsets of each split its position says it
+    #: returned, ``[[key, ranges], ...]`` (``SplitLedger.joined``); None: not restored.
+    restored: list[list[Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,11 +343,25 @@ class StartSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class AssignStream:
-    """Stream ``stream`` of the save to ``path`` is written by the worker at ``worker``."""
+    """Stream ``stream`` of the save to ``path`` is written by the worker at ``worker``, in
+    hand-over ``generation`` (an id: never reused, across dispatcher lives too)."""
 
     path: str
     stream: int
     worker: str
+    generation: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitChunk:
+    """The next chunk of stream ``stream`` of the save to ``path`` is ``name`` (``count``
+    elements), written in hand-over ``generation``."""
+
+    path: str
+    stream: int
+    generation: int
+    name: str
+    count: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,6 +422,7 @@ Update = (
     | RemoveDataset
     | StartSnapshot
     | AssignStream
+    | CommitChunk
     | FinishStream
     | FinishSnapshot
     | FailSnapshot
@@ -520,12 +547,16 @@ class DispatcherState:
                     self.tasks[task_id].finished = True
                 for key in [key for key in self.split_cursors if key[0] == job_id]:
                     del self.split_cursors[key]
-            case AcquireClient(client_id, job_id, trainer_id, request_id):
+            case AcquireClient(client_id, job_id, trainer_id, request_id, restored):
                 self.clients[client_id] = ClientRecord(client_id, job_id, request_id=request_id)
                 if request_id is not None:
                     self.client_by_request[request_id] = client_id
                 if job_id in self.ledgers:
-                    self.ledgers[job_id].joined(client_id, trainer_id)
+                    self.ledgers[job_id].joined(
+                        client_id,
+                        trainer_id,
+                        None if restored is None else {int(k): r for k, r in restored},
+                    )
                 self.jobs[job_id].client_ids.append(client_id)
                 self._take_id(client_id)
             case ReleaseClient(client_id):
@@ -582,8 +613,13 @@ class DispatcherState:
                 self.snapshots[update.path] = SnapshotRecord(
                     **fields, writers=[None] * count, done=[False] * count
                 )
-            case AssignStream(path, stream, worker):
-                self.snapshots[path].writers[stream] = worker
+            case AssignStream(path, stream, worker, generation):
+                snapshot = self.snapshots[path]
+                snapshot.writers[stream] = worker
+                snapshot.generations[stream] = generation
+                self._take_id(generation)
+            case CommitChunk(path, stream, _, name, count):
+                self.snapshots[path].chains[stream].append([name, count])
             case FinishStream(path, stream):
                 snapshot = self.snapshots[path]
                 snapshot.done[stream] = True

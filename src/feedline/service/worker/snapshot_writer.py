@@ -3,9 +3,11 @@
 One thread per worker asks the dispatcher for a stream (``GetSnapshotStream``), runs the
 save's dataset over the stream's source units (``split_source``; the whole dataset where its
 source does not split), writes the elements as chunks (``_snapshot_streams.StreamWriter``:
-each committed within a few MB or seconds) and reports each chunk and the stream's end
-(``SnapshotProgress``). A stream that a worker takes over from a dead one starts after the
-chunks already committed. A stream whose files cannot be written is logged and tried again
+each committed within a few MB or seconds), asking the dispatcher to commit each chunk and
+the stream's end (``SnapshotProgress``). A stream that a worker takes over from a dead one
+starts after the chunks already committed, which the dispatcher hands over with it. A worker
+refused a chunk (the dispatcher dropped it and handed its stream to another) leaves the
+stream and asks for another. A stream whose files cannot be written is logged and tried again
 after a pause, so a passing failure (a store that is briefly unreachable) does not end the
 save; a dataset that raises fails the save (the dispatcher writes its ``ERROR`` file).
 """
@@ -134,7 +136,7 @@ class SnapshotWriterLoop:
             dataset = with_split_source(dataset, _OneSplit(stream.units))
         directory = shard_dir(fs.join(stream.path, stream.run), stream.stream)
 
-        def report(chunks: int, elements: int, nbytes: int, done: bool = False) -> None:
+        def ask(chunks: int, elements: int, nbytes: int, chunk: tuple[str, int] | None) -> bool:
             request = SnapshotProgressRequest(
                 self._host.worker_address,
                 stream.path,
@@ -142,19 +144,29 @@ class SnapshotWriterLoop:
                 chunks,
                 elements,
                 nbytes,
-                done,
+                chunk is None,
+                generation=stream.generation,
+                chunk=None if chunk is None else chunk[0],
+                count=0 if chunk is None else chunk[1],
             )
-            self._host.call_dispatcher(
+            reply, _ = self._host.call_dispatcher(
                 "SnapshotProgress",
                 request.to_header(),
-                f"reporting stream {stream.stream} of the save to {stream.path}",
+                f"committing to stream {stream.stream} of the save to {stream.path}",
             )
+            return reply.get("accepted") is True
 
-        writer = StreamWriter(directory, dataset.element_spec, stream.codec, on_commit=report)
+        writer = StreamWriter(
+            directory,
+            dataset.element_spec,
+            stream.codec,
+            generation=stream.generation,
+            chunks=stream.chunks,
+            accept=ask,
+        )
         iterator = iter(dataset)
         try:
-            if not writer.write(_elements(iterator), self._stopped.is_set):
-                return False
+            complete = writer.write(_elements(iterator), self._stopped.is_set)
         except _DatasetError as error:  # the save fails: running the stream again cannot help
             logger.error(
                 "worker %s: the dataset of the save to %s raised in stream %d: %s",
@@ -172,6 +184,7 @@ class SnapshotWriterLoop:
                 writer.nbytes,
                 False,
                 str(error)[:_MAX_ERROR_CHARS],
+                generation=stream.generation,
             )
             self._host.call_dispatcher(
                 "SnapshotProgress", request.to_header(), f"reporting the failure of {stream.path}"
@@ -179,8 +192,15 @@ class SnapshotWriterLoop:
             return False
         finally:
             iterator.close()
-        report(len(writer.chunks), writer.committed, writer.nbytes, done=True)
-        return True
+        if writer.revoked:
+            logger.warning(
+                "worker %s: stream %d of the save to %s was handed to another worker; what this "
+                "one wrote since is not committed",
+                self._host.worker_address,
+                stream.stream,
+                stream.path,
+            )
+        return complete
 
     def _dataset(self, stream: SnapshotStreamReply) -> Dataset:
         cached = self._datasets.get(stream.fingerprint)
