@@ -337,7 +337,7 @@ def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journ
     state.apply(st.ReportSplits(job_id, 100, [[0, [[0, 2]]]], []))
     state.apply(st.RemoveWorker("w:1"))
     assert state.ledgers[job_id].done == {0: 2}
-    acquire = st.AcquireClient(101, job_id, "b", [[0, [[0, 1]]]])
+    acquire = st.AcquireClient(101, job_id, "b", restored=[[0, [[0, 1]]]])
     assert st.update_from_json(st.update_to_json(acquire)) == acquire
     state.apply(acquire)
     ledger = state.ledgers[job_id]
