@@ -20,7 +20,7 @@ import argparse
 import collections
 import pathlib
 import sys
-import time
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -29,13 +29,23 @@ if str(ROOT) not in sys.path:
 from tests.service.procs import ServiceProcesses  # noqa: E402
 
 SEED_CONSUMER = """
-import json, os, time
+import json, os, pathlib, time
 from feedline.data import Dataset
 from feedline.service import distribute
 from tests.launcher import report
 
 target = os.environ["FEEDLINE_TARGET"]
-start, period = float(os.environ["START"]), float(os.environ["PERIOD"])
+# The barrier: both processes start their first trial a second after the later of them
+# was ready (both read the same two file times), then one each PERIOD seconds.
+ready = pathlib.Path(os.environ["READY"])
+(ready / os.environ["NAME"]).touch()
+deadline = time.time() + 60
+while len(list(ready.iterdir())) < 2:
+    if time.time() > deadline:
+        raise SystemExit("the other consumer did not start within 60 s")
+    time.sleep(0.01)
+start = max(path.stat().st_mtime for path in ready.iterdir()) + 1.0
+period = float(os.environ["PERIOD"])
 trials = []
 for trial in range(int(os.environ["TRIALS"])):
     dataset = Dataset.range(5).apply(
@@ -53,11 +63,16 @@ def run_trials(trials: int, period: float = 1.5) -> list[tuple[list[int], list[i
     Raises:
       RuntimeError: a consumer process failed (its output in the message).
     """
-    with ServiceProcesses(timeout=60 + trials * period * 2) as cluster:
+    with (
+        ServiceProcesses(timeout=60 + trials * period * 2) as cluster,
+        tempfile.TemporaryDirectory(prefix="feedline-ready-") as ready,
+    ):
         cluster.start_dispatcher()
         cluster.start_worker()
-        env = {"START": str(time.time() + 10), "PERIOD": str(period), "TRIALS": str(trials)}
-        consumers = cluster.run(SEED_CONSUMER, [("first", env), ("second", env)])
+        env = {"READY": ready, "PERIOD": str(period), "TRIALS": str(trials)}
+        consumers = cluster.run(
+            SEED_CONSUMER, [(name, {**env, "NAME": name}) for name in ("first", "second")]
+        )
         results = consumers.wait()
     for result in results.values():
         if not result.ok:

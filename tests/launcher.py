@@ -170,6 +170,9 @@ class Torchrun:
     port: int | None = None
     nnodes: str | None = None
     join_timeout: int = 60  # how long agents wait for MIN nodes at a rendezvous
+    # Whether this agent hosts the rendezvous store (None: the first on ``port`` does): agents
+    # told False only connect, so that they can start with the host, not after it listens.
+    is_host: bool | None = None
 
     def command(self, log_dir: Path) -> list[str]:
         common = [
@@ -184,10 +187,11 @@ class Torchrun:
             ]  # fmt: skip
         if self.port is None:
             raise ValueError("elastic agents meet at one port: give Torchrun(port=...)")
+        host = "" if self.is_host is None else f",is_host={int(self.is_host)}"
         return [
             *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
-            "--rdzv-conf", f"join_timeout={self.join_timeout},{_ELASTIC_RENDEZVOUS}",
+            "--rdzv-conf", f"join_timeout={self.join_timeout},{_ELASTIC_RENDEZVOUS}{host}",
             "--monitor-interval", "0.2",
         ]  # fmt: skip
 

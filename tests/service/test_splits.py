@@ -649,10 +649,17 @@ def test_a_shuffled_split_of_ten_million_files_costs_no_memory_per_file() -> Non
     assert units != list(range(20 * 64))
 
 
-@pytest.mark.parametrize("num_units", [1, 2, 3, 4, 5, 17, 1000, 4097, 65_537])
-def test_the_shuffled_order_is_a_permutation_fixed_by_the_seed(num_units: int) -> None:
+# Splits of 7 units cross the permutation's blocks everywhere; 65,537 units (just over a power
+# of four: the most cycle walking) go in splits of 1024, the size a plan that large is given.
+@pytest.mark.parametrize(
+    ("num_units", "split_size"),
+    [(1, 7), (2, 7), (3, 7), (4, 7), (5, 7), (17, 7), (1000, 7), (4097, 7), (65_537, 1024)],
+)
+def test_the_shuffled_order_is_a_permutation_fixed_by_the_seed(
+    num_units: int, split_size: int
+) -> None:
     def order(seed: int) -> list[int]:
-        return [i for s in _drain(SplitCursor(num_units, 7, 0, seed)) for i in s]
+        return [i for s in _drain(SplitCursor(num_units, split_size, 0, seed)) for i in s]
 
     first = order(5)
     assert sorted(first) == list(range(num_units))

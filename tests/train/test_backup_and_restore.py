@@ -4,12 +4,11 @@ from the last backup, input position included, ending with an uninterrupted run'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import signal
-import socket
-import time
 
 import pytest
 import torch
@@ -254,37 +253,26 @@ report({{"workers": workers, "start": start, "steps": step, "weight": float(mode
 """
 
 
-def _wait_listening(port: int, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if time.monotonic() > end:
-            raise AssertionError(f"nothing listens on port {port} after {timeout} s")
-        time.sleep(0.05)
-
-
 def test_a_lost_node_resumes_on_fewer_workers_with_the_input_re_sharded_exactly(
     tmp_path: pathlib.Path,
 ) -> None:
-    torchrun = Torchrun(nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:3")
+    # node0's agent hosts the rendezvous store; the others only connect to it: all start at once.
+    host = Torchrun(nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:3", is_host=True)
 
-    def nodes(*names: str) -> Processes:
+    def nodes(torchrun: Torchrun, *names: str) -> Processes:
         return Processes(
             _ELASTIC, [(n, {}) for n in names], argv=[str(tmp_path)], torchrun=torchrun,
             timeout=200,
         )  # fmt: skip
 
-    with nodes("node0") as first:
-        _wait_listening(torchrun.port)  # node0's agent hosts the rendezvous store
-        with nodes("node1", "node2") as others:
-            for rank in range(3):
-                others.wait_for(tmp_path / f"agent-{rank}", timeout=120)
-            others.send("node2", signal.SIGKILL)  # the machine is gone: agent and worker
-            (tmp_path / "lost").write_text("node2")
-            results = {**first.wait(), **others.wait()}
-            reports = {**first.reports(), **others.reports()}
+    guest = dataclasses.replace(host, is_host=False)
+    with nodes(host, "node0") as first, nodes(guest, "node1", "node2") as others:
+        for rank in range(3):
+            others.wait_for(tmp_path / f"agent-{rank}", timeout=120)
+        others.send("node2", signal.SIGKILL)  # the machine is gone: agent and worker
+        (tmp_path / "lost").write_text("node2")
+        results = {**first.wait(), **others.wait()}
+        reports = {**first.reports(), **others.reports()}
     survivors = ["node0", "node1"]
     assert all(results[name].returncode == 0 for name in survivors), "\n".join(
         results[name].describe() for name in survivors
@@ -329,16 +317,18 @@ for step in range(1000):
 def test_fewer_nodes_than_the_minimum_end_the_job_after_the_rendezvous_timeout(
     tmp_path: pathlib.Path,
 ) -> None:
-    torchrun = Torchrun(
-        nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:2", join_timeout=15
-    )
+    # node0's agent hosts the rendezvous store; node1's only connects to it, so both start at
+    # once and meet well within the join timeout, which then ends the job once node1 is gone.
+    host = Torchrun(
+        nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:2", join_timeout=8,
+        is_host=True,
+    )  # fmt: skip
 
-    def nodes(name: str) -> Processes:
+    def nodes(name: str, torchrun: Torchrun) -> Processes:
         return Processes(_BELOW_MIN, [(name, {})], argv=[str(tmp_path)], torchrun=torchrun)
 
-    with nodes("node0") as first:
-        _wait_listening(torchrun.port)  # node0's agent hosts the rendezvous store
-        with nodes("node1") as second:
+    with nodes("node0", host) as first:
+        with nodes("node1", dataclasses.replace(host, is_host=False)) as second:
             for rank in range(2):
                 second.wait_for(tmp_path / f"ready-{rank}", timeout=120)
             second.send("node1", signal.SIGKILL)
