@@ -3,7 +3,9 @@
 A path is a plain local path, ``file://...``, or any URL fsspec has a back-end for: ``s3://``
 (``s3fs``), ``gs://`` (``gcsfs``), ``az://`` / ``abfs://`` (``adlfs``), ``hdfs://`` (pyarrow),
 ``memory://`` (in-process, for tests), ... Credentials and endpoints come the way each back-end
-reads them (environment, config files), or through ``storage_options``.
+reads them (environment, config files), or through ``storage_options``: given to
+``filesystem`` directly, or to every file-system call made inside ``with_storage_options(...)``
+(what a call that takes ``storage_options=`` and reaches its files through several helpers does).
 
 ``filesystem(path)`` gives the fsspec file system and the path on it; ``translate_errors`` turns
 what the back-ends raise into feedline's errors, naming the URL: ``NotFoundError``,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import io
 import os
 import shutil
@@ -49,8 +52,10 @@ __all__ = [
     "is_local",
     "is_transient",
     "join",
+    "object_version",
     "translate_errors",
     "unstrip",
+    "with_storage_options",
 ]
 
 # The package to install for a scheme whose fsspec back-end is missing, and feedline's extra.
@@ -79,10 +84,61 @@ def is_local(path: Any) -> bool:
     return protocol in (None, "file", "local")
 
 
+# The storage options of the ``with_storage_options`` block being run (None outside any): what a
+# ``filesystem`` call without options of its own uses for a remote URL.
+_SCOPED_OPTIONS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "feedline_storage_options", default=None
+)
+
+
+def check_storage_options(storage_options: Any, operation: str) -> dict[str, Any] | None:
+    """``storage_options`` as a dict (None for None or an empty mapping).
+
+    Raises:
+      InvalidArgumentError: it is not a mapping with str keys.
+    """
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, Mapping) or not all(
+        isinstance(key, str) for key in storage_options
+    ):
+        raise InvalidArgumentError(
+            f"{operation}: storage_options must be a dict of the file system's arguments "
+            f"(for s3://, s3fs.S3FileSystem's: key, secret, client_kwargs, ...), got "
+            f"{type(storage_options).__name__} {storage_options!r}"
+        )
+    return dict(storage_options) or None
+
+
+@contextlib.contextmanager
+def with_storage_options(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Every remote URL that ``filesystem`` opens in this block, in this thread (or context),
+    without options of its own, is opened with ``storage_options`` (None or empty: the
+    options of an enclosing block stay). Local paths take no options.
+
+    Example:
+      >>> with with_storage_options({"skip_instance_cache": True}):
+      ...     fs, _ = filesystem("memory://scoped/x")
+      >>> type(fs).__name__
+      'MemoryFileSystem'
+    """
+    if not storage_options:
+        yield
+        return
+    token = _SCOPED_OPTIONS.set(dict(storage_options))
+    try:
+        yield
+    finally:
+        _SCOPED_OPTIONS.reset(token)
+
+
 def filesystem(
     path: Any, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The file system that serves ``path`` and the path on it.
+    """The file system that serves ``path`` and the path on it, made with ``storage_options``
+    (the back-end's arguments: for ``s3://``, ``s3fs.S3FileSystem``'s ``key``, ``secret``,
+    ``client_kwargs={"endpoint_url": ...}``, ...), or else those of the enclosing
+    ``with_storage_options`` block where ``path`` is remote.
 
     Raises:
       InvalidArgumentError: the scheme's back-end package is not installed (the message names
@@ -104,6 +160,8 @@ def filesystem(
             f"file-system scheme {protocol!r} is not implemented (path {url!r}); fsspec knows "
             f"{', '.join(sorted(p for p in known_implementations if len(p) > 1)[:12])}, ..."
         )
+    if storage_options is None and protocol not in (None, "file", "local"):
+        storage_options = _SCOPED_OPTIONS.get()
     try:
         fs, inner = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as error:
@@ -177,8 +235,9 @@ def is_transient(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in _CLIENT_MODULES
 
 
-def _version(info: Mapping[str, Any]) -> Any:
-    """What tells two versions of an object apart: its ETag or generation, else size and time."""
+def object_version(info: Mapping[str, Any]) -> Any:
+    """What tells two versions of an object apart, from its ``info`` (a listing's entry, or
+    ``fs.info``): its ETag or generation, else its size and time."""
     for key in ("ETag", "etag", "generation", "version_id", "VersionId"):
         if info.get(key):
             return info[key]
@@ -383,6 +442,10 @@ class RemoteReader:
     by the window, not the object's size. A seek within what is buffered drops bytes; another
     seek starts a new read-ahead there. Its API (``read``, ``seek``, ``tell``, ``close``) is
     single-threaded, like a file's.
+
+    With ``listed_version`` (the object's version when it was listed, ``object_version``), an
+    object that is another version by the time it is opened is a ``DataLossError`` too: a file
+    read again later (a split run again after a worker was lost) is the version first read.
     """
 
     def __init__(
@@ -394,6 +457,7 @@ class RemoteReader:
         attempts: int = 6,
         backoff: float = 0.05,
         read_ahead: int = 0,
+        listed_version: Any = None,
     ) -> None:
         self.url = url
         self._fs, self._inner = filesystem(url)
@@ -416,7 +480,16 @@ class RemoteReader:
         if info.get("type") == "directory":
             raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
         self.size = int(info.get("size") or 0)
-        self._version = _version(info)
+        self._version = object_version(info)
+        if listed_version is not None and self._version != listed_version:
+            self.close()
+            raise DataLossError(
+                f"{operation}: {url!r} changed since it was listed (version "
+                f"{listed_version!r} when listed, now {self._version!r}); the objects of a "
+                "listing must stay as they are while it is read: list them again",
+                filename=url,
+                offset=position,
+            )
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""
@@ -434,10 +507,10 @@ class RemoteReader:
         """Raises ``DataLossError`` if the object is no longer the version first read."""
         self._fs.invalidate_cache(self._inner)
         info = self._call(lambda: self._fs.info(self._inner))
-        if _version(info) != self._version:
+        if object_version(info) != self._version:
             raise DataLossError(
                 f"{self._operation}: {self.url!r} changed while it was read (version "
-                f"{self._version!r}, now {_version(info)!r}); read it again from the start",
+                f"{self._version!r}, now {object_version(info)!r}); read it again from the start",
                 filename=self.url,
                 offset=position,
             )
@@ -681,7 +754,7 @@ def file_info(path: Any, operation: str) -> dict[str, Any] | None:
         return None
     if info.get("type") != "file":
         return None
-    return {"size": int(info.get("size") or 0), "version": _version(info)}
+    return {"size": int(info.get("size") or 0), "version": object_version(info)}
 
 
 def remove_file(path: Any, operation: str) -> None:
