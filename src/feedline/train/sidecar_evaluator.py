@@ -254,7 +254,8 @@ class SidecarEvaluator:
     def _evaluate_checkpoint(self, path: str) -> Evaluation | None:
         """Restores ``path`` and evaluates it; None if the file went away or ``stop()`` came."""
         try:
-            status = self.checkpoint.restore(path, storage_options=self.storage_options)
+            with _fs.with_storage_options(self.storage_options):
+                status = self.checkpoint.restore(path)
         except FileNotFoundError:  # pruned by the training's CheckpointManager meanwhile
             logger.info("checkpoint %s went away before it was restored; looking again", path)
             return None

@@ -132,7 +132,8 @@ def match_files(pattern: str, operation: str) -> list[str]:
 
 def list_matches(pattern: str, operation: str) -> dict[str, Any]:
     """``match_files``, each path with its version as the listing gives it: the object's ETag
-    or generation on a store (``_fs.object_version``), None for a local file."""
+    or generation on a store (``_fs.object_tag``), None for a local file and where the store
+    gives none."""
     if _fs.is_local(pattern) and not pattern.startswith("file://"):
         return dict.fromkeys(glob.glob(pattern, include_hidden=True))
     fs, inner = _fs.filesystem(pattern)
@@ -140,15 +141,17 @@ def list_matches(pattern: str, operation: str) -> dict[str, Any]:
         found = fs.glob(inner, detail=True)
     local = _fs.is_local(pattern)
     return {
-        _fs.unstrip(fs, name, pattern): None if local else _fs.object_version(info)
+        _fs.unstrip(fs, name, pattern): None if local else _fs.object_tag(info)
         for name, info in found.items()
     }
 
 
 # Remote files (object stores) are read ahead of the reader in the background: at most
 # READ_AHEAD_BUFFERS x buffer_size bytes (16 MiB for the default buffer_size of 1 MiB), in
-# ranged requests of half that window, at most REMOTE_BLOCK bytes each.
+# ranged requests of at most REMOTE_BLOCK bytes: an object of more than a quarter of the
+# window in READ_AHEAD_REQUESTS requests of a quarter of it at once, a smaller one in one.
 READ_AHEAD_BUFFERS = 16
+READ_AHEAD_REQUESTS = 4
 REMOTE_BLOCK = 8 << 20
 
 
@@ -176,6 +179,7 @@ def open_remote(
         block_size=min(REMOTE_BLOCK, window // 2),
         read_ahead=window,
         listed_version=listed_version,
+        parallel_reads=READ_AHEAD_REQUESTS,
     )
     if position > raw.size:
         raw.close()
