@@ -20,7 +20,7 @@ fresh S3 clients every time):
 * with ``--one-request-per-object``, also ``feedline-1``: the same pipeline with one request of
   an object in flight at a time (``READ_AHEAD_REQUESTS = 1``), as the read-ahead was before
   it asked for several blocks of an object at once; each round times it right after
-  ``feedline``.
+  ``feedline`` (right before it in odd rounds).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
 process, peak RSS over the RSS before, and for feedline the most bytes its read-aheads held at
@@ -314,8 +314,10 @@ def main() -> None:
         watch: dict[str, int] = {}
         ratios: list[tuple[float, float]] = []
         serial: list[float] = []
-        for _ in range(args.rounds):
-            rows = {name: _measure(name, run, urls, port_file) for name, run in ways}
+        for round_number in range(args.rounds):
+            # feedline-1 right after feedline in even rounds, right before it in odd ones.
+            order = ways if round_number % 2 == 0 else [*ways[:2], *reversed(ways[2:])]
+            rows = {name: _measure(name, run, urls, port_file) for name, run in order}
             rows["feedline"]["read_ahead_peak_MB"] = round(watch["read_ahead_peak"] / 1e6, 1)
             if "feedline-1" in rows:
                 serial.append(rows["feedline"]["MB/s"] / rows["feedline-1"]["MB/s"])
