@@ -288,7 +288,9 @@ def test_parallel_read_ahead_has_several_requests_in_flight_within_its_window(
         _through(proxy.url)
         try:
             window = 256 << 10
-            reader = _fs.RemoteReader(url, 0, "test", read_ahead=window, parallel_reads=4)
+            reader = _fs.RemoteReader(
+                url, 0, "test", block_size=64 << 10, read_ahead=window, parallel_reads=4
+            )
             try:
                 pieces = [reader.read(10)]
                 reader.seek(5000)  # within what is held: dropped, no new request

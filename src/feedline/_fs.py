@@ -327,11 +327,12 @@ class _ReadAhead:
     ever held), in ranged requests of ``block`` bytes.
 
     With ``parallel`` > 1, a back-end file that fetches byte ranges (``_fetch_range``: s3fs,
-    gcsfs, adlfs) and more than one block left, that many threads each fetch the next block
-    not yet asked for, in blocks of ``min(block, window // parallel)``: up to ``parallel``
-    requests of one object are in flight at once, the blocks are handed out in order, and what
-    is held plus what is asked for stays within ``window``. Otherwise one
-    thread reads the blocks one after another. A thread's error (after the retries) is raised
+    gcsfs, adlfs), a window of at least two blocks and more than one block left,
+    ``min(parallel, window // block)`` threads each fetch the next block not yet asked for: as
+    many requests of one object are in flight at once (the same requests as one after
+    another, so no more of them), the blocks are handed out in order, and what is held plus
+    what is asked for stays within ``window``. Otherwise one thread reads the blocks one after
+    another. A thread's error (after the retries) is raised
     to the consumer at the position it happened, with its traceback; ``close`` stops the
     threads after their requests in flight."""
 
@@ -368,13 +369,12 @@ class _ReadAhead:
         self._asked = 0
         self._ready: dict[int, bytes | BaseException] = {}
         self._running = 0
-        part = max(1, min(block, window // max(1, parallel)))
-        if parallel > 1 and self._fetch_range is not None and source.size - position > part:
-            self._block = part
-            self._running = parallel
+        threads = min(parallel, window // block)
+        if threads > 1 and self._fetch_range is not None and source.size - position > block:
+            self._running = threads
             self._threads = [
                 threading.Thread(target=self._run_parallel, name="feedline-read-ahead", daemon=True)
-                for _ in range(parallel)
+                for _ in range(threads)
             ]
         else:
             self._threads = [
@@ -567,8 +567,8 @@ class RemoteReader:
     at most ``read_ahead`` bytes not yet read (``buffered``, ``peak_buffered``): memory bounded
     by the window, not the object's size. A seek within what is buffered drops bytes; another
     seek starts a new read-ahead there. With ``parallel_reads`` > 1 (and a back-end that fetches
-    byte ranges), up to that many requests of ``min(block_size, read_ahead // parallel_reads)``
-    bytes are in flight at once, within the same window (``_ReadAhead``). Its API (``read``,
+    byte ranges), up to that many of these requests are in flight at once, as many as the
+    window holds (``_ReadAhead``). Its API (``read``,
     ``seek``, ``tell``, ``close``) is single-threaded, like a file's.
 
     With ``listed_version`` (the object's version when it was listed, ``object_tag``), an

@@ -148,8 +148,9 @@ def list_matches(pattern: str, operation: str) -> dict[str, Any]:
 
 # Remote files (object stores) are read ahead of the reader in the background: at most
 # READ_AHEAD_BUFFERS x buffer_size bytes (16 MiB for the default buffer_size of 1 MiB), in
-# ranged requests of at most REMOTE_BLOCK bytes: an object of more than a quarter of the
-# window in READ_AHEAD_REQUESTS requests of a quarter of it at once, a smaller one in one.
+# ranged requests of half that window, at most REMOTE_BLOCK bytes each, as many of them in
+# flight at once as the window holds, at most READ_AHEAD_REQUESTS (2 by default, 4 from a
+# buffer_size of 2 MiB on).
 READ_AHEAD_BUFFERS = 16
 READ_AHEAD_REQUESTS = 4
 REMOTE_BLOCK = 8 << 20
