@@ -58,13 +58,18 @@ class RunCheckpoint:
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.manager = _manager(checkpoint_or_manager, directory, argument, owner, storage_options)
-        with self.manager.storage_scope():
-            self._start(argument, owner)
-
-    def _start(self, argument: str, owner: str) -> None:
         self.checkpoint = self.manager.checkpoint
         self._runs = _runs_tensor(self.checkpoint, owner)
         self.cluster = _cluster.current()
+        with self.manager.storage_scope():
+            latest = self._latest(argument)
+            if latest is not None:
+                self.checkpoint.restore(latest)
+        self.total_run_calls = int(self._runs.item())
+
+    def _latest(self, argument: str) -> str | None:
+        """The checkpoint every worker restores: the chief's latest, once every worker was
+        found to see the chief's directory."""
         # The chief's directory is where checkpoints are written and restored from. Other
         # workers may give a manager of a directory of their own (TensorFlow's guide gives
         # them checkpoint_dir/workertemp_<task_id>): they write nothing there and restore the
@@ -73,12 +78,9 @@ class RunCheckpoint:
             lambda: self.manager.directory, f"finding the chief's {argument}"
         )
         self.cluster.check_shared(directory, argument)
-        latest = self.cluster.decide(
+        return self.cluster.decide(
             lambda: _latest_and_tidy(self.manager), f"finding the latest checkpoint in {directory}"
         )
-        if latest is not None:
-            self.checkpoint.restore(latest)
-        self.total_run_calls = int(self._runs.item())
 
     @property
     def directory(self) -> str:
