@@ -16,12 +16,17 @@ fresh S3 clients every time):
 * ``threads``: 8 plain readers on 8 threads, each ``fsspec.open(url).read()`` of a file;
 * ``feedline``: ``Dataset.list_files(pattern, shuffle=False).interleave(TFRecordDataset,
   cycle_length=8, num_parallel_calls=AUTOTUNE)``, every record iterated (its CRC checked);
-  ``--buffer-size`` sets the readers' ``buffer_size`` (each file read ahead by 16x it).
+  ``--buffer-size`` sets the readers' ``buffer_size`` (each file read ahead by 16x it);
+* with ``--one-request-per-object``, also ``feedline-1``: the same pipeline with one request of
+  an object in flight at a time (``READ_AHEAD_REQUESTS = 1``), as the read-ahead was before
+  it asked for several blocks of an object at once; each round times it right after
+  ``feedline`` (right before it in odd rounds).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
 process, peak RSS over the RSS before, and for feedline the most bytes its read-aheads held at
 once; the fastest round of each) and each round's ratios with
-their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8).
+their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8), and
+with ``--one-request-per-object`` feedline / feedline-1.
 """
 
 from __future__ import annotations
@@ -185,6 +190,18 @@ def _feedline(
     return total
 
 
+def _one_request(urls: list[str], buffer_size: int | None, parallel: int) -> int:
+    """``_feedline`` with one request of an object in flight at a time."""
+    from feedline.data.readers import _files
+
+    saved = _files.READ_AHEAD_REQUESTS
+    _files.READ_AHEAD_REQUESTS = 1
+    try:
+        return _feedline(urls, buffer_size, None, parallel)
+    finally:
+        _files.READ_AHEAD_REQUESTS = saved
+
+
 def _measure(
     name: str, run: Callable[[list[str]], int], urls: list[str], port_file: str
 ) -> dict[str, Any]:
@@ -228,6 +245,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--parallel", type=int, default=-1, help="interleave's num_parallel_calls (-1: AUTOTUNE)"
+    )
+    parser.add_argument(
+        "--one-request-per-object",
+        action="store_true",
+        help="also time feedline with one request of an object in flight at a time",
     )
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -282,14 +304,23 @@ def main() -> None:
             ("threads", _threads),
             ("feedline", lambda urls: _feedline(urls, args.buffer_size, watch, args.parallel)),
         ]
+        if args.one_request_per_object:
+            ways.append(
+                ("feedline-1", lambda urls: _one_request(urls, args.buffer_size, args.parallel))
+            )
         # Round after round of the three ways, so that each round sees the same load; the
         # ratios are each round's, the rows each way's fastest round.
         best: dict[str, dict[str, Any]] = {}
         watch: dict[str, int] = {}
         ratios: list[tuple[float, float]] = []
-        for _ in range(args.rounds):
-            rows = {name: _measure(name, run, urls, port_file) for name, run in ways}
+        serial: list[float] = []
+        for round_number in range(args.rounds):
+            # feedline-1 right after feedline in even rounds, right before it in odd ones.
+            order = ways if round_number % 2 == 0 else [*ways[:2], *reversed(ways[2:])]
+            rows = {name: _measure(name, run, urls, port_file) for name, run in order}
             rows["feedline"]["read_ahead_peak_MB"] = round(watch["read_ahead_peak"] / 1e6, 1)
+            if "feedline-1" in rows:
+                serial.append(rows["feedline"]["MB/s"] / rows["feedline-1"]["MB/s"])
             for name, row in rows.items():
                 if name not in best or row["seconds"] < best[name]["seconds"]:
                     best[name] = row
@@ -314,6 +345,14 @@ def main() -> None:
                     "latency_ms_per_64k": args.latency_per_64k_ms,
                     "buffer_size": args.buffer_size,
                     "num_parallel_calls": args.parallel,
+                    **(
+                        {
+                            "feedline/feedline-1": [round(r, 2) for r in serial],
+                            "median feedline/feedline-1": round(statistics.median(serial), 2),
+                        }
+                        if serial
+                        else {}
+                    ),
                 }
             )
         )

@@ -9,6 +9,7 @@ the reason, where moto or s3fs is not installed.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import urllib.request
@@ -73,6 +74,30 @@ def credential_checked_s3() -> Iterator[tuple[str, Callable[[], None]]]:
         os.environ.update(saved)
         s3fs.S3FileSystem.clear_instance_cache()
         server.stop()
+
+
+def new_s3_user_options() -> dict[str, Any]:
+    """``storage_options`` holding the keys of a new user of the S3 server that
+    ``AWS_ENDPOINT_URL`` names, allowed every S3 action, and its endpoint: the credentials a
+    call gets only through its ``storage_options`` once ``credential_checked_s3``'s checks are
+    on (the environment's dummy keys are refused then). Made before the checks are on."""
+    import boto3
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1")
+    user = f"trainer-{uuid.uuid4().hex[:8]}"
+    iam.create_user(UserName=user)
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+    }
+    iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return {
+        "key": key["AccessKeyId"],
+        "secret": key["SecretAccessKey"],
+        "client_kwargs": {"endpoint_url": endpoint},
+    }
 
 
 @pytest.fixture(scope="session")

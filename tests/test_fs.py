@@ -180,6 +180,27 @@ def test_an_object_replaced_while_it_is_read_is_data_loss(s3_bucket: str) -> Non
         reader.read(14)
 
 
+def test_objects_are_read_as_list_files_found_them(s3_bucket: str) -> None:
+    urls = []
+    for k in range(3):
+        urls.append(f"{s3_bucket}/listed/part-{k}.txt")
+        with gfile.GFile(urls[-1], "wb") as f:
+            f.write(b"old %d\n" % k)
+    files = Dataset.list_files(f"{s3_bucket}/listed/*.txt", shuffle=False)
+    lines = files.interleave(TextLineDataset, cycle_length=2)
+    assert [x.item() for x in lines] == [b"old 0", b"old 1", b"old 2"]
+    with gfile.GFile(urls[1], "wb") as f:  # replaced after the listing, as long as before
+        f.write(b"new 1\n")
+    with pytest.raises(DataLossError, match=rf"{re.escape(urls[1])}' changed since it was listed"):
+        list(lines)
+    with pytest.raises(DataLossError, match="changed since it was listed"):
+        list(TFRecordDataset(files.skip(1)))  # a reader given the listing as its names
+    shard = files.shard(3, 2)  # the objects not replaced still read
+    assert [x.item() for x in shard.interleave(TextLineDataset)] == [b"old 2"]
+    relisted = Dataset.list_files(f"{s3_bucket}/listed/*.txt", shuffle=False)
+    assert [x.item() for x in TextLineDataset(relisted)] == [b"old 0", b"new 1", b"old 2"]
+
+
 # -- read-ahead ------------------------------------------------------------------------------
 
 
@@ -251,6 +272,38 @@ def test_readers_hold_what_their_buffer_size_says(s3_bucket: str) -> None:
     assert [r.item() for r in TFRecordDataset(url, buffer_size=4096)] == [
         bytes([j]) * 4000 for j in range(64)
     ]
+
+
+def test_parallel_read_ahead_has_several_requests_in_flight_within_its_window(
+    s3_bucket: str, s3_endpoint: str
+) -> None:
+    # A 1 MiB object read ahead with a 256 KiB window and 4 requests at once: blocks of 64 KiB,
+    # each held 20 ms by the proxy, fetched on several connections at once, handed out in order.
+    url = f"{s3_bucket}/parallel.bin"
+    data = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    with gfile.GFile(url, "wb") as f:
+        f.write(data)
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with FaultProxy((host, int(port)), request_latency=0.02) as proxy:
+        _through(proxy.url)
+        try:
+            window = 256 << 10
+            reader = _fs.RemoteReader(
+                url, 0, "test", block_size=64 << 10, read_ahead=window, parallel_reads=4
+            )
+            try:
+                pieces = [reader.read(10)]
+                reader.seek(5000)  # within what is held: dropped, no new request
+                pieces.append(reader.read(-1))
+                assert reader.peak_buffered <= window
+                requests = proxy.requests
+            finally:
+                reader.close()
+        finally:
+            _through(s3_endpoint)
+    assert pieces[0] == data[:10] and pieces[1] == data[5000:]
+    assert requests >= 1 + 16, "the object was not read in blocks of 64 KiB"
+    assert proxy.connections >= 2, "no two requests of the object were in flight at once"
 
 
 def test_read_ahead_through_resets_and_latency_delivers_every_record_once(

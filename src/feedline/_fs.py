@@ -3,7 +3,9 @@
 A path is a plain local path, ``file://...``, or any URL fsspec has a back-end for: ``s3://``
 (``s3fs``), ``gs://`` (``gcsfs``), ``az://`` / ``abfs://`` (``adlfs``), ``hdfs://`` (pyarrow),
 ``memory://`` (in-process, for tests), ... Credentials and endpoints come the way each back-end
-reads them (environment, config files), or through ``storage_options``.
+reads them (environment, config files), or through ``storage_options``: given to
+``filesystem`` directly, or to every file-system call made inside ``with_storage_options(...)``
+(what a call that takes ``storage_options=`` and reaches its files through several helpers does).
 
 ``filesystem(path)`` gives the fsspec file system and the path on it; ``translate_errors`` turns
 what the back-ends raise into feedline's errors, naming the URL: ``NotFoundError``,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import io
 import os
 import shutil
@@ -49,8 +52,11 @@ __all__ = [
     "is_local",
     "is_transient",
     "join",
+    "object_tag",
+    "object_version",
     "translate_errors",
     "unstrip",
+    "with_storage_options",
 ]
 
 # The package to install for a scheme whose fsspec back-end is missing, and feedline's extra.
@@ -79,10 +85,61 @@ def is_local(path: Any) -> bool:
     return protocol in (None, "file", "local")
 
 
+# The storage options of the ``with_storage_options`` block being run (None outside any): what a
+# ``filesystem`` call without options of its own uses for a remote URL.
+_SCOPED_OPTIONS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "feedline_storage_options", default=None
+)
+
+
+def check_storage_options(storage_options: Any, operation: str) -> dict[str, Any] | None:
+    """``storage_options`` as a dict (None for None or an empty mapping).
+
+    Raises:
+      InvalidArgumentError: it is not a mapping with str keys.
+    """
+    if storage_options is None:
+        return None
+    if not isinstance(storage_options, Mapping) or not all(
+        isinstance(key, str) for key in storage_options
+    ):
+        raise InvalidArgumentError(
+            f"{operation}: storage_options must be a dict of the file system's arguments "
+            f"(for s3://, s3fs.S3FileSystem's: key, secret, client_kwargs, ...), got "
+            f"{type(storage_options).__name__} {storage_options!r}"
+        )
+    return dict(storage_options) or None
+
+
+@contextlib.contextmanager
+def with_storage_options(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Every remote URL that ``filesystem`` opens in this block, in this thread (or context),
+    without options of its own, is opened with ``storage_options`` (None or empty: the
+    options of an enclosing block stay). Local paths take no options.
+
+    Example:
+      >>> with with_storage_options({"skip_instance_cache": True}):
+      ...     fs, _ = filesystem("memory://scoped/x")
+      >>> type(fs).__name__
+      'MemoryFileSystem'
+    """
+    if not storage_options:
+        yield
+        return
+    token = _SCOPED_OPTIONS.set(dict(storage_options))
+    try:
+        yield
+    finally:
+        _SCOPED_OPTIONS.reset(token)
+
+
 def filesystem(
     path: Any, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The file system that serves ``path`` and the path on it.
+    """The file system that serves ``path`` and the path on it, made with ``storage_options``
+    (the back-end's arguments: for ``s3://``, ``s3fs.S3FileSystem``'s ``key``, ``secret``,
+    ``client_kwargs={"endpoint_url": ...}``, ...), or else those of the enclosing
+    ``with_storage_options`` block where ``path`` is remote.
 
     Raises:
       InvalidArgumentError: the scheme's back-end package is not installed (the message names
@@ -104,6 +161,8 @@ def filesystem(
             f"file-system scheme {protocol!r} is not implemented (path {url!r}); fsspec knows "
             f"{', '.join(sorted(p for p in known_implementations if len(p) > 1)[:12])}, ..."
         )
+    if storage_options is None and protocol not in (None, "file", "local"):
+        storage_options = _SCOPED_OPTIONS.get()
     try:
         fs, inner = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as error:
@@ -177,11 +236,24 @@ def is_transient(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in _CLIENT_MODULES
 
 
-def _version(info: Mapping[str, Any]) -> Any:
-    """What tells two versions of an object apart: its ETag or generation, else size and time."""
-    for key in ("ETag", "etag", "generation", "version_id", "VersionId"):
+_TAGS = ("ETag", "etag", "generation", "version_id", "VersionId")
+
+
+def object_tag(info: Mapping[str, Any]) -> Any:
+    """The object's ETag or generation in its ``info`` (a listing's entry, or ``fs.info``),
+    which a listing and a read of one version give alike; None where the store has none."""
+    for key in _TAGS:
         if info.get(key):
             return info[key]
+    return None
+
+
+def object_version(info: Mapping[str, Any]) -> Any:
+    """What tells two versions of an object apart, from its ``fs.info``: its ETag or
+    generation, else its size and time."""
+    tag = object_tag(info)
+    if tag is not None:
+        return tag
     return (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
 
 
@@ -250,11 +322,19 @@ class _RangedFile:
 
 
 class _ReadAhead:
-    """A named daemon thread that reads an object ahead of its consumer, one ranged request of
-    ``block`` bytes at a time, holding at most ``window`` bytes that the consumer has not taken
-    (``buffered``; ``peak`` is the most it ever held). The thread's error (after the retries
-    of ``_RangedFile``) is raised to the consumer at the position it happened, with its
-    traceback; ``close`` stops the thread after its request in flight."""
+    """Reads an object ahead of its consumer on named daemon threads, holding at most
+    ``window`` bytes that the consumer has not taken (``buffered``; ``peak`` is the most it
+    ever held), in ranged requests of ``block`` bytes.
+
+    With ``parallel`` > 1, a back-end file that fetches byte ranges (``_fetch_range``: s3fs,
+    gcsfs, adlfs), a window of at least two blocks and more than one block left,
+    ``min(parallel, window // block)`` threads each fetch the next block not yet asked for: as
+    many requests of one object are in flight at once (the same requests as one after
+    another, so no more of them), the blocks are handed out in order, and what is held plus
+    what is asked for stays within ``window``. Otherwise one thread reads the blocks one after
+    another. A thread's error (after the retries) is raised
+    to the consumer at the position it happened, with its traceback; ``close`` stops the
+    threads after their requests in flight."""
 
     _WAIT = 0.5  # seconds between the checks of a waiting side
 
@@ -265,6 +345,7 @@ class _ReadAhead:
         file: _RangedFile | None,
         block: int,
         window: int,
+        parallel: int = 1,
     ) -> None:
         self.position = position  # the consumer's
         self._source = source
@@ -277,10 +358,32 @@ class _ReadAhead:
         self._error: BaseException | None = None
         self._closed = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(
-            target=self._run, args=(position, file), name="feedline-read-ahead", daemon=True
+        # The parallel reading's state: the back-end's ranged fetch, the first byte not yet
+        # asked for, the first not yet handed to the consumer, the bytes asked for and not yet
+        # received, the blocks received out of order (or their errors), the threads running.
+        self._file = file
+        self._fetch_range: Callable[[int, int], bytes] | None = (
+            getattr(file._file, "_fetch_range", None) if file else None
         )
-        self._thread.start()
+        self._next = self._handed = position
+        self._asked = 0
+        self._ready: dict[int, bytes | BaseException] = {}
+        self._running = 0
+        threads = min(parallel, window // block)
+        if threads > 1 and self._fetch_range is not None and source.size - position > block:
+            self._running = threads
+            self._threads = [
+                threading.Thread(target=self._run_parallel, name="feedline-read-ahead", daemon=True)
+                for _ in range(threads)
+            ]
+        else:
+            self._threads = [
+                threading.Thread(
+                    target=self._run, args=(position, file), name="feedline-read-ahead", daemon=True
+                )
+            ]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self, position: int, file: _RangedFile | None) -> None:
         try:
@@ -297,9 +400,7 @@ class _ReadAhead:
                     if self._closed:
                         return
                     if data:
-                        self._chunks.append(memoryview(data))
-                        self.buffered += len(data)
-                        self.peak = max(self.peak, self.buffered)
+                        self._hold(data)
                     else:
                         self._end = True
                     self._cond.notify_all()
@@ -313,6 +414,89 @@ class _ReadAhead:
             if file is not None:
                 self._close_file(file)
 
+    def _hold(self, data: bytes) -> None:
+        """Adds ``data`` to what the consumer takes next (the lock held)."""
+        self._chunks.append(memoryview(data))
+        self.buffered += len(data)
+        self.peak = max(self.peak, self.buffered)
+
+    def _run_parallel(self) -> None:
+        """One of the threads of a parallel read-ahead: fetches the next block not yet asked
+        for while the window has room, until the end of the object."""
+        size = self._source.size
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and self._error is None and self._next < size:
+                        held = self.buffered + self._asked
+                        if held == 0 or held + self._block <= self._window:
+                            break
+                        self._cond.wait(self._WAIT)
+                    if self._closed or self._error is not None or self._next >= size:
+                        return
+                    start, end = self._next, min(self._next + self._block, size)
+                    self._next = end
+                    self._asked += end - start
+                try:
+                    data: bytes | BaseException = self._fetch(start, end)
+                except BaseException as error:  # raised when the consumer reaches ``start``
+                    data = error
+                with self._cond:
+                    self._asked -= end - start
+                    if self._closed:
+                        return
+                    self._ready[start] = data
+                    if not isinstance(data, BaseException):
+                        self.buffered += len(data)
+                        self.peak = max(self.peak, self.buffered)
+                    self._hand_over(size)
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._running -= 1
+                last = self._running == 0
+                self._cond.notify_all()
+            if last and self._file is not None:
+                self._close_file(self._file)
+
+    def _hand_over(self, size: int) -> None:
+        """Moves the blocks that follow what was handed out from ``_ready`` to the consumer's
+        queue, in order (the lock held); an error there stops the read-ahead at its offset."""
+        while self._handed in self._ready:
+            data = self._ready.pop(self._handed)
+            if isinstance(data, BaseException):
+                self._error = data
+                return
+            self._chunks.append(memoryview(data))
+            self._handed += len(data)
+        if self._handed >= size:
+            self._end = True
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` of the object in one ranged request, made again after transient
+        failures once the object is known to be the version first read."""
+        source = self._source
+        for attempt in range(source._attempts):
+            try:
+                fetch = self._fetch_range
+                assert fetch is not None  # the parallel reading runs only with one
+                with translate_errors(source.url, source._operation):
+                    data = bytes(fetch(start, end))
+                if len(data) != end - start:
+                    raise DataLossError(
+                        f"{source._operation}: {source.url!r} answered {len(data)} bytes for "
+                        f"bytes {start}-{end} of its {source.size}; it changed while it was read",
+                        filename=source.url,
+                        offset=start,
+                    )
+                return data
+            except Exception as error:
+                if not is_transient(error) or attempt == source._attempts - 1:
+                    raise
+                time.sleep(source._backoff * 2**attempt)
+                source.check_version(start)
+        raise AssertionError("unreachable")
+
     def _close_file(self, file: _RangedFile) -> None:
         try:
             file.close()
@@ -324,7 +508,7 @@ class _ReadAhead:
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (all that is left for ``n < 0``), fewer only at the end. A read
-        that reaches the error which stopped the thread raises it (never a short read, which
+        that reaches the error which stopped the reading raises it (never a short read, which
         would look like the end of the object)."""
         pieces: list[memoryview] = []
         want = n if n >= 0 else float("inf")
@@ -347,8 +531,8 @@ class _ReadAhead:
                 elif self._error is not None:  # never a short read that looks like the end
                     error = self._error
                     raise error.with_traceback(error.__traceback__)
-                elif not self._thread.is_alive():
-                    raise RuntimeError("the read-ahead thread stopped without an answer")
+                elif not any(thread.is_alive() for thread in self._threads):
+                    raise RuntimeError("the read-ahead threads stopped without an answer")
                 else:
                     self._cond.wait(self._WAIT)
         self.position += have
@@ -357,7 +541,7 @@ class _ReadAhead:
     def skip(self, n: int) -> bool:
         """Drops the next ``n`` bytes if they are buffered already; whether they were."""
         with self._cond:
-            if n > self.buffered:
+            if n > sum(len(chunk) for chunk in self._chunks):
                 return False
         self.read(n)
         return True
@@ -366,6 +550,7 @@ class _ReadAhead:
         with self._cond:
             self._closed = True
             self._chunks.clear()
+            self._ready.clear()
             self.buffered = 0
             self._cond.notify_all()
 
@@ -381,8 +566,14 @@ class RemoteReader:
     from the first ``read`` on, in requests of ``min(block_size, read_ahead)`` bytes, and holds
     at most ``read_ahead`` bytes not yet read (``buffered``, ``peak_buffered``): memory bounded
     by the window, not the object's size. A seek within what is buffered drops bytes; another
-    seek starts a new read-ahead there. Its API (``read``, ``seek``, ``tell``, ``close``) is
-    single-threaded, like a file's.
+    seek starts a new read-ahead there. With ``parallel_reads`` > 1 (and a back-end that fetches
+    byte ranges), up to that many of these requests are in flight at once, as many as the
+    window holds (``_ReadAhead``). Its API (``read``,
+    ``seek``, ``tell``, ``close``) is single-threaded, like a file's.
+
+    With ``listed_version`` (the object's version when it was listed, ``object_tag``), an
+    object that is another version by the time it is opened is a ``DataLossError`` too: a file
+    read again later (a split run again after a worker was lost) is the version first read.
     """
 
     def __init__(
@@ -394,8 +585,11 @@ class RemoteReader:
         attempts: int = 6,
         backoff: float = 0.05,
         read_ahead: int = 0,
+        listed_version: Any = None,
+        parallel_reads: int = 1,
     ) -> None:
         self.url = url
+        self._parallel_reads = max(1, int(parallel_reads))
         self._fs, self._inner = filesystem(url)
         self._operation = operation
         self._block_size = block_size
@@ -416,7 +610,16 @@ class RemoteReader:
         if info.get("type") == "directory":
             raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
         self.size = int(info.get("size") or 0)
-        self._version = _version(info)
+        self._version = object_version(info)
+        if listed_version is not None and self._version != listed_version:
+            self.close()
+            raise DataLossError(
+                f"{operation}: {url!r} changed since it was listed (version "
+                f"{listed_version!r} when listed, now {self._version!r}); the objects of a "
+                "listing must stay as they are while it is read: list them again",
+                filename=url,
+                offset=position,
+            )
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""
@@ -434,10 +637,10 @@ class RemoteReader:
         """Raises ``DataLossError`` if the object is no longer the version first read."""
         self._fs.invalidate_cache(self._inner)
         info = self._call(lambda: self._fs.info(self._inner))
-        if _version(info) != self._version:
+        if object_version(info) != self._version:
             raise DataLossError(
                 f"{self._operation}: {self.url!r} changed while it was read (version "
-                f"{self._version!r}, now {_version(info)!r}); read it again from the start",
+                f"{self._version!r}, now {object_version(info)!r}); read it again from the start",
                 filename=self.url,
                 offset=position,
             )
@@ -481,7 +684,9 @@ class RemoteReader:
             # The thread takes over the open file, if there is one.
             block = max(1, min(self._block_size, self._read_ahead))
             file, self._ranged = self._ranged, None
-            self._ahead = _ReadAhead(self, self._position, file, block, self._read_ahead)
+            self._ahead = _ReadAhead(
+                self, self._position, file, block, self._read_ahead, self._parallel_reads
+            )
         return self._ahead
 
     def seek(self, position: int, whence: int = 0) -> int:
@@ -681,7 +886,7 @@ def file_info(path: Any, operation: str) -> dict[str, Any] | None:
         return None
     if info.get("type") != "file":
         return None
-    return {"size": int(info.get("size") or 0), "version": _version(info)}
+    return {"size": int(info.get("size") or 0), "version": object_version(info)}
 
 
 def remove_file(path: Any, operation: str) -> None:

@@ -143,3 +143,58 @@ def test_a_worker_killed_mid_object_loses_and_repeats_no_record(
     assert duplicated == [], "records delivered twice"
     assert sorted(r[:8] for r in set(records) - set(got)) == [], "records lost"
     assert sorted(got) == sorted(records)
+
+
+def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    """The worker reading object 1 stops in its middle; the object is replaced in the store,
+    then the worker is killed. The split runs again on the other worker, which finds another
+    version than the listing's: the consumer gets a DataLossError naming the object, never the
+    new version's records after the old one's."""
+    from feedline.errors import DataLossError
+
+    prefix = f"{s3_bucket}/replaced"
+    files, per_file = 4, 6
+    write_objects(prefix, files, per_file, 0)
+    chosen_object, chosen = 1, 3
+    url = f"{prefix}/part-{chosen_object:02d}.tfrecord"
+    marker = tmp_path / "stopped"
+    before = [record_of(chosen_object, j, 0) for j in range(chosen)]
+    stop = functools.partial(stop_once_at, record_of(chosen_object, chosen, 0), str(marker))
+
+    with ServiceProcesses() as cluster:
+        cluster.start_dispatcher("--work-dir", str(tmp_path / "work"), "--fault-tolerant")
+        names = [cluster.start_worker() for _ in range(2)]
+        dataset = pipeline(prefix, stop).apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
+        iterator = iter(dataset)
+        got: list[bytes] = []
+        raised: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                for x in iterator:
+                    got.append(x.item())
+            except BaseException as error:
+                raised.append(error)
+
+        reader = threading.Thread(target=read, name="consumer", daemon=True)
+        reader.start()
+        wait_until(lambda: marker.exists() and marker.read_text() != "", 120, "a worker stops")
+        pid = int(marker.read_text())
+        (victim,) = [name for name in names if cluster.pid(name) == pid]
+        wait_until(lambda: set(before) <= set(got) or bool(raised), 60, "records 0-2 of object 1")
+        assert not raised, raised
+        with TFRecordWriter(url) as writer:  # another version, as long as the first
+            for j in range(per_file):
+                writer.write(b"new %d" % j)
+        cluster.send(victim, signal.SIGKILL)
+        assert cluster.wait_exit(victim, 30) == -signal.SIGKILL
+        reader.join(150)
+        hung = reader.is_alive()
+        iterator.close()
+
+    assert not hung, f"the consumer hung ({len(got)} records read)"
+    assert [type(error) for error in raised] == [DataLossError], raised
+    assert url in str(raised[0]) and "changed since it was listed" in str(raised[0])
+    assert not [r for r in got if r.startswith(b"new")], "records of the new version delivered"

@@ -15,7 +15,7 @@ import torch
 
 import feedline.distribute as fdist
 from feedline.errors import InvalidArgumentError
-from feedline.train import BackupAndRestore, Checkpoint
+from feedline.train import BackupAndRestore, Checkpoint, CheckpointManager, latest_checkpoint
 from tests.launcher import Processes, Torchrun, free_port, run, torchrun_envs
 from tests.train.training_job import Job
 
@@ -112,6 +112,29 @@ def test_backups_every_save_freq_steps_restore_and_are_deleted_at_the_end(
     for _ in range(12):
         one.step(next(one.iterator))
     assert one.weights() == job.weights()
+
+
+def test_a_backup_on_a_store_with_storage_options() -> None:
+    from tests.conftest import credential_checked_s3, new_s3_user_options
+
+    with credential_checked_s3() as (bucket, check_credentials):
+        options = new_s3_user_options()
+        check_credentials()
+        job = Job(fdist.MirroredStrategy(["cpu:0"]))
+        backup = BackupAndRestore(
+            job.checkpoint, f"{bucket}/backup", save_freq=2, storage_options=options
+        )
+        for _ in range(5):
+            backup.run(job.step, next(job.iterator))
+        job = Job(fdist.MirroredStrategy(["cpu:0"]))
+        with BackupAndRestore(
+            job.checkpoint, f"{bucket}/backup", 2, storage_options=options
+        ) as backup:
+            assert backup.total_run_calls == 4  # restored from the store
+        assert latest_checkpoint(f"{bucket}/backup", storage_options=options) is None
+        manager = CheckpointManager(job.checkpoint, f"{bucket}/other", storage_options=options)
+        with pytest.raises(InvalidArgumentError, match="give the storage_options to the"):
+            BackupAndRestore(manager, None, 2, storage_options=options)
 
 
 def test_save_freq_must_count_steps(tmp_path: pathlib.Path) -> None:

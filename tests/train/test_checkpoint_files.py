@@ -215,6 +215,55 @@ def test_bad_credentials_are_permission_denied_naming_the_url() -> None:
             latest_checkpoint(f"{bucket}/run")
 
 
+def test_storage_options_carry_the_credentials_of_every_checkpoint_call() -> None:
+    # The environment's keys are refused once the checks are on: the user's keys reach the
+    # store only through storage_options.
+    from feedline.errors import PermissionDeniedError
+    from tests.conftest import credential_checked_s3, new_s3_user_options
+
+    with credential_checked_s3() as (bucket, check_credentials):
+        options = new_s3_user_options()
+        check_credentials()
+        directory = f"{bucket}/run"
+        step = torch.tensor(1)
+        manager = CheckpointManager(
+            Checkpoint(step=step), directory, max_to_keep=2, storage_options=options
+        )
+        assert manager.storage_options == options
+        for value in (1, 2, 3):
+            step.fill_(value)
+            manager.save()
+        assert manager.checkpoints == [f"{directory}/ckpt-2", f"{directory}/ckpt-3"]
+        again = CheckpointManager(Checkpoint(step=step), directory, storage_options=options)
+        assert again.checkpoints == manager.checkpoints  # the index, read back
+        latest = latest_checkpoint(directory, storage_options=options)
+        assert latest == f"{directory}/ckpt-3"
+        restored = torch.tensor(0)
+        Checkpoint(step=restored).restore(latest, storage_options=options)
+        assert int(restored) == 3
+        checkpoint = Checkpoint(step=torch.tensor(7))
+        assert checkpoint.save(f"{bucket}/a/ckpt", storage_options=options).endswith("ckpt-1")
+        checkpoint.write(f"{bucket}/b/exact", storage_options=options)
+        Checkpoint(step=restored).read(f"{bucket}/b/exact", storage_options=options)
+        assert int(restored) == 7
+        with pytest.raises(PermissionDeniedError, match=f"{directory}/checkpoint"):
+            latest_checkpoint(directory)  # the environment's keys
+        with pytest.raises(PermissionDeniedError, match=f"{bucket}/b/exact"):
+            Checkpoint(step=restored).read(f"{bucket}/b/exact")
+
+
+def test_storage_options_must_be_a_dict_of_arguments(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"Checkpoint\.save: storage_options must be"):
+        Checkpoint(step=torch.tensor(1)).save(str(tmp_path / "ckpt"), storage_options="key=x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="CheckpointManager: storage_options"):
+        CheckpointManager(Checkpoint(), str(tmp_path), storage_options=[("key", "x")])  # type: ignore[arg-type]
+    # Local paths take no options: those given for a store are not passed to them.
+    path = Checkpoint(step=torch.tensor(1)).save(
+        str(tmp_path / "ckpt"), storage_options={"key": "x"}
+    )
+    assert latest_checkpoint(str(tmp_path), storage_options={"key": "x"}) == path
+
+
 def test_on_a_store_that_shows_partial_files_the_name_appears_only_complete(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -140,7 +140,7 @@ def save_weights(directory: pathlib.Path, weights: list[float]) -> list[str]:
     return paths
 
 
-def evaluator_on(directory: pathlib.Path, data=None, **kwargs) -> SidecarEvaluator:
+def evaluator_on(directory: pathlib.Path | str, data=None, **kwargs) -> SidecarEvaluator:
     kwargs.setdefault("metrics", [mae()])
     kwargs.setdefault("poll_interval", 0.01)
     kwargs.setdefault("timeout", 5)
@@ -152,6 +152,27 @@ def test_takes_the_latest_checkpoint_and_skips_older_ones(tmp_path: pathlib.Path
     save_weights(tmp_path, [1.0, 2.0, 3.0])
     evaluations = evaluator_on(tmp_path, max_evaluations=3).start()
     assert [(e.number, e.metrics, e.steps) for e in evaluations] == [(3, {"mae": 7.5}, 1)]
+
+
+def test_storage_options_reach_a_store_that_refuses_the_environments_keys() -> None:
+    from tests.conftest import credential_checked_s3, new_s3_user_options
+
+    with credential_checked_s3() as (bucket, check_credentials):
+        options = new_s3_user_options()
+        check_credentials()
+        model = torch.nn.Linear(1, 1, bias=False)
+        manager = CheckpointManager(
+            Checkpoint(model=model), f"{bucket}/run", storage_options=options
+        )
+        for weight in (1.0, 2.0):
+            with torch.no_grad():
+                model.weight.fill_(weight)
+            manager.save()
+        evaluator = evaluator_on(f"{bucket}/run", max_evaluations=2, storage_options=options)
+        evaluations = evaluator.start()
+    assert [(e.checkpoint, e.metrics) for e in evaluations] == [
+        (f"{bucket}/run/ckpt-2", {"mae": 5.0})
+    ]
 
 
 def test_a_later_start_goes_on_with_newer_checkpoints(tmp_path: pathlib.Path) -> None:

@@ -62,14 +62,20 @@ class IteratorContext:
       seed: the pipeline seed of this pass. Seeded shuffles mix it into their seed, so that every
         new pass over a dataset (each ``iter`` of it, each ``repeat`` epoch) reshuffles, while the
         sequence of passes stays reproducible.
+      listed_versions: the version (ETag, generation) of each object of a store that a listing
+        in the pipeline found (``list_files``), by URL, shared by every iterator of the
+        pipeline: a reader that opens one of them reads that version or raises
+        ``DataLossError``, so that a file read again (a split run again after a worker was
+        lost) is never another version. Filled by the listings' iterators.
     """
 
     options: Options
     seed: int = 0
+    listed_versions: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def child(self, index: int) -> IteratorContext:
         """The context of the ``index``-th pass that an iterator makes over its input."""
-        return IteratorContext(self.options, mix_seed(self.seed, index))
+        return IteratorContext(self.options, mix_seed(self.seed, index), self.listed_versions)
 
     @property
     def deterministic(self) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 from feedline import _fs
@@ -110,14 +110,22 @@ def remove(path: str) -> None:
     _fs.remove_file(path, _OPERATION)
 
 
-def latest_checkpoint(checkpoint_dir: PathLike) -> str | None:
+def latest_checkpoint(
+    checkpoint_dir: PathLike, *, storage_options: Mapping[str, Any] | None = None
+) -> str | None:
     """The path of the newest checkpoint in ``checkpoint_dir``, or None if there is none.
 
     Reads the directory's ``checkpoint`` index; without one (or when the file it names is
     gone), falls back to the highest-numbered ``{prefix}-{n}`` file. ``checkpoint_dir`` may be
-    a URL (``s3://bucket/run``); the path returned is then a URL too.
+    a URL (``s3://bucket/run``); the path returned is then a URL too. ``storage_options``: the
+    file system's arguments, as ``Checkpoint.save`` takes them.
     """
-    directory = _fs.as_url(checkpoint_dir)
+    options = _fs.check_storage_options(storage_options, "latest_checkpoint")
+    with _fs.with_storage_options(options):
+        return _latest(_fs.as_url(checkpoint_dir))
+
+
+def _latest(directory: str) -> str | None:
     index = read_index(directory)
     if index is not None and index[0] is not None and is_file(index[0]):
         return index[0]

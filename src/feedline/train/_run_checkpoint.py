@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -38,6 +39,8 @@ class RunCheckpoint:
       directory: where checkpoints go; every worker must see it.
       argument: the caller's name for ``directory``, for messages.
       owner: the caller's class name, for messages.
+      storage_options: the file system's arguments for a ``Checkpoint``'s directory (a
+        ``CheckpointManager`` has its own).
 
     Raises:
       TypeError: ``checkpoint_or_manager`` is neither.
@@ -52,11 +55,21 @@ class RunCheckpoint:
         *,
         argument: str,
         owner: str,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.manager = _manager(checkpoint_or_manager, directory, argument, owner)
+        self.manager = _manager(checkpoint_or_manager, directory, argument, owner, storage_options)
         self.checkpoint = self.manager.checkpoint
         self._runs = _runs_tensor(self.checkpoint, owner)
         self.cluster = _cluster.current()
+        with self.manager.storage_scope():
+            latest = self._latest(argument)
+            if latest is not None:
+                self.checkpoint.restore(latest)
+        self.total_run_calls = int(self._runs.item())
+
+    def _latest(self, argument: str) -> str | None:
+        """The checkpoint every worker restores: the chief's latest, once every worker was
+        found to see the chief's directory."""
         # The chief's directory is where checkpoints are written and restored from. Other
         # workers may give a manager of a directory of their own (TensorFlow's guide gives
         # them checkpoint_dir/workertemp_<task_id>): they write nothing there and restore the
@@ -65,12 +78,9 @@ class RunCheckpoint:
             lambda: self.manager.directory, f"finding the chief's {argument}"
         )
         self.cluster.check_shared(directory, argument)
-        latest = self.cluster.decide(
+        return self.cluster.decide(
             lambda: _latest_and_tidy(self.manager), f"finding the latest checkpoint in {directory}"
         )
-        if latest is not None:
-            self.checkpoint.restore(latest)
-        self.total_run_calls = int(self._runs.item())
 
     @property
     def directory(self) -> str:
@@ -87,15 +97,27 @@ class RunCheckpoint:
     def delete(self) -> None:
         """Removes the checkpoints saved here and their index (the chief; every worker waits)."""
         manager = self.manager
-        self.cluster.decide(lambda: _remove_checkpoints(manager), f"deleting {manager.directory}")
+        with manager.storage_scope():
+            self.cluster.decide(
+                lambda: _remove_checkpoints(manager), f"deleting {manager.directory}"
+            )
         manager._checkpoints = []
 
 
 def _manager(
-    checkpoint_or_manager: Any, directory: PathLike | None, argument: str, owner: str
+    checkpoint_or_manager: Any,
+    directory: PathLike | None,
+    argument: str,
+    owner: str,
+    storage_options: Mapping[str, Any] | None,
 ) -> CheckpointManager:
     if isinstance(checkpoint_or_manager, CheckpointManager):
         manager = checkpoint_or_manager
+        if storage_options is not None:
+            raise InvalidArgumentError(
+                f"{owner} was given a CheckpointManager and storage_options; give the "
+                "storage_options to the CheckpointManager, whose directory is used"
+            )
         if directory is not None and not same_directory(_fs.as_url(directory), manager.directory):
             raise InvalidArgumentError(
                 f"{owner} was given a CheckpointManager of {manager.directory!r} and {argument}="
@@ -108,7 +130,9 @@ def _manager(
                 f"{owner} needs {argument}, the directory where it saves and restores the "
                 "Checkpoint (or give a CheckpointManager instead of the Checkpoint)"
             )
-        return CheckpointManager(checkpoint_or_manager, directory, max_to_keep=1)
+        return CheckpointManager(
+            checkpoint_or_manager, directory, max_to_keep=1, storage_options=storage_options
+        )
     raise TypeError(
         f"{owner} saves a feedline.train.Checkpoint or CheckpointManager, got "
         f"{type(checkpoint_or_manager).__name__}"

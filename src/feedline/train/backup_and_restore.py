@@ -20,7 +20,7 @@ resumes from the last backup: up to ``save_freq - 1`` steps are computed again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -41,6 +41,10 @@ class BackupAndRestore:
       save_freq: a backup after every this many ``run`` calls.
       delete_checkpoint: whether ``on_train_end`` (the end of a ``with`` block that raised
         nothing) deletes the backup.
+      storage_options: the file system's arguments for ``backup_dir`` (for ``s3://``,
+        ``s3fs.S3FileSystem``'s: ``key``, ``secret``, ``client_kwargs``); a
+        ``CheckpointManager`` takes its own. Without them the back-end finds its credentials
+        the standard way (environment, config files).
 
     Raises:
       InvalidArgumentError: ``save_freq`` is not a positive int.
@@ -53,6 +57,8 @@ class BackupAndRestore:
         backup_dir: PathLike | None,
         save_freq: int,
         delete_checkpoint: bool = True,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1:
             raise InvalidArgumentError(
@@ -62,7 +68,11 @@ class BackupAndRestore:
         self._save_freq = save_freq
         self._delete_checkpoint = bool(delete_checkpoint)
         self._state = RunCheckpoint(
-            checkpoint, backup_dir, argument="backup_dir", owner="BackupAndRestore"
+            checkpoint,
+            backup_dir,
+            argument="backup_dir",
+            owner="BackupAndRestore",
+            storage_options=storage_options,
         )
 
     @property

@@ -60,6 +60,7 @@ clear error rather than running it; the marker is no defence against a file craf
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import pickletools
@@ -165,7 +166,9 @@ class Checkpoint:
         return self._save_counter
 
     # -- saving --------------------------------------------------------------------------------
-    def save(self, file_prefix: PathLike) -> str:
+    def save(
+        self, file_prefix: PathLike, *, storage_options: Mapping[str, Any] | None = None
+    ) -> str:
         """Writes ``{file_prefix}-{n}`` and makes it the directory's latest checkpoint.
 
         ``n`` is one more than both ``save_counter`` and the highest number already on a
@@ -173,11 +176,18 @@ class Checkpoint:
         files. The index file lists only this checkpoint, as TensorFlow's ``save`` does; use a
         ``CheckpointManager`` to keep and list several. ``file_prefix`` may be a URL
         (``s3://bucket/run/ckpt``); the file appears there only once it is complete.
+        ``storage_options`` are the file system's arguments (for ``s3://``,
+        ``s3fs.S3FileSystem``'s: ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``);
+        without them the back-end finds its credentials the standard way (environment, config
+        files). ``write``, ``restore`` and ``read`` take them too.
 
         Returns:
           The path written, ``{file_prefix}-{n}``.
         """
-        prefix = _fs.as_url(file_prefix)
+        with _storage_scope(storage_options, "Checkpoint.save"):
+            return self._save(_fs.as_url(file_prefix))
+
+    def _save(self, prefix: str) -> str:
         cluster = _cluster.current()
         number = cluster.decide(
             lambda: max(self._save_counter, highest_number(prefix)) + 1,
@@ -188,11 +198,14 @@ class Checkpoint:
         self._write(cluster, path, number, lambda: write_index(directory, path, [path]))
         return path
 
-    def write(self, file_path: PathLike) -> str:
+    def write(
+        self, file_path: PathLike, *, storage_options: Mapping[str, Any] | None = None
+    ) -> str:
         """Writes a checkpoint to exactly ``file_path``: no numbering, no index file, and
         ``save_counter`` unchanged. Creates the directory if needed. Returns the path."""
         path = _fs.as_url(file_path)
-        self._write(_cluster.current(), path, None, lambda: None)
+        with _storage_scope(storage_options, "Checkpoint.write"):
+            self._write(_cluster.current(), path, None, lambda: None)
         return path
 
     def _write(
@@ -234,7 +247,9 @@ class Checkpoint:
         }
 
     # -- restoring -----------------------------------------------------------------------------
-    def restore(self, save_path: PathLike | None) -> CheckpointLoadStatus:
+    def restore(
+        self, save_path: PathLike | None, *, storage_options: Mapping[str, Any] | None = None
+    ) -> CheckpointLoadStatus:
         """Restores every object that the checkpoint at ``save_path`` holds under its name.
 
         Objects without an entry in the file, and entries without an object, are left alone
@@ -261,12 +276,15 @@ class Checkpoint:
         """
         if save_path is None:
             return CheckpointLoadStatus(None, (), tuple(self._objects), ())
-        return self.read(save_path)
+        return self.read(save_path, storage_options=storage_options)
 
-    def read(self, save_path: PathLike) -> CheckpointLoadStatus:
+    def read(
+        self, save_path: PathLike, *, storage_options: Mapping[str, Any] | None = None
+    ) -> CheckpointLoadStatus:
         """Restores from ``save_path`` as ``restore`` does (a path is required)."""
         path = _fs.as_url(save_path)
-        saved = load_state(path)
+        with _storage_scope(storage_options, "Checkpoint.read"):
+            saved = load_state(path)
         plan: list[tuple[str, Callable[[], None]]] = []
         matched: list[str] = []
         unmatched: list[str] = []
@@ -547,6 +565,13 @@ def _unpicklable(states: Mapping[str, Any], objects: Mapping[str, Any]) -> list[
 _NON_VALUE_OPS = frozenset(
     {"PROTO", "FRAME", "MARK", "EMPTY_DICT", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"}
 )
+
+
+def _storage_scope(
+    storage_options: Mapping[str, Any] | None, operation: str
+) -> contextlib.AbstractContextManager[None]:
+    """A block in which file-system calls use ``storage_options`` (checked)."""
+    return _fs.with_storage_options(_fs.check_storage_options(storage_options, operation))
 
 
 def load_state(save_path: PathLike) -> dict[str, Any]:

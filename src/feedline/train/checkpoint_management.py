@@ -7,6 +7,10 @@ are re-exported here, where TensorFlow keeps them.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
 from feedline import _fs
 from feedline.errors import InvalidArgumentError
 from feedline.train import _cluster
@@ -36,7 +40,10 @@ class CheckpointManager:
     files are deleted, so it names only complete files). ``directory`` may be a URL
     (``s3://bucket/run``; see ``feedline.train.checkpoint``). A manager made on a directory
     that already has an index takes over the checkpoints it lists with its
-    ``checkpoint_name`` prefix. In a
+    ``checkpoint_name`` prefix. ``storage_options`` are the file system's arguments for every
+    call the manager makes (for ``s3://``, ``s3fs.S3FileSystem``'s: ``key``, ``secret``,
+    ``client_kwargs={"endpoint_url": ...}``); without them the back-end finds its credentials
+    the standard way (environment, config files). In a
     cluster every worker calls ``save``; the chief writes, numbers and prunes (see
     ``feedline.train.checkpoint``), and every worker's manager lists the same checkpoints.
 
@@ -56,6 +63,8 @@ class CheckpointManager:
         directory: PathLike,
         max_to_keep: int | None = 5,
         checkpoint_name: str = "ckpt",
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(
@@ -71,10 +80,14 @@ class CheckpointManager:
         self._directory = _fs.as_url(directory)
         self._prefix = join(self._directory, checkpoint_name)
         self._max_to_keep = max_to_keep
-        _, listed = read_index(self._directory) or (None, [])
-        self._checkpoints = [
-            path for path in listed if number_of(path, self._prefix) is not None and is_file(path)
-        ]
+        self._storage_options = _fs.check_storage_options(storage_options, "CheckpointManager")
+        with self.storage_scope():
+            _, listed = read_index(self._directory) or (None, [])
+            self._checkpoints = [
+                path
+                for path in listed
+                if number_of(path, self._prefix) is not None and is_file(path)
+            ]
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -83,6 +96,15 @@ class CheckpointManager:
     @property
     def directory(self) -> str:
         return self._directory
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """The file system's arguments the manager's calls use (None: the standard way)."""
+        return None if self._storage_options is None else dict(self._storage_options)
+
+    def storage_scope(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which file-system calls use the manager's ``storage_options``."""
+        return _fs.with_storage_options(self._storage_options)
 
     @property
     def checkpoints(self) -> list[str]:
@@ -104,6 +126,10 @@ class CheckpointManager:
         Returns:
           The path written.
         """
+        with self.storage_scope():
+            return self._save(checkpoint_number)
+
+    def _save(self, checkpoint_number: int | None) -> str:
         checkpoint = self._checkpoint
         cluster = _cluster.current()
         if checkpoint_number is None:

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from feedline.data.dataset import DatasetIterator
@@ -97,6 +97,8 @@ class PreemptionCheckpointHandler:
       checkpoint_dir: the directory for a ``Checkpoint``; every worker must see it. Keep other
         checkpoints (for evaluation, say) elsewhere.
       termination_config: a ``TerminationConfig``.
+      storage_options: the file system's arguments for ``checkpoint_dir`` (a
+        ``CheckpointManager`` takes its own), as ``BackupAndRestore`` takes them.
 
     Raises:
       FailedPreconditionError: the resolver names several workers but this process has not
@@ -110,6 +112,8 @@ class PreemptionCheckpointHandler:
         checkpoint_or_checkpoint_manager: Checkpoint | CheckpointManager,
         checkpoint_dir: PathLike | None = None,
         termination_config: TerminationConfig | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._cluster_resolver = cluster_resolver
         _check_cluster(cluster_resolver)
@@ -126,6 +130,7 @@ class PreemptionCheckpointHandler:
             checkpoint_dir,
             argument="checkpoint_dir",
             owner="PreemptionCheckpointHandler",
+            storage_options=storage_options,
         )
         self._noticed = threading.Event()
         self._deadline: float | None = None

@@ -103,6 +103,9 @@ class SidecarEvaluator:
       poll_interval: seconds between two looks at ``checkpoint_dir``.
       timeout: seconds without a new checkpoint after which ``start()`` returns; None waits
         for ever.
+      storage_options: the file system's arguments for ``checkpoint_dir`` (for ``s3://``,
+        ``s3fs.S3FileSystem``'s: ``key``, ``secret``, ``client_kwargs``), used to look for and
+        restore checkpoints; without them the back-end finds its credentials the standard way.
 
     Raises:
       InvalidArgumentError: an argument is out of range, or there are no metrics and no
@@ -142,12 +145,14 @@ class SidecarEvaluator:
         callbacks: Sequence[Callable[[Evaluation], Any]] = (),
         poll_interval: float = 1.0,
         timeout: float | None = 3600.0,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.data = data
         self.checkpoint_dir = _fs.as_url(checkpoint_dir)
+        self.storage_options = _fs.check_storage_options(storage_options, "SidecarEvaluator")
         self.steps = _optional_positive("steps", steps)
         self.max_evaluations = _optional_positive("max_evaluations", max_evaluations)
         self.metrics = _metrics_by_name(metrics)
@@ -210,8 +215,9 @@ class SidecarEvaluator:
         made: list[Evaluation] = []
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while not self._stop.is_set():
-            path = latest_checkpoint(self.checkpoint_dir)
-            key = _file_key(path)
+            with _fs.with_storage_options(self.storage_options):
+                path = latest_checkpoint(self.checkpoint_dir)
+                key = _file_key(path)
             evaluation = None
             if path is not None and key is not None and key != self._seen:
                 # None: the file went away (pruned by training) or stop() came.
@@ -248,7 +254,8 @@ class SidecarEvaluator:
     def _evaluate_checkpoint(self, path: str) -> Evaluation | None:
         """Restores ``path`` and evaluates it; None if the file went away or ``stop()`` came."""
         try:
-            status = self.checkpoint.restore(path)
+            with _fs.with_storage_options(self.storage_options):
+                status = self.checkpoint.restore(path)
         except FileNotFoundError:  # pruned by the training's CheckpointManager meanwhile
             logger.info("checkpoint %s went away before it was restored; looking again", path)
             return None

@@ -13,16 +13,17 @@ from feedline import _fs, structure
 from feedline.errors import DataLossError, FeedlineError, InvalidArgumentError, NotFoundError
 
 
-def open_parquet(filename: str) -> pq.ParquetFile:
+def open_parquet(filename: str, listed_version: Any = None) -> pq.ParquetFile:
     """``filename`` (a local path or a URL, ``s3://...``) as a ``ParquetFile`` whose pages are
     checked against their CRC-32 checksums where the file has them (``write_page_checksum=True``);
     NotFoundError or DataLossError where it cannot be opened. A remote file is read through
     ``_fs.RemoteReader``: each of pyarrow's reads (the footer, a column chunk) is one ranged
     request, made again at the offset reached after a transient failure, and an object that
-    changes meanwhile is a DataLossError. ``close_parquet`` closes it."""
+    changes meanwhile, or is not ``listed_version`` (where given), is a DataLossError.
+    ``close_parquet`` closes it."""
     source: Any = filename
     if not _fs.is_local(filename):
-        source = _fs.RemoteReader(filename, 0, "ParquetDataset")
+        source = _fs.RemoteReader(filename, 0, "ParquetDataset", listed_version=listed_version)
     elif filename.startswith("file://"):
         filename = source = _fs.filesystem(filename)[1]
     if isinstance(source, str) and not os.path.exists(source):

@@ -127,22 +127,41 @@ def match_files(pattern: str, operation: str) -> list[str]:
     """The paths matching the glob ``pattern`` (``*``, ``?``, ``[...]``): on the local disk
     (hidden files too), or on the file system its URL names (``s3://bucket/train-*.tfrecord``),
     as URLs spelt like the pattern."""
+    return list(list_matches(pattern, operation))
+
+
+def list_matches(pattern: str, operation: str) -> dict[str, Any]:
+    """``match_files``, each path with its version as the listing gives it: the object's ETag
+    or generation on a store (``_fs.object_tag``), None for a local file and where the store
+    gives none."""
     if _fs.is_local(pattern) and not pattern.startswith("file://"):
-        return glob.glob(pattern, include_hidden=True)
+        return dict.fromkeys(glob.glob(pattern, include_hidden=True))
     fs, inner = _fs.filesystem(pattern)
     with _fs.translate_errors(pattern, operation):
-        return [_fs.unstrip(fs, name, pattern) for name in fs.glob(inner)]
+        found = fs.glob(inner, detail=True)
+    local = _fs.is_local(pattern)
+    return {
+        _fs.unstrip(fs, name, pattern): None if local else _fs.object_tag(info)
+        for name, info in found.items()
+    }
 
 
 # Remote files (object stores) are read ahead of the reader in the background: at most
 # READ_AHEAD_BUFFERS x buffer_size bytes (16 MiB for the default buffer_size of 1 MiB), in
-# ranged requests of half that window, at most REMOTE_BLOCK bytes each.
+# ranged requests of half that window, at most REMOTE_BLOCK bytes each, as many of them in
+# flight at once as the window holds, at most READ_AHEAD_REQUESTS (2 by default, 4 from a
+# buffer_size of 2 MiB on).
 READ_AHEAD_BUFFERS = 16
+READ_AHEAD_REQUESTS = 4
 REMOTE_BLOCK = 8 << 20
 
 
 def open_remote(
-    filename: str, position: int, operation: str, buffer_size: int = DEFAULT_BUFFER_SIZE
+    filename: str,
+    position: int,
+    operation: str,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+    listed_version: Any = None,
 ) -> _fs.RemoteReader:
     """A remote file (object store, or any non-local file system) opened at ``position`` and
     read ahead in the background: ``READ_AHEAD_BUFFERS x buffer_size`` bytes at most, each
@@ -150,11 +169,18 @@ def open_remote(
 
     Raises:
       NotFoundError: the object does not exist (naming the URL).
-      DataLossError: the object is shorter than ``position``.
+      DataLossError: the object is shorter than ``position``, or is not ``listed_version``
+        (where given: its version when it was listed).
     """
     window = READ_AHEAD_BUFFERS * buffer_size
     raw = _fs.RemoteReader(
-        filename, 0, operation, block_size=min(REMOTE_BLOCK, window // 2), read_ahead=window
+        filename,
+        0,
+        operation,
+        block_size=min(REMOTE_BLOCK, window // 2),
+        read_ahead=window,
+        listed_version=listed_version,
+        parallel_reads=READ_AHEAD_REQUESTS,
     )
     if position > raw.size:
         raw.close()
@@ -170,19 +196,21 @@ def open_stream(
     position: int,
     operation: str,
     buffer_size: int = DEFAULT_BUFFER_SIZE,
+    listed_version: Any = None,
 ) -> Any:
     """``filename`` (a local path or any URL of the file-system layer, ``s3://...``) opened for
     reading at ``position`` (a position in the decompressed bytes). A remote file is read
-    ahead in the background (``open_remote``).
+    ahead in the background (``open_remote``), and must be ``listed_version`` where given.
 
     Raises:
       NotFoundError: the file does not exist.
-      DataLossError: the file is shorter than ``position`` (it changed since a checkpoint).
+      DataLossError: the file is shorter than ``position`` (it changed since a checkpoint), or
+        is another version than the one listed.
     """
     if not _fs.is_local(filename):
         if not compression:
-            return open_remote(filename, position, operation, buffer_size)
-        raw: Any = open_remote(filename, 0, operation, buffer_size)
+            return open_remote(filename, position, operation, buffer_size, listed_version)
+        raw: Any = open_remote(filename, 0, operation, buffer_size, listed_version)
     else:
         raw = _open_local(filename, compression, position, operation)
         if not compression:

@@ -43,12 +43,15 @@ class FileReader(Protocol):
 
 
 class _Slot:
-    """One file being read: its reader (on a thread when ``threaded``) and the current block."""
+    """One file being read: its reader (on a thread when ``threaded``) and the current block.
+    ``listed_versions`` are the pipeline's (``IteratorContext.listed_versions``): a file listed
+    there is opened as that version or not at all."""
 
     __slots__ = (
         "block",
         "dataset",
         "index",
+        "listed_versions",
         "name",
         "position",
         "producer",
@@ -57,7 +60,8 @@ class _Slot:
         "threaded",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, listed_versions: dict[str, Any]) -> None:
+        self.listed_versions = listed_versions
         self.name: str | None = None
         self.position = 0
         self.reader: FileReader | None = None
@@ -78,7 +82,9 @@ class _Slot:
     ) -> None:
         """Opens ``name`` at ``position`` (taking the reader ``early`` opened, where it did)."""
         reader = early.take(name, position) if early is not None else None
-        self.reader = reader if reader is not None else dataset._open_file(name, position)
+        if reader is None:
+            reader = dataset._open_file(name, position, self.listed_versions.get(name))
+        self.reader = reader
         self.dataset, self.threaded = dataset, threaded
         self.name = name
         self.position = position
@@ -150,9 +156,10 @@ class _EarlyOpen:
 
     _WAIT = 1.0
 
-    def __init__(self, dataset: Any, name: str) -> None:
+    def __init__(self, dataset: Any, name: str, listed_version: Any) -> None:
         self.name = name
         self._dataset = dataset
+        self._listed_version = listed_version
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._reader: FileReader | None = None
@@ -162,7 +169,7 @@ class _EarlyOpen:
 
     def _run(self) -> None:
         try:
-            reader = self._dataset._open_file(self.name, 0)
+            reader = self._dataset._open_file(self.name, 0, self._listed_version)
         except BaseException as error:  # raised by ``take``, where the file is opened
             self._error = error
             self._done.set()
@@ -254,13 +261,13 @@ class FilesIterator(DatasetIterator):
         super().__init__(dataset, ctx)
         self._names = _Names(dataset, ctx)
         self._names_done = False
-        self._slots = [_Slot() for _ in range(cycle_length)]
+        self._slots = [_Slot(ctx.listed_versions) for _ in range(cycle_length)]
         self._threaded = cycle_length > 1
         self._cycle = 0
         self._early: _EarlyOpen | None = None
         names = getattr(dataset, "_filenames", None)
         if names and not _fs.is_local(names[0]):
-            self._early = _EarlyOpen(dataset, names[0])
+            self._early = _EarlyOpen(dataset, names[0], ctx.listed_versions.get(names[0]))
         if self._threaded:
             self._next = self._next_round_robin  # type: ignore[method-assign]
             if records:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class RemoteNpy:
       DataLossError: the object is shorter than its header says.
     """
 
-    def __init__(self, url: str, stream: bool = False) -> None:
+    def __init__(self, url: str, stream: bool = False, listed_version: Any = None) -> None:
         self.url = url
         window = READ_AHEAD_BUFFERS * DEFAULT_BUFFER_SIZE if stream else 0
         self._reader = _fs.RemoteReader(
@@ -43,6 +44,7 @@ class RemoteNpy:
             "NpyDataset",
             block_size=min(REMOTE_BLOCK, max(_HEAD, window // 2)),
             read_ahead=window,
+            listed_version=listed_version,
         )
         self._lock = threading.Lock()
         try:

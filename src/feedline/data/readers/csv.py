@@ -108,8 +108,8 @@ class CsvDataset(FileReaderMixin, Dataset):
     def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
         return FilesIterator(self, ctx)
 
-    def _open_file(self, filename: str, position: int) -> _CsvReader:
-        return _CsvReader(self, filename, position)
+    def _open_file(self, filename: str, position: int, listed_version: Any = None) -> _CsvReader:
+        return _CsvReader(self, filename, position, listed_version)
 
 
 class _CsvBlock:
@@ -145,7 +145,9 @@ class _BadRecord(Exception):
 class _CsvReader:
     """Records of one CSV file: lines joined where a quoted field spans several."""
 
-    def __init__(self, dataset: CsvDataset, filename: str, position: int) -> None:
+    def __init__(
+        self, dataset: CsvDataset, filename: str, position: int, listed_version: Any = None
+    ) -> None:
         self._dataset = dataset
         self._lines = LineReader(
             filename,
@@ -154,6 +156,7 @@ class _CsvReader:
             dataset._buffer_size,
             "CsvDataset",
             strip_cr=False,
+            listed_version=listed_version,
         )
         self._filename = filename
         self._skip_header = dataset._header and position == 0

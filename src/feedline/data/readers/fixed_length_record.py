@@ -70,7 +70,7 @@ class FixedLengthRecordDataset(ByteStreamReaderMixin, Dataset):
             record_bytes=record_bytes, header_bytes=header_bytes, footer_bytes=footer_bytes
         )
 
-    def _open_file(self, filename: str, position: int) -> RecordReader:
+    def _open_file(self, filename: str, position: int, listed_version: Any = None) -> RecordReader:
         return RecordReader(
             filename,
             self._compression,
@@ -79,6 +79,7 @@ class FixedLengthRecordDataset(ByteStreamReaderMixin, Dataset):
             self._record_bytes,
             self._header_bytes if position == 0 else 0,
             self._footer_bytes,
+            listed_version,
         )
 
 
@@ -96,9 +97,15 @@ class RecordReader:
         record_bytes: int,
         header_bytes: int,
         footer_bytes: int,
+        listed_version: Any = None,
     ) -> None:
         self._stream = open_stream(
-            filename, compression, position, "FixedLengthRecordDataset", buffer_size
+            filename,
+            compression,
+            position,
+            "FixedLengthRecordDataset",
+            buffer_size,
+            listed_version,
         )
         self._filename = filename
         self._position = position  # of the first byte of ``_pending`` in the file

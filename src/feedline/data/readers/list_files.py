@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext, mix_seed
-from feedline.data.readers._files import decode_name, match_files, string_array_items
+from feedline.data.readers._files import decode_name, list_matches, string_array_items
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.structure import BYTES, TensorSpec, bytes_array, bytes_scalar
 
@@ -34,6 +34,11 @@ class ListFilesDataset(Dataset):
     As a file source, this dataset is marked ``_is_file_reader`` and exposes the sorted names as
     ``_filenames``; FILE auto-sharding splits them (see ``feedline.data.readers``).
 
+    The listing also keeps each object's version (ETag, generation) on a store, and a reader of
+    the pipeline that opens one of these objects reads that version or raises
+    ``DataLossError`` (see ``IteratorContext.listed_versions``): every worker, and a split run
+    again after a worker was lost, reads the objects as they were listed.
+
     Example:
       >>> import os, tempfile
       >>> d = tempfile.mkdtemp()
@@ -55,8 +60,11 @@ class ListFilesDataset(Dataset):
         super().__init__()
         patterns = _patterns(file_pattern)
         names: list[str] = []
+        versions: dict[str, Any] = {}
         for pattern in patterns:
-            names.extend(match_files(pattern, "list_files"))
+            matches = list_matches(pattern, "list_files")
+            names.extend(matches)
+            versions.update((name, v) for name, v in matches.items() if v is not None)
         if not names:
             shown = patterns[0] if len(patterns) == 1 else patterns
             raise NotFoundError(
@@ -68,6 +76,7 @@ class ListFilesDataset(Dataset):
             raise InvalidArgumentError(f"list_files: seed must be an int or None, got {seed!r}")
         self._filenames = tuple(sorted(names))
         self._encoded = tuple(os.fsencode(name) for name in self._filenames)
+        self._versions = versions
         self._shuffle = True if shuffle is None else bool(shuffle)
         self._seed = None if seed is None else int(seed)
         self._element_spec = TensorSpec((), BYTES)
@@ -84,9 +93,14 @@ class ListFilesDataset(Dataset):
         Dataset.__init__(clone)
         clone._filenames = tuple(sorted(decode_name(n) for n in filenames))
         clone._encoded = tuple(os.fsencode(name) for name in clone._filenames)
+        clone._versions = {n: self._versions[n] for n in clone._filenames if n in self._versions}
         clone._shuffle, clone._seed = self._shuffle, self._seed
         clone._element_spec = self._element_spec
         return clone
+
+    def pin_versions(self, ctx: IteratorContext) -> None:
+        """Tells the readers of ``ctx``'s pipeline the versions this listing found."""
+        ctx.listed_versions.update(self._versions)
 
     def pass_seed(self, ctx: IteratorContext) -> int:
         """The shuffle seed of one pass: fixed by ``seed`` and the pass, or fresh without one."""
@@ -127,6 +141,7 @@ class _NamesAccess:
 class _ListFilesIterator(DatasetIterator):
     def __init__(self, dataset: ListFilesDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
+        dataset.pin_versions(ctx)
         self._names = dataset._encoded
         self._shuffle = dataset._shuffle
         self._reset(dataset.pass_seed(ctx) if self._shuffle else 0, 0)

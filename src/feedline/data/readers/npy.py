@@ -3,7 +3,7 @@ files) or read by ranges (remote ones, ``s3://...``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -105,8 +105,11 @@ class NpyDataset(FileReaderMixin, Dataset):
     def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
         return FilesIterator(self, ctx)
 
-    def _open_file(self, filename: str, position: int) -> _NpyReader:
-        array = self.check_array(load_array(filename, self._mmap_mode, stream=True), filename)
+    def _open_file(self, filename: str, position: int, listed_version: Any = None) -> _NpyReader:
+        array = self.check_array(
+            load_array(filename, self._mmap_mode, stream=True, listed_version=listed_version),
+            filename,
+        )
         if position > len(array):
             if isinstance(array, RemoteNpy):
                 array.close()
@@ -123,13 +126,17 @@ _Array = np.ndarray | RemoteNpy
 
 
 def load_array(
-    filename: str, mmap_mode: MmapMode | None, stream: bool = False, header_only: bool = False
+    filename: str,
+    mmap_mode: MmapMode | None,
+    stream: bool = False,
+    header_only: bool = False,
+    listed_version: Any = None,
 ) -> _Array:
     """The array in a ``.npy`` file: memory-mapped unless ``mmap_mode`` is None, or, for a
     remote file, a ``RemoteNpy`` that reads rows by ranges (read ahead if ``stream``; only its
-    header is read and it is closed already if ``header_only``)."""
+    header is read and it is closed already if ``header_only``), of ``listed_version``."""
     if not _fs.is_local(filename):
-        remote = RemoteNpy(filename, stream=stream)
+        remote = RemoteNpy(filename, stream=stream, listed_version=listed_version)
         if header_only:
             remote.close()
         return remote

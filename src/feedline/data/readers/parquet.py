@@ -109,17 +109,21 @@ class ParquetDataset(FileReaderMixin, Dataset):
     def _make_iterator(self, ctx: IteratorContext) -> DatasetIterator:
         return FilesIterator(self, ctx, batchable=self._batch_size is None)
 
-    def _open_file(self, filename: str, position: int) -> _ParquetReader:
-        return _ParquetReader(self, filename, position)
+    def _open_file(
+        self, filename: str, position: int, listed_version: Any = None
+    ) -> _ParquetReader:
+        return _ParquetReader(self, filename, position, listed_version)
 
 
 class _ParquetReader:
     """Row blocks of one file from a row: whole items (rows, or batch_size rows) per block."""
 
-    def __init__(self, dataset: ParquetDataset, filename: str, position: int) -> None:
+    def __init__(
+        self, dataset: ParquetDataset, filename: str, position: int, listed_version: Any = None
+    ) -> None:
         self._dataset = dataset
         self._filename = filename
-        parquet = self._parquet = open_parquet(filename)
+        parquet = self._parquet = open_parquet(filename, listed_version)
         try:
             self._start(dataset, filename, position)
         except BaseException:

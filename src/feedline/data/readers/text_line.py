@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import Any
 
 from feedline.data.dataset import Dataset
 from feedline.data.readers._blocks import RecordBlock
@@ -40,9 +41,14 @@ class TextLineDataset(ByteStreamReaderMixin, Dataset):
       [b'first', b'second']
     """
 
-    def _open_file(self, filename: str, position: int) -> LineReader:
+    def _open_file(self, filename: str, position: int, listed_version: Any = None) -> LineReader:
         return LineReader(
-            filename, self._compression, position, self._buffer_size, "TextLineDataset"
+            filename,
+            self._compression,
+            position,
+            self._buffer_size,
+            "TextLineDataset",
+            listed_version=listed_version,
         )
 
 
@@ -61,8 +67,11 @@ class LineReader:
         buffer_size: int,
         operation: str,
         strip_cr: bool = True,
+        listed_version: Any = None,
     ) -> None:
-        self._stream = open_stream(filename, compression, position, operation, buffer_size)
+        self._stream = open_stream(
+            filename, compression, position, operation, buffer_size, listed_version
+        )
         self.filename = filename
         self._carry = b""
         self._base = position

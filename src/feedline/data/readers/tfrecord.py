@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import google_crc32c
 
 from feedline._tfrecord import FOOTER, HEADER, MASK_DELTA, masked_crc32c
@@ -57,8 +59,10 @@ class TFRecordDataset(ByteStreamReaderMixin, Dataset):
       [b'x', b'yz']
     """
 
-    def _open_file(self, filename: str, position: int) -> _RecordReader:
-        return _RecordReader(filename, self._compression, position, self._buffer_size)
+    def _open_file(self, filename: str, position: int, listed_version: Any = None) -> _RecordReader:
+        return _RecordReader(
+            filename, self._compression, position, self._buffer_size, listed_version
+        )
 
 
 class _RecordReader:
@@ -68,8 +72,17 @@ class _RecordReader:
     read is completed with reads of exactly the missing bytes, so that buffers are never joined.
     """
 
-    def __init__(self, filename: str, compression: str, position: int, buffer_size: int) -> None:
-        self._stream = open_stream(filename, compression, position, "TFRecordDataset", buffer_size)
+    def __init__(
+        self,
+        filename: str,
+        compression: str,
+        position: int,
+        buffer_size: int,
+        listed_version: Any = None,
+    ) -> None:
+        self._stream = open_stream(
+            filename, compression, position, "TFRecordDataset", buffer_size, listed_version
+        )
         self._filename = filename
         self._buffer = b""
         self._pos = 0

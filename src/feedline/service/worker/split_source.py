@@ -218,6 +218,7 @@ class _SplitRowsIterator(_SplitIterator):
         access: RandomAccess | None
         if isinstance(source, ListFilesDataset):
             access = _NamesAccess(source._encoded)  # the sorted names, which units index
+            source.pin_versions(ctx)  # a split run again reads the objects as listed
         else:
             access = source._random_access()
         if access is None:  # split_plan accepted the source, so it has random access
