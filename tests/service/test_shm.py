@@ -52,8 +52,8 @@ def takes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = _shm._Arena.take
 
-    def take(self: Any, shm: Any) -> list[memoryview]:
-        buffers = original(self, shm)
+    def take(self: Any, shm: Any, start: int) -> list[memoryview]:
+        buffers = original(self, shm, start)
         calls.append(len(buffers))
         return buffers
 
@@ -87,6 +87,13 @@ def assert_same(a: Any, b: Any) -> None:
         if "O" not in (left.dtype.kind, right.dtype.kind):  # bytes: object arrays when received
             assert left.dtype == right.dtype, key
         assert left.tolist() == right.tolist(), key
+
+
+def offer_of(arena: Any) -> dict[str, Any]:
+    """An offer of ``arena`` (which then holds its place in the ring)."""
+    made = arena.offer(_shm.host_identity() or "")
+    assert made is not None
+    return made[0]
 
 
 def read(cluster: Cluster, dataset: Dataset, **kw: Any) -> list[Any]:
@@ -240,8 +247,9 @@ def test_an_offer_that_names_another_file_is_refused(tmp_path: Any) -> None:
     segments = _shm.WorkerSegments(True)
     identity = _shm.host_identity()
     arena = _shm._Arena(1 << 16)
-    good = arena.offer(identity or "")
-    assert good is not None
+    made = arena.offer(identity or "")
+    assert made is not None
+    good = made[0]
     other = f"{_shm.PREFIX}{_shm._pid_namespace() + 1}-{os.getpid()}-{'0' * 16}"
     bad = [
         {**good, "name": "../etc/passwd"},
@@ -260,7 +268,7 @@ def test_an_offer_that_names_another_file_is_refused(tmp_path: Any) -> None:
             assert segments._acquire({**good, "fd": plain.fileno()}) == (None, _shm.UNKNOWN)
             wrong_nonce = {**good, "nonce": "ff" * 16}
             assert segments._acquire(wrong_nonce) == (None, "nonce differs")
-            mapped, why = segments._acquire(arena.offer(identity or ""))
+            mapped, why = segments._acquire(good)
             assert mapped is not None and why == ""
         finally:
             arena.close_descriptor()
@@ -274,13 +282,14 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
     held: list[tuple[int, np.ndarray]] = []
 
     def fetch(value: int, count: int) -> np.ndarray:
-        offer = arena.offer(identity)
-        assert offer is not None
+        made = arena.offer(identity)
+        assert made is not None
+        offer, start = made
         leaf = np.full(count, value, np.uint8)
         frame = segments.reply(offer, 7, {"n": value}, [leaf], None)
         header, buffers = decode_frame(frame)
         assert header["n"] == value and buffers == []
-        (view,) = arena.take(header["shm"])
+        (view,) = arena.take(header["shm"], start)
         return np.frombuffer(view, np.uint8)
 
     try:
@@ -361,18 +370,18 @@ def test_an_arena_of_another_user_or_open_to_others_is_refused() -> None:
     try:
         os.fchmod(arena.fd, 0o644)  # readable by every user of the host
         refused = _shm.WorkerSegments(True)
-        assert refused._acquire(arena.offer(identity)) == (None, "arena open to other users")
+        assert refused._acquire(offer_of(arena)) == (None, "arena open to other users")
         refused.close()
         os.fchmod(arena.fd, 0o600)
         if os.geteuid() == 0:  # a file of another user (nobody), offered under this user's id
             os.fchown(arena.fd, 65534, -1)
             other = _shm.WorkerSegments(True)
-            mapped, why = other._acquire(arena.offer(identity))
+            mapped, why = other._acquire(offer_of(arena))
             assert mapped is None and why == "arena owned by another user (uid 65534)"
             other.close()
             os.fchown(arena.fd, os.geteuid(), -1)
         accepted = _shm.WorkerSegments(True)
-        mapped, why = accepted._acquire(arena.offer(identity))
+        mapped, why = accepted._acquire(offer_of(arena))
         assert mapped is not None and why == ""
         accepted.close()
     finally:
@@ -436,17 +445,18 @@ def test_no_process_can_shrink_an_arena_that_a_worker_process_maps() -> None:
         through_shm = 0
         try:
             for _ in range(20):
-                offer = arena.offer(identity)
-                assert offer is not None
-                request = GetElementsRequest(task_id, wait_ms=1000, shm=offer)
+                made = arena.offer(identity)
+                assert made is not None
+                request = GetElementsRequest(task_id, wait_ms=1000, shm=made[0])
                 header, _ = to_worker.call("GetElements", request.to_header(), timeout=30)
                 if "shm" in header:
                     through_shm += 1
-                    (view,) = arena.take(header["shm"])
+                    (view,) = arena.take(header["shm"], made[1])
                     element = np.frombuffer(view, np.uint8)
                     assert element.size == 8192 and np.all(element == element[0])
                     del view, element
                 else:
+                    arena.cancel(made[1])
                     assert "shm_refused" not in header and header.get("meta") is None
                 shrink = subprocess.run(
                     ["truncate", "-s", "0", path], capture_output=True, text=True, timeout=30

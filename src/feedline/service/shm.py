@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import mmap
@@ -83,7 +84,7 @@ import numpy as np
 from feedline._net.wire import Compressor, encode_frame
 from feedline.errors import InvalidArgumentError
 
-__all__ = ["ConsumerChannels", "WorkerSegments", "host_identity"]
+__all__ = ["ConsumerChannels", "Offer", "WorkerSegments", "host_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,24 +178,27 @@ class _Arena:
         self.nonce = secrets.token_bytes(_NONCE_BYTES)
         self._map[:_NONCE_BYTES] = self.nonce
         self._data = np.frombuffer(self._map, np.uint8, self.size, DATA_OFFSET)
-        # The ring: replies kept, oldest first, as [start, end); the starts of those whose
+        # The ring: places offered or kept, oldest first, as [start, end) (an offer holds
+        # ``reply_bytes`` until its reply says how much it took); the starts of those whose
         # elements are all gone (appended by finalizers, from any thread, at any time, so
-        # without a lock: they are taken in by the fetch thread, the arena's only user).
-        self._kept: collections.deque[tuple[int, int]] = collections.deque()
+        # without a lock: they are taken in by the fetch thread, the arena's only user), and
+        # of those given up (a reply that came over gRPC, or was copied out).
+        self._kept: collections.deque[list[int]] = collections.deque()
         self._gone: collections.deque[int] = collections.deque()
         self._done: set[int] = set()
-        self._offered: int | None = None
         #: Replies handed on in place, and copied out because the ring was full (for tests).
         self.kept = self.copied = 0
 
-    def offer(self, identity: str) -> dict[str, Any] | None:
-        """The offer of a free run of ``reply_bytes`` (None if the ring has none)."""
+    def offer(self, identity: str) -> tuple[dict[str, Any], int] | None:
+        """The offer of a free run of ``reply_bytes`` and where it starts in the ring (hold
+        on to it: ``take`` or ``cancel`` it), or None if the ring has none. Several offers
+        may be out at once (requests in flight); each holds its place until then."""
         self._reclaim()
         start = self._free_run()
-        self._offered = start
         if start is None:
             return None
-        return {
+        self._kept.append([start, start + self.reply_bytes])
+        offer = {
             "host": identity,
             "name": self.name,
             "pid": os.getpid(),
@@ -203,16 +207,17 @@ class _Arena:
             "offset": DATA_OFFSET + start,
             "size": self.reply_bytes,
         }
+        return offer, start
 
-    def take(self, shm: Any) -> list[memoryview]:
-        """The buffers of a reply written into the arena at the last offer: read-only views
-        of the arena, which keep the reply's place in the ring until the last of them is
-        gone, while the ring keeps room for another reply after it; else a copy (the ring
-        is full of elements the consumer holds)."""
+    def take(self, shm: Any, start: int) -> list[memoryview]:
+        """The buffers of a reply written into the arena at the offer of ``start``:
+        read-only views of the arena, which keep the reply's place in the ring until the last
+        of them is gone, while the ring keeps room for another reply after it; else a copy
+        (the ring is full of elements the consumer holds)."""
         sizes = shm.get("sizes") if isinstance(shm, dict) else None
-        start = self._offered
+        entry = self._offered(start)
         if (
-            start is None
+            entry is None
             or not isinstance(sizes, list)
             or not all(type(s) is int and s >= 0 for s in sizes)
             or sum(sizes) > self.reply_bytes
@@ -222,18 +227,18 @@ class _Arena:
                 f"a reply through shared memory names arena {shm!r:.200}, but this consumer "
                 f"offered {self.reply_bytes} bytes of {self.name} at {start}"
             )
-        self._offered = None
         self._reclaim()
         total = sum(sizes)
-        self._kept.append((start, start + total))
+        entry[1] = start + total
         if total and self._free_run() is not None:
             region = self._data[start : start + total]
             weakref.finalize(region, self._gone.append, start)
             self.kept += 1
         else:
-            self._kept.pop()
             region = np.empty(total, np.uint8)
             np.copyto(region, self._data[start : start + total])
+            self._done.add(start)
+            self._reclaim()
             self.copied += 1
         region.flags.writeable = False  # as the views of a gRPC frame
         view = region.data  # read-only, as region is
@@ -244,14 +249,31 @@ class _Arena:
             position += size
         return buffers
 
+    def cancel(self, start: int) -> None:
+        """The reply to the offer of ``start`` did not come through the arena."""
+        if self._offered(start) is not None:
+            self._done.add(start)
+            self._reclaim()
+
+    def _offered(self, start: int) -> list[int] | None:
+        """The ring's entry of an offer of ``start`` not taken or cancelled yet."""
+        if start in self._done:
+            return None
+        for entry in self._kept:
+            if entry[0] == start:
+                return entry
+        return None
+
     def _reclaim(self) -> None:
-        """Frees the oldest replies whose elements are gone (one gone behind an older reply
-        still held is freed after it)."""
+        """Frees the oldest and the newest places whose replies are done with (one between
+        places still held is freed after them)."""
         while self._gone:
             self._done.add(self._gone.popleft())
         kept, done = self._kept, self._done
         while kept and kept[0][0] in done:
             done.discard(kept.popleft()[0])
+        while kept and kept[-1][0] in done:  # the newest given up: its place is free again
+            done.discard(kept.pop()[0])
 
     def _free_run(self) -> int | None:
         """Where a free run of ``reply_bytes`` begins, or None."""
@@ -276,6 +298,14 @@ class _Arena:
     def __del__(self) -> None:
         if getattr(self, "_fd_lock", None) is not None:
             self.close_descriptor()
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """An offer out with a request: the arena and where in its ring (``ConsumerChannels``)."""
+
+    arena: _Arena
+    start: int
 
 
 class _Channel:
@@ -321,43 +351,54 @@ class ConsumerChannels:
                 channel = self._channels[key] = _Channel()
         return channel
 
-    def ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
-        """``request`` with this channel's offer, if it has an arena."""
+    def ask(self, worker: str, request: dict[str, Any]) -> tuple[dict[str, Any], Offer | None]:
+        """``request`` with this channel's offer, if it has an arena and room in it, and the
+        offer (for ``received``; several may be out at once)."""
         channel = self._channel(worker)
         arena = None if channel is None else channel.arena
         if arena is None or self._closed or self._identity is None:
-            return request
-        offer = arena.offer(self._identity)
-        return request if offer is None else {**request, "shm": offer}
+            return request, None
+        made = arena.offer(self._identity)
+        if made is None:
+            return request, None
+        offer, start = made
+        return {**request, "shm": offer}, Offer(arena, start)
 
     def received(
-        self, worker: str, header: dict[str, Any], buffers: list[memoryview]
+        self,
+        worker: str,
+        header: dict[str, Any],
+        buffers: list[memoryview],
+        offer: Offer | None = None,
     ) -> list[memoryview]:
-        """The buffers of a reply from ``worker`` (its ``header`` loses the keys of this
-        module): those written into the arena, copied out, or ``buffers`` as they came."""
+        """The buffers of a reply from ``worker`` to a request that carried ``offer`` (its
+        ``header`` loses the keys of this module): those written into the arena, copied
+        out, or ``buffers`` as they came. Replies are taken in the order of their requests."""
         shm = header.pop("shm", None)
         refused = header.pop("shm_refused", None)
         channel = self._channel(worker)
-        if channel is None:
-            if shm is not None:
+        if shm is not None:
+            if offer is None:
                 raise InvalidArgumentError(
                     f"worker {worker} answered through shared memory, which was not offered"
                 )
+            # The offer's arena, even where the channel has dropped it since (its mapping
+            # lives as long as something refers to it).
+            buffers = offer.arena.take(shm, offer.start)
+            offer.arena.used = True
+            offer.arena.close_descriptor()  # the worker has it mapped: it opens it no more
+            return buffers
+        if offer is not None:
+            offer.arena.cancel(offer.start)
+        if channel is None:
             return buffers
         arena = channel.arena
-        if shm is not None:
-            if arena is None:
-                raise InvalidArgumentError(
-                    f"worker {worker} answered through shared memory, which was not offered"
-                )
-            buffers = arena.take(shm)
-            arena.used = True
-            arena.close_descriptor()  # the worker has it mapped: it opens it no more
-        elif refused is not None:
-            renew = refused == UNKNOWN and arena is not None and arena.used
-            channel.drop()
-            channel.off = not renew
-            logger.debug("worker %s refused shared memory (%s)", worker, refused)
+        if refused is not None:
+            if offer is None or arena is offer.arena:  # not about an arena dropped since
+                renew = refused == UNKNOWN and arena is not None and arena.used
+                channel.drop()
+                channel.off = not renew
+                logger.debug("worker %s refused shared memory (%s)", worker, refused)
         elif arena is None and not channel.off and sum(b.nbytes for b in buffers) >= OFFER_BYTES:
             channel.arena = self._new_arena(channel)
         return buffers

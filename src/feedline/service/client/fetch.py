@@ -171,17 +171,16 @@ class Fetchers:
     def _read(self, worker: _rpc.RpcClient, request: GetElementsRequest) -> _Reply | None:
         """One GetElements call; None if the worker cannot be reached (only a failed RPC means
         that)."""
+        sent, offer = self._shm.ask(worker.address, request.to_header())
         try:
             frame = worker.call_frame(
-                "GetElements",
-                encode_frame(self._shm.ask(worker.address, request.to_header())),
-                timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S,
+                "GetElements", encode_frame(sent), timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S
             )
         except UnavailableError:
             self._shm.lost(worker.address)
             return None
         header, buffers = decode_frame(frame)
-        buffers = self._shm.received(worker.address, header, buffers)
+        buffers = self._shm.received(worker.address, header, buffers, offer)
         reply = ElementsReply.from_header(header)
         return _Reply(reply, [] if reply.meta is None else unpack_elements(reply.meta, buffers))
 
