@@ -17,6 +17,7 @@ import pytest
 
 from feedline._net.wire import decode_frame
 from feedline.data import Dataset
+from feedline.errors import InvalidArgumentError
 from feedline.service import distribute
 from feedline.service import shm as _shm
 from feedline.service.client import job_reader as _job_reader
@@ -161,7 +162,7 @@ def test_round_robin_reads_go_through_shared_memory(
     iterator.close()
     assert takes and all(np.all(e == e[0]) for e in got)
     assert all(w._shm.mapped() == 1 for w in cluster.workers)  # one arena per worker
-    del got
+    del got, iterator  # what the reader still holds maps its arenas
     for worker in cluster.workers:  # as when the job's tasks end
         worker._shm.close()
     assert arenas() == []
@@ -240,6 +241,7 @@ def test_a_worker_that_forgot_an_arena_gets_a_new_one(
     assert len(set(first + later)) == 40
     assert len(takes) > seen + 10  # through a new arena, after a refusal and a reply over gRPC
     worker._shm.close()  # as when the job's task ends
+    del iterator
     assert arenas() == []
 
 
@@ -315,6 +317,39 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
         segments.close()
 
 
+def test_several_offers_out_at_once_each_hold_their_place() -> None:
+    identity = _shm.host_identity() or ""
+    segments = _shm.WorkerSegments(True)
+    arena = _shm._Arena(1000)
+    try:
+        (offer_a, start_a), (offer_b, start_b) = arena.offer(identity), arena.offer(identity)
+        assert abs(start_a - start_b) >= 1000  # their places do not overlap
+        replies = {}
+        for offer, value in ((offer_b, 2), (offer_a, 1)):  # written in either order
+            header, _ = decode_frame(
+                segments.reply(offer, 7, {}, [np.full(1000, value, np.uint8)], None)
+            )
+            replies[value] = header["shm"]
+        (view_b,) = arena.take(replies[2], start_b)
+        (view_a,) = arena.take(replies[1], start_a)
+        assert set(np.frombuffer(view_a, np.uint8)) == {1}
+        assert set(np.frombuffer(view_b, np.uint8)) == {2}
+        with pytest.raises(InvalidArgumentError):  # an offer is taken once
+            arena.take(replies[1], start_a)
+        # A reply that did not come through the arena gives its place up.
+        channels = _shm.ConsumerChannels(True, 1000)
+        channels._channel("w").arena = arena  # type: ignore[union-attr]
+        request, offer = channels.ask("w", {"task_id": 7})
+        assert offer is not None and request["shm"]["offset"] == _shm.DATA_OFFSET + offer.start
+        small = memoryview(b"over grpc")
+        assert channels.received("w", {}, [small], offer) == [small]
+        again = arena.offer(identity)
+        assert again is not None and again[1] == offer.start
+    finally:
+        arena.close_descriptor()
+        segments.close()
+
+
 # -- worker processes ---------------------------------------------------------------------------
 
 
@@ -364,7 +399,6 @@ def test_no_arena_is_left_after_a_run_in_worker_processes(takes: list[int]) -> N
 
 
 def test_an_arena_of_another_user_or_open_to_others_is_refused() -> None:
-    identity = _shm.host_identity() or ""
     arena = _shm._Arena(1 << 16)
     assert arena.fd is not None
     try:

@@ -186,6 +186,7 @@ class _Arena:
         self._kept: collections.deque[list[int]] = collections.deque()
         self._gone: collections.deque[int] = collections.deque()
         self._done: set[int] = set()
+        self._out: set[int] = set()  # the starts of the offers not taken nor cancelled yet
         #: Replies handed on in place, and copied out because the ring was full (for tests).
         self.kept = self.copied = 0
 
@@ -198,6 +199,7 @@ class _Arena:
         if start is None:
             return None
         self._kept.append([start, start + self.reply_bytes])
+        self._out.add(start)
         offer = {
             "host": identity,
             "name": self.name,
@@ -256,9 +258,11 @@ class _Arena:
             self._reclaim()
 
     def _offered(self, start: int) -> list[int] | None:
-        """The ring's entry of an offer of ``start`` not taken or cancelled yet."""
-        if start in self._done:
+        """The ring's entry of the offer of ``start``, which is taken or cancelled now (None
+        if there is no such offer out)."""
+        if start not in self._out:
             return None
+        self._out.discard(start)
         for entry in self._kept:
             if entry[0] == start:
                 return entry
