@@ -2,7 +2,7 @@
 
 Loopback gRPC moves about 1 GB/s, and a large element need not cross it when the consumer and
 the worker run on the same host. The consumer then offers the worker an *arena*: a segment of
-shared memory that the consumer creates under ``/dev/shm``. The worker writes a reply's element
+shared memory that the consumer creates (``memfd_create``). The worker writes a reply's element
 buffers into the arena, and the ``GetElements`` reply, still sent over gRPC, carries only the
 header. Across hosts, or whenever an offer does not hold, replies carry their buffers over
 gRPC as before.
@@ -107,6 +107,8 @@ UNKNOWN = "unknown"
 #: The refusal of an arena that may shrink (a mapping of it would not be safe).
 UNSEALED = "arena not sealed"
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+# A buffer of at least this many bytes is copied into an arena without the GIL.
+_LARGE_COPY = 64 << 10
 
 
 def host_identity() -> str | None:
@@ -502,11 +504,14 @@ class _Mapped:
             return None
         if total:
             target = np.frombuffer(arena, np.uint8, total, offset)
-            position = 0
+            position = offset
             for view, count in zip(views, sizes, strict=True):
-                if count:
-                    target[position : position + count] = np.frombuffer(view.cast("B"), np.uint8)
-                    position += count
+                if count >= _LARGE_COPY:  # NumPy copies without the GIL
+                    start = position - offset
+                    target[start : start + count] = np.frombuffer(view.cast("B"), np.uint8)
+                elif count:  # cheaper per buffer, under the GIL
+                    arena[position : position + count] = view.cast("B")
+                position += count
             del target
         return sizes
 
