@@ -34,6 +34,7 @@ _AHEAD = 4
 # A request of a consumer that holds elements (it asked for the next reply while it still had
 # some to hand out) waits up to this long for the reply to fill: fewer, fuller replies.
 _LINGER_S = 0.002
+_LINGER_STEP_S = 0.0005
 # A consumer whose request got nothing counts as waiting for this long after.
 _HUNGRY_S = 0.05
 # A task of a shared job hands out nothing for this long after the first request, unless every
@@ -129,8 +130,9 @@ class TaskReplies:
                 self._waiting[consumer] -= 1
                 if not self._waiting[consumer]:
                     del self._waiting[consumer]
-            if limit > 1 and held > 0:
-                self._linger(limit, max_bytes, min(deadline, time.monotonic() + _LINGER_S))
+        if limit > 1 and held > 0:  # outside the lock: the producer goes on meanwhile
+            self._linger(limit, max_bytes, min(deadline, time.monotonic() + _LINGER_S))
+        with buffer.cond:
             elements, taken = buffer.take_many(limit, max_bytes, tags)
             if not elements:
                 ending = None if len(buffer) else buffer.ending()
@@ -165,15 +167,24 @@ class TaskReplies:
         return 0
 
     def _linger(self, limit: int, max_bytes: int, until: float) -> None:
-        """(Under the lock, with elements buffered.) Waits until ``limit`` elements or
-        ``max_bytes`` are buffered, the input ends, or ``until``: a consumer that holds
-        elements to go on with gets them in fewer, fuller replies."""
+        """Waits until ``limit`` elements or ``max_bytes`` are buffered, the input ends, or
+        ``until``: a consumer that holds elements to go on with gets them in fewer, fuller
+        replies. It looks every ``_LINGER_STEP_S`` rather than at each element put, which
+        would wake it for every small element."""
         buffer = self._buffer
-        while len(buffer) < limit and buffer.nbytes < max_bytes:
+        while True:
+            with buffer.cond:
+                if (
+                    len(buffer) >= limit
+                    or buffer.nbytes >= max_bytes
+                    or buffer.ended
+                    or buffer.stopped
+                ):
+                    return
             remaining = until - time.monotonic()
-            if remaining <= 0 or buffer.ended or buffer.stopped:
+            if remaining <= 0:
                 return
-            buffer.cond.wait(remaining)
+            time.sleep(min(remaining, _LINGER_STEP_S))
 
     def _share(self, consumer: int, held: int, wanted: int) -> int:
         """(Under the lock, with elements buffered.) How many ``consumer``, which holds
