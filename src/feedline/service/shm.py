@@ -647,7 +647,8 @@ class WorkerSegments:
             return len(self._mapped)
 
     def close(self) -> None:
-        """Closes every arena not in use (one in use is closed when its reply is done)."""
+        """Unmaps every arena not in use (one in use is unmapped once its reply is written
+        and nothing refers to it)."""
         with self._lock:
             mapped, self._mapped = list(self._mapped.values()), {}
             self._enabled = False
