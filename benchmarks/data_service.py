@@ -181,6 +181,10 @@ class Run:
     seconds: float
     start_seconds: float  # servers up, dataset built, first element received
     warmup_elements: int
+    # CPU time of this process (all its threads) over the timed part: with in-process
+    # workers, everything the transfer cost, whatever share of the CPUs the machine's load
+    # left it.
+    cpu_seconds: float = 0.0
 
 
 def consume(
@@ -202,16 +206,18 @@ def consume(
             next(iterator)
             warm += 1
         begin = now = time.perf_counter()
+        cpu = time.process_time()
         while now - begin < min_seconds:
             next(iterator)
             count += 1
             now = time.perf_counter()
+        cpu = time.process_time() - cpu
     except StopIteration:
         raise RuntimeError(
             f"the dataset of {RANGE:,} elements ended after {warm} warm-up and {count} timed "
             f"elements, {time.perf_counter() - started:.1f} s after the run started"
         ) from None
-    return Run(count, now - begin, first - started, warm)
+    return Run(count, now - begin, first - started, warm, cpu)
 
 
 Session = Callable[[], contextlib.AbstractContextManager[Iterator[Any]]]
@@ -254,7 +260,9 @@ def repeat_group(
 
 def summarize(row: Row, runs: list[dict[str, Any]], failures: list[str]) -> dict[str, Any]:
     rates = [r["elements"] / r["seconds"] for r in runs]
+    cpu = [r["cpu_seconds"] / r["elements"] for r in runs if r.get("elements")]
     return {
+        "cpu_per_element": min(cpu) if cpu else None,
         "elements_per_s": max(rates),
         "elements_per_s_median": statistics.median(rates),
         "elements_per_s_all": rates,
@@ -475,16 +483,20 @@ def memcpy_rate(row: Row, repetitions: int) -> dict[str, Any] | None:
     sources = np.arange(count * size, dtype=np.float32).reshape(count, size)
     targets = np.zeros_like(sources)
     rates = []
+    cpu = []
     for _ in range(repetitions):
         copies = 0
         begin = now = time.perf_counter()
+        started = time.thread_time()
         while now - begin < MEMCPY_SECONDS:
             for i in range(count):
                 np.copyto(targets[i], sources[i])
             copies += count
             now = time.perf_counter()
         rates.append(copies / (now - begin))
+        cpu.append((time.thread_time() - started) / copies)
     return {
+        "cpu_per_element": min(cpu),
         "elements_per_s": max(rates),
         "mb_per_s": max(rates) * row.element_bytes / 1e6,
         "elements_per_s_all": rates,
@@ -502,6 +514,10 @@ def _fmt(value: float | None, unit: str) -> str:
 
 def _ratio(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def _us(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e6:,.1f}"
 
 
 def _x(value: float | None) -> str:
@@ -542,6 +558,23 @@ def print_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             f"{_ratio(shm, tf)} | {_ratio(grpc, tf)} | {_fmt(copy, row.unit)} | "
             f"{_ratio(shm, copy)} | {target_text} |"
         )
+    cpu_rows = [(row, line) for row, line in lines.items() if not row.process_workers]
+    if any((line.get("shm") or {}).get("cpu_per_element") for _, line in cpu_rows):
+        print(
+            "\nCPU time per element (this process, all threads: in-process workers) against "
+            "a memcpy's, whatever share of the CPUs the load left each\n"
+        )
+        print("| row | workers | compression | feedline shm µs | feedline gRPC µs | memcpy µs "
+              "| memcpy / shm |")  # fmt: skip
+        print("|---|---|---|---:|---:|---:|---:|")
+        for row, line in cpu_rows:
+            shm = (line.get("shm") or {}).get("cpu_per_element")
+            grpc = (line.get("grpc") or {}).get("cpu_per_element")
+            copy = (line.get("memcpy") or {}).get("cpu_per_element")
+            print(
+                f"| {row.scenario} | {row.workers} | {row.compression} | {_us(shm)} | "
+                f"{_us(grpc)} | {_us(copy)} | {_ratio(copy, shm)} |"
+            )
     notes = [f"{e['row'].label}: {e['note']}" for e in results if e.get("note")]
     for entry in results:
         sides = [("feedline", "feedline")]

@@ -114,12 +114,17 @@ class ServiceProcesses:
         utime, stime = fields.split()[11:13]
         return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
-    def rss_bytes(self, name: str) -> int:
-        """The resident memory of server ``name`` now (Linux ``/proc``)."""
+    def rss_bytes(self, name: str, shared: bool = True) -> int:
+        """The resident memory of server ``name`` now (Linux ``/proc``); without the shared
+        memory it maps (``RssShmem``: consumers' arenas, which are theirs) unless ``shared``."""
+        fields = {}
         for line in Path(f"/proc/{self._groups[name].pid(name)}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no VmRSS for {name}")
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
+        if "VmRSS" not in fields:
+            raise RuntimeError(f"no VmRSS for {name}")
+        return fields["VmRSS"] - (0 if shared else fields.get("RssShmem", 0))
 
     def run(
         self, code: str, processes: Sequence[tuple[str, Mapping[str, str]]], **kw: Any

@@ -1,13 +1,13 @@
 """Replies through shared memory (``feedline/service/shm.py``): the same elements as over gRPC,
-the fallbacks, and nothing left in ``/dev/shm``, with in-process workers and with ``feedline
-worker`` processes killed mid-stream. Every wait has a timeout."""
+the fallbacks, the checks of hostile arenas, and no arena descriptor left open, with in-process
+workers and with ``feedline worker`` processes killed mid-stream. Every wait has a timeout."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 
 from feedline._net.wire import decode_frame
 from feedline.data import Dataset
+from feedline.errors import InvalidArgumentError
 from feedline.service import distribute
 from feedline.service import shm as _shm
 from feedline.service.client import job_reader as _job_reader
@@ -25,14 +26,24 @@ from tests.service.procs import ServiceProcesses, read_in_thread
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(_shm.host_identity() is None, reason="no /dev/shm on this host"),
+    pytest.mark.skipif(_shm.host_identity() is None, reason="no sealable shared memory here"),
 ]
 
 
-def arenas() -> list[str]:
-    """The arenas of this process in ``/dev/shm`` (its consumers create them)."""
-    mine = f"{_shm.PREFIX}{_shm._pid_namespace()}-{os.getpid()}-"
-    return sorted(name for name in os.listdir(_shm.SHM_DIR) if name.startswith(mine))
+def arenas(timeout: float = 30.0) -> list[str]:
+    """The arenas this process still holds a descriptor of, once what it read is gone (a
+    mapping holds one: a consumer's while one of its elements lives, an in-process worker's
+    until the task ends), waiting up to ``timeout`` for them to go; and any feedline file in
+    ``/dev/shm`` (there should never be one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        held = _shm.arena_descriptors()
+        if not held or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    left = [name for name in os.listdir("/dev/shm") if name.startswith(_shm.PREFIX)]
+    return held + sorted(left)
 
 
 @pytest.fixture
@@ -42,8 +53,8 @@ def takes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = _shm._Arena.take
 
-    def take(self: Any, shm: Any) -> list[memoryview]:
-        buffers = original(self, shm)
+    def take(self: Any, shm: Any, start: int) -> list[memoryview]:
+        buffers = original(self, shm, start)
         calls.append(len(buffers))
         return buffers
 
@@ -79,6 +90,13 @@ def assert_same(a: Any, b: Any) -> None:
         assert left.tolist() == right.tolist(), key
 
 
+def offer_of(arena: Any) -> dict[str, Any]:
+    """An offer of ``arena`` (which then holds its place in the ring)."""
+    made = arena.offer(_shm.host_identity() or "")
+    assert made is not None
+    return made[0]
+
+
 def read(cluster: Cluster, dataset: Dataset, **kw: Any) -> list[Any]:
     return list(dataset.apply(distribute("distributed_epoch", cluster.target, **kw)))
 
@@ -100,6 +118,7 @@ def test_elements_are_the_same_through_shared_memory_and_grpc(
         assert_same(element, by_index[index])
         expected = {k: v.encode() if isinstance(v, str) else v for k, v in mixed(index).items()}
         assert_same(element, {k: np.asarray(v) for k, v in expected.items()})
+    del through_shm, element
     assert arenas() == []
 
 
@@ -114,6 +133,7 @@ def test_elements_stay_valid_after_their_arena_is_written_again(
     assert sorted(int(e[0]) for e in kept) == list(range(400))
     for element in kept:  # each still holds its own values: copied out of the arena
         np.testing.assert_array_equal(element, np.arange(25_000, dtype=np.float32) + element[0])
+    del kept, element
     assert arenas() == []
     # The job ended: its tasks stop and their workers unmap its arenas.
     deadline = time.monotonic() + 30
@@ -142,6 +162,9 @@ def test_round_robin_reads_go_through_shared_memory(
     iterator.close()
     assert takes and all(np.all(e == e[0]) for e in got)
     assert all(w._shm.mapped() == 1 for w in cluster.workers)  # one arena per worker
+    del got, iterator  # what the reader still holds maps its arenas
+    for worker in cluster.workers:  # as when the job's tasks end
+        worker._shm.close()
     assert arenas() == []
 
 
@@ -188,6 +211,7 @@ def test_a_reply_larger_than_the_arena_goes_over_grpc(
     assert sorted(int(e[0]) for e in got) == list(range(40))
     assert all(np.all(e == e[0]) and e.size == (40_000 if e[0] % 2 else 10) for e in got)
     assert takes and len(takes) < 40  # the small ones came through it, the large ones did not
+    del got
     assert arenas() == []
 
 
@@ -216,43 +240,41 @@ def test_a_worker_that_forgot_an_arena_gets_a_new_one(
     iterator.close()
     assert len(set(first + later)) == 40
     assert len(takes) > seen + 10  # through a new arena, after a refusal and a reply over gRPC
+    worker._shm.close()  # as when the job's task ends
+    del iterator
     assert arenas() == []
-
-
-def test_the_arenas_of_a_killed_consumer_are_removed() -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
-    pid = int(dead.stdout)
-    namespace = _shm._pid_namespace()
-    name = f"{_shm.PREFIX}{namespace}-{pid}-{'ab' * 8}"
-    mine = f"{_shm.PREFIX}{namespace}-{os.getpid()}-{'cd' * 8}"
-    for leftover in (name, mine):
-        (_shm.SHM_DIR / leftover).write_bytes(b"x")
-    try:
-        assert _shm.sweep_dead_arenas() == [name]
-        assert arenas() == [mine]
-    finally:
-        for leftover in (name, mine):
-            (_shm.SHM_DIR / leftover).unlink(missing_ok=True)
 
 
 def test_an_offer_that_names_another_file_is_refused(tmp_path: Any) -> None:
     segments = _shm.WorkerSegments(True)
     identity = _shm.host_identity()
-    bad = [
-        {"host": identity, "name": "../etc/passwd", "nonce": "0" * 32, "offset": 4096, "size": 1},
-        {"host": identity, "name": f"{_shm.PREFIX}1-1-{'0' * 16}", "nonce": "x", "offset": 0},
-    ]
-    assert [segments._acquire(offer)[1] for offer in bad] == ["malformed offer"] * 2
     arena = _shm._Arena(1 << 16)
-    try:
-        wrong_nonce = {**arena.offer(identity or ""), "nonce": "ff" * 16}
-        assert segments._acquire(wrong_nonce) == (None, "nonce differs")
-        mapped, why = segments._acquire(arena.offer(identity or ""))
-        assert mapped is not None and why == ""
-    finally:
-        arena.unlink()
-        segments.close()
+    made = arena.offer(identity or "")
+    assert made is not None
+    good = made[0]
+    other = f"{_shm.PREFIX}{_shm._pid_namespace() + 1}-{os.getpid()}-{'0' * 16}"
+    bad = [
+        {**good, "name": "../etc/passwd"},
+        {**good, "nonce": "x"},
+        {**good, "pid": os.getpid() + 1},  # not the pid in the name
+        {**good, "fd": "3"},
+    ]
+    with open(tmp_path / "plain", "wb") as plain:
+        try:
+            assert [segments._acquire(offer)[1] for offer in bad] == ["malformed offer"] * 4
+            assert segments._acquire({**good, "name": other, "pid": os.getpid()}) == (
+                None,
+                "another pid namespace",
+            )
+            # Another file behind the descriptor number offered (closed and reused).
+            assert segments._acquire({**good, "fd": plain.fileno()}) == (None, _shm.UNKNOWN)
+            wrong_nonce = {**good, "nonce": "ff" * 16}
+            assert segments._acquire(wrong_nonce) == (None, "nonce differs")
+            mapped, why = segments._acquire(good)
+            assert mapped is not None and why == ""
+        finally:
+            arena.close_descriptor()
+            segments.close()
 
 
 def test_the_ring_keeps_replies_while_their_elements_live() -> None:
@@ -262,13 +284,14 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
     held: list[tuple[int, np.ndarray]] = []
 
     def fetch(value: int, count: int) -> np.ndarray:
-        offer = arena.offer(identity)
-        assert offer is not None
+        made = arena.offer(identity)
+        assert made is not None
+        offer, start = made
         leaf = np.full(count, value, np.uint8)
         frame = segments.reply(offer, 7, {"n": value}, [leaf], None)
         header, buffers = decode_frame(frame)
         assert header["n"] == value and buffers == []
-        (view,) = arena.take(header["shm"])
+        (view,) = arena.take(header["shm"], start)
         return np.frombuffer(view, np.uint8)
 
     try:
@@ -290,7 +313,40 @@ def test_the_ring_keeps_replies_while_their_elements_live() -> None:
         segments.forget_task(7)
         assert segments.mapped() == 0
     finally:
-        arena.unlink()
+        arena.close_descriptor()
+        segments.close()
+
+
+def test_several_offers_out_at_once_each_hold_their_place() -> None:
+    identity = _shm.host_identity() or ""
+    segments = _shm.WorkerSegments(True)
+    arena = _shm._Arena(1000)
+    try:
+        (offer_a, start_a), (offer_b, start_b) = arena.offer(identity), arena.offer(identity)
+        assert abs(start_a - start_b) >= 1000  # their places do not overlap
+        replies = {}
+        for offer, value in ((offer_b, 2), (offer_a, 1)):  # written in either order
+            header, _ = decode_frame(
+                segments.reply(offer, 7, {}, [np.full(1000, value, np.uint8)], None)
+            )
+            replies[value] = header["shm"]
+        (view_b,) = arena.take(replies[2], start_b)
+        (view_a,) = arena.take(replies[1], start_a)
+        assert set(np.frombuffer(view_a, np.uint8)) == {1}
+        assert set(np.frombuffer(view_b, np.uint8)) == {2}
+        with pytest.raises(InvalidArgumentError):  # an offer is taken once
+            arena.take(replies[1], start_a)
+        # A reply that did not come through the arena gives its place up.
+        channels = _shm.ConsumerChannels(True, 1000)
+        channels._channel("w").arena = arena  # type: ignore[union-attr]
+        request, offer = channels.ask("w", {"task_id": 7})
+        assert offer is not None and request["shm"]["offset"] == _shm.DATA_OFFSET + offer.start
+        small = memoryview(b"over grpc")
+        assert channels.received("w", {}, [small], offer) == [small]
+        again = arena.offer(identity)
+        assert again is not None and again[1] == offer.start
+    finally:
+        arena.close_descriptor()
         segments.close()
 
 
@@ -318,6 +374,7 @@ def test_a_worker_killed_mid_stream_leaves_nothing_behind(takes: list[int]) -> N
         for element in got + rest:  # never a half element
             assert element.shape == (65_536,) and np.all(element == element[0])
         assert not cluster.alive(workers[0])
+        del got, rest, element
     assert arenas() == []
 
 
@@ -334,6 +391,7 @@ def test_no_arena_is_left_after_a_run_in_worker_processes(takes: list[int]) -> N
         assert sorted(int(a[0]) for a, _ in got) == list(range(300))
         assert all(s.item() == b"%d" % int(a[0]) and np.all(a == a[0]) for a, s in got)
         assert takes
+        del got
     assert arenas() == []
 
 
@@ -341,52 +399,58 @@ def test_no_arena_is_left_after_a_run_in_worker_processes(takes: list[int]) -> N
 
 
 def test_an_arena_of_another_user_or_open_to_others_is_refused() -> None:
-    identity = _shm.host_identity() or ""
     arena = _shm._Arena(1 << 16)
+    assert arena.fd is not None
     try:
-        os.chmod(arena.path, 0o644)  # readable by every user of the host
+        os.fchmod(arena.fd, 0o644)  # readable by every user of the host
         refused = _shm.WorkerSegments(True)
-        assert refused._acquire(arena.offer(identity)) == (None, "arena open to other users")
+        assert refused._acquire(offer_of(arena)) == (None, "arena open to other users")
         refused.close()
-        os.chmod(arena.path, 0o600)
+        os.fchmod(arena.fd, 0o600)
         if os.geteuid() == 0:  # a file of another user (nobody), offered under this user's id
-            os.chown(arena.path, 65534, -1)
+            os.fchown(arena.fd, 65534, -1)
             other = _shm.WorkerSegments(True)
-            mapped, why = other._acquire(arena.offer(identity))
+            mapped, why = other._acquire(offer_of(arena))
             assert mapped is None and why == "arena owned by another user (uid 65534)"
             other.close()
-            os.chown(arena.path, os.geteuid(), -1)
+            os.fchown(arena.fd, os.geteuid(), -1)
         accepted = _shm.WorkerSegments(True)
-        mapped, why = accepted._acquire(arena.offer(identity))
+        mapped, why = accepted._acquire(offer_of(arena))
         assert mapped is not None and why == ""
         accepted.close()
     finally:
-        arena.unlink()
+        arena.close_descriptor()
 
 
-def test_a_shrunk_arena_is_refused_and_never_written_past_its_end() -> None:
+def test_an_arena_that_may_shrink_is_never_mapped() -> None:
+    # A shared-memory file that looks like an arena in every other way but carries no seal:
+    # it could shrink under a mapping (SIGBUS), so the worker refuses it and serves over gRPC.
     identity = _shm.host_identity() or ""
+    name = f"{_shm.PREFIX}{_shm._pid_namespace()}-{os.getpid()}-{'ab' * 8}"
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     segments = _shm.WorkerSegments(True)
-    arena = _shm._Arena(1 << 16)
     try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, _shm.DATA_OFFSET + 4096)
+        nonce = b"n" * 16
+        os.pwrite(fd, nonce, 0)
+        offer = {"host": identity, "name": name, "pid": os.getpid(), "fd": fd,
+                 "nonce": nonce.hex(), "offset": _shm.DATA_OFFSET, "size": 4096}  # fmt: skip
         leaf = np.full(1000, 7, np.uint8)
-        offer = arena.offer(identity)
-        header, _ = decode_frame(segments.reply(offer, 1, {}, [leaf], None))
-        assert "shm" in header  # mapped, and written
-        os.truncate(arena.path, 100)  # what another process may do at any time
-        header, buffers = decode_frame(segments.reply(arena.offer(identity), 1, {}, [leaf], None))
-        assert header["shm_refused"] == "arena shrank"
+        header, buffers = decode_frame(segments.reply(offer, 1, {}, [leaf], None))
+        assert header["shm_refused"] == _shm.UNSEALED and segments.mapped() == 0
         assert bytes(buffers[0]) == leaf.tobytes()  # over gRPC instead
-        assert os.stat(arena.path).st_size == 100
+        assert os.pread(fd, 8, _shm.DATA_OFFSET) == bytes(8)  # never written
     finally:
-        arena.unlink()
+        os.close(fd)
         segments.close()
 
 
-def test_a_worker_process_survives_an_arena_truncated_by_another_process() -> None:
+def test_no_process_can_shrink_an_arena_that_a_worker_process_maps() -> None:
     # A consumer (this process, by hand) offers a worker process an arena, which another
-    # process then truncates to nothing, again and again. The worker must neither die of
-    # SIGBUS nor write into it: it answers over gRPC, and serves on.
+    # process then tries to truncate, again and again: the seal refuses it every time, and
+    # the worker (which would die of SIGBUS if it could shrink under its mapping) serves on
+    # through the arena.
     from feedline._net.rpc import RpcClient
     from feedline.service import register_dataset
     from feedline.service.protocol import (
@@ -411,27 +475,31 @@ def test_a_worker_process_survives_an_arena_truncated_by_another_process() -> No
         ((task_id, address, _),) = job["tasks"]
         to_worker = RpcClient(address, WORKER_SERVICE)
         arena = _shm._Arena(1 << 20)
-        through_shm = refused = 0
+        path = f"/proc/{os.getpid()}/fd/{arena.fd}"
+        through_shm = 0
         try:
-            for step in range(40):
-                offer = arena.offer(identity)
-                assert offer is not None
-                request = GetElementsRequest(task_id, wait_ms=1000, shm=offer)
-                header, buffers = to_worker.call("GetElements", request.to_header(), timeout=30)
+            for _ in range(20):
+                made = arena.offer(identity)
+                assert made is not None
+                request = GetElementsRequest(task_id, wait_ms=1000, shm=made[0])
+                header, _ = to_worker.call("GetElements", request.to_header(), timeout=30)
                 if "shm" in header:
                     through_shm += 1
-                    arena.take(header["shm"])  # never read: the file shrinks under it
+                    (view,) = arena.take(header["shm"], made[1])
+                    element = np.frombuffer(view, np.uint8)
+                    assert element.size == 8192 and np.all(element == element[0])
+                    del view, element
                 else:
-                    refused += header.get("shm_refused") == "arena shrank"
-                    assert len(buffers) == 1 and bytes(buffers[0])[:1] != b""
-                if step % 2 == 0:  # another process shrinks it, and grows it back
-                    subprocess.run(["truncate", "-s", "0", str(arena.path)], check=True)
-                else:
-                    size = _shm.DATA_OFFSET + arena.size
-                    subprocess.run(["truncate", "-s", str(size), str(arena.path)], check=True)
+                    arena.cancel(made[1])
+                    assert "shm_refused" not in header and header.get("meta") is None
+                shrink = subprocess.run(
+                    ["truncate", "-s", "0", path], capture_output=True, text=True, timeout=30
+                )
+                assert shrink.returncode != 0, "a sealed arena was truncated"
+                assert os.fstat(arena.fd).st_size == _shm.DATA_OFFSET + arena.size
             assert cluster.alive(worker)
         finally:
-            arena.unlink()
+            arena.close_descriptor()
             to_worker.close()
             dispatcher.close()
-        assert through_shm >= 1 and refused >= 10
+        assert through_shm >= 10

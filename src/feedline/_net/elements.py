@@ -204,6 +204,19 @@ def unpack_elements(meta: dict[str, Any], buffers: Sequence[memoryview]) -> list
             f"element meta describes {needed} buffers but the frame holds {len(buffers)}"
         )
     frombuffer = np.frombuffer
+    only = plans[0][0] if len(plans) == 1 and len(plans[0]) == 1 else None
+    if only is not None and only[0] is not None:
+        # Elements of one numeric leaf each (a hot path): a buffer per element.
+        kind, dims, reshaped, size = only[0], only[1], only[2], only[3]
+        for buffer in buffers:
+            if buffer.nbytes != size:
+                raise InvalidArgumentError(
+                    f"element meta says a {kind.str} leaf of shape {dims} ({size} bytes) "
+                    f"but its buffer holds {buffer.nbytes} bytes"
+                )
+        if reshaped:
+            return [[frombuffer(buffer, kind).reshape(dims)] for buffer in buffers]
+        return [[frombuffer(buffer, kind)] for buffer in buffers]
     elements = []
     position = 0
     for i in order:

@@ -2,7 +2,7 @@
 
 Loopback gRPC moves about 1 GB/s, and a large element need not cross it when the consumer and
 the worker run on the same host. The consumer then offers the worker an *arena*: a segment of
-shared memory that the consumer creates under ``/dev/shm``. The worker writes a reply's element
+shared memory that the consumer creates (``memfd_create``). The worker writes a reply's element
 buffers into the arena, and the ``GetElements`` reply, still sent over gRPC, carries only the
 header. Across hosts, or whenever an offer does not hold, replies carry their buffers over
 gRPC as before.
@@ -10,24 +10,28 @@ gRPC as before.
 One fetch thread of a consumer and one worker make a *channel*:
 
 1. The first replies travel over gRPC. Once one of them carried at least ``OFFER_BYTES`` of
-   buffers, the consumer creates an arena (``/dev/shm/feedline-shm-<pidns>-<pid>-<random>``,
-   mode 0600, its pages allocated up front): a page for the nonce, then a ring with room for
-   ``RING_REPLIES`` replies of the most bytes a reply may carry. From then on each request
-   offers a free run of the ring: ``"shm": {"host", "name", "nonce", "offset", "size"}``.
-2. The worker takes the offer only if ``host`` equals its own ``host_identity()`` (the kernel's
-   boot id, the device and inode of ``/dev/shm``, the user id), it can open the segment, the
-   segment is a regular file owned by the worker's user and closed to every other user (mode
-   0600, as the consumer creates it: a file another user made or may open is refused), and
-   it begins with ``nonce``. It opens the segment once and keeps the descriptor. It never
-   maps it: it writes with ``pwritev`` after checking the file's size (``fstat``), so that a
-   segment shrunk by another process (which would kill a process writing into a mapping of
-   it with SIGBUS) is refused (``"arena shrank"``) or, shrunk during the write, only grows
-   back.
-3. A reply whose buffers fit in ``size`` bytes is written into the arena in full; only then is
-   the header sent, with ``"shm": {"name", "sizes"}``. A reply that does not fit (one element
-   larger than the arena) goes over gRPC. A refused offer is answered over gRPC with
-   ``"shm_refused": reason``, and the consumer stops offering on that channel; if the reason is
-   ``"unknown"`` (the worker has dropped an arena it had used) it offers a new arena instead.
+   buffers, the consumer creates an arena: an anonymous shared-memory file (``memfd_create``,
+   named ``feedline-shm-<pidns>-<pid>-<random>``, mode 0600, its pages allocated up front)
+   sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``): a
+   page for the nonce, then a ring with room for ``RING_REPLIES`` replies of the most bytes a
+   reply may carry. From then on each request offers a free run of the ring: ``"shm":
+   {"host", "name", "pid", "fd", "nonce", "offset", "size"}``.
+2. The worker takes the offer only if ``host`` equals its own ``host_identity()`` (the
+   kernel's boot id, the pid namespace, the user id), it can open the consumer's descriptor
+   (``/proc/<pid>/fd/<fd>``, which the kernel allows only to processes that may inspect the
+   consumer), the file opened is the memfd of that ``name``, a regular file owned by the
+   worker's user and closed to every other user (mode 0600, as the consumer creates it: a
+   file another user made or may open is refused), sealed against shrinking, and it begins
+   with ``nonce``. It then maps the arena once and closes the descriptor. The seal is what
+   makes the mapping safe: a file that shrinks under a mapping kills the process that touches
+   the lost pages with SIGBUS, and no process, the consumer included, can shrink a sealed
+   file (an unsealed one is refused: ``"arena not sealed"``).
+3. A reply whose buffers fit in ``size`` bytes is copied into the arena in full (a plain
+   memory copy, which releases the GIL); only then is the header sent, with ``"shm":
+   {"name", "sizes"}``. A reply that does not fit (one element larger than the arena) goes
+   over gRPC. A refused offer is answered over gRPC with ``"shm_refused": reason``, and the
+   consumer stops offering on that channel; if the reason is ``"unknown"`` (the worker has
+   dropped an arena it had used) it offers a new arena instead.
 4. The elements the consumer hands on are read-only views of the ring, and a reply's place in
    the ring is offered again only once every element of it is gone (a ``weakref.finalize`` on
    the reply's region), so elements stay valid however long they are kept. A reply that would
@@ -39,13 +43,12 @@ One fetch thread of a consumer and one worker make a *channel*:
 Compression does not apply to replies written into an arena: they are copied from memory to
 memory, and compressing them would only cost time.
 
-Nothing is left in ``/dev/shm``. The consumer unlinks an arena's name as soon as the worker has
-answered an offer of it (both sides keep their mappings; the memory is freed when both are
-gone), when a request fails, and when the reader is released. If a consumer is killed before
-any of those, the next consumer on the host that creates an arena removes the segment, since
-the process id in its name no longer exists. A worker closes an arena when the task whose
-replies it carried ends, when the worker stops, and when it has not used the arena for
-``IDLE_S`` seconds (checked whenever an offer comes).
+Nothing is left behind: an arena has no name in any file system, and its memory is freed when
+the last descriptor and mapping of it are gone, which the kernel does for a killed process. The
+consumer closes its descriptor as soon as the worker has answered an offer of it (both sides
+keep their mappings), when a request fails, and when the reader is released. A worker unmaps an
+arena when the task whose replies it carried ends, when the worker stops, and when it has not
+used the arena for ``IDLE_S`` seconds (checked whenever an offer comes).
 
 No half element reaches a consumer: the worker sends the header only after every byte of the
 reply is in the arena. A worker killed while writing sends nothing, the call fails as for any
@@ -61,6 +64,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import fcntl
 import logging
 import mmap
 import os
@@ -79,43 +84,47 @@ import numpy as np
 from feedline._net.wire import Compressor, encode_frame
 from feedline.errors import InvalidArgumentError
 
-__all__ = ["ConsumerChannels", "WorkerSegments", "host_identity"]
+__all__ = ["ConsumerChannels", "Offer", "WorkerSegments", "host_identity"]
 
 logger = logging.getLogger(__name__)
 
-SHM_DIR = Path("/dev/shm")
 PREFIX = "feedline-shm-"
 #: A reply must carry at least this many bytes of buffers before a channel offers an arena.
 OFFER_BYTES = 64 << 10
 #: An arena holds this many replies.
 RING_REPLIES = 4
-#: A worker closes an arena that it has not written for this long.
+#: A worker unmaps an arena that it has not written for this long.
 IDLE_S = 10.0
 #: The nonce sits at the start of an arena; the data begins one page in.
 _NONCE_BYTES = 16
 DATA_OFFSET = mmap.PAGESIZE
-_NAME_RE = re.compile(r"feedline-shm-[0-9]+-[0-9]+-[0-9a-f]{16}")
+_NAME_RE = re.compile(r"feedline-shm-([0-9]+)-([0-9]+)-[0-9a-f]{16}")
 _NONCE_RE = re.compile(r"[0-9a-f]{32}")
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # Refusal reasons: the consumer offers a new arena after "unknown" (if the worker had used the
 # old one), and stops offering on the channel after any other.
 UNKNOWN = "unknown"
-#: The refusal of an arena that is smaller than the place offered (another process shrank it).
-SHRANK = "arena shrank"
-# The most buffers one pwritev takes.
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+#: The refusal of an arena that may shrink (a mapping of it would not be safe).
+UNSEALED = "arena not sealed"
+_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+# A buffer of at least this many bytes is copied into an arena without the GIL.
+_LARGE_COPY = 64 << 10
 
 
 def host_identity() -> str | None:
-    """Who may share memory with whom: the kernel's boot id, the device and inode of
-    ``/dev/shm`` (the very file system, not one of the same name in another container) and
-    the user id; None where there is no ``/dev/shm`` or no boot id."""
+    """Who may share memory with whom: the kernel's boot id, the pid namespace (a worker
+    reaches an arena through the consumer's ``/proc/<pid>/fd``) and the user id; None where
+    there is no boot id, no pid namespace to name, or no sealable shared memory."""
+    if not hasattr(os, "memfd_create") or not _SEALS:
+        return None
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        shm = os.stat(SHM_DIR)
     except OSError:
         return None
-    return f"{boot_id}/{shm.st_dev}:{shm.st_ino}/{os.getuid()}"
+    namespace = _pid_namespace()
+    if not namespace:
+        return None
+    return f"{boot_id}/{namespace}/{os.getuid()}"
 
 
 def _pid_namespace() -> int:
@@ -125,35 +134,17 @@ def _pid_namespace() -> int:
         return 0
 
 
-def sweep_dead_arenas() -> list[str]:
-    """Removes the arenas of this pid namespace whose creator no longer runs (it was killed
-    before it unlinked them); the names removed."""
-    prefix = f"{PREFIX}{_pid_namespace()}-"
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(SHM_DIR))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not (entry.name.startswith(prefix) and _NAME_RE.fullmatch(entry.name)):
-            continue
-        pid = int(entry.name[len(prefix) :].split("-", 1)[0])
-        if pid == os.getpid() or _alive(pid):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry.path)
-            removed.append(entry.name)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def arena_descriptors() -> list[str]:
+    """The names of the arenas this process holds a descriptor of (for tests: a consumer
+    closes its own once the worker answered, a worker right after mapping)."""
+    names = []
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith(f"/memfd:{PREFIX}"):
+                    names.append(target[len("/memfd:") :].split(" ", 1)[0])
+    return sorted(names)
 
 
 # -- the consumer -----------------------------------------------------------------------------
@@ -162,63 +153,75 @@ def _alive(pid: int) -> bool:
 class _Arena:
     """A segment that a consumer created and offers to one worker: a ring of ``RING_REPLIES``
     replies' room, each reply written where the consumer offers (a free run of
-    ``reply_bytes``) and kept there while one of its elements lives (see ``take``)."""
+    ``reply_bytes``) and kept there while one of its elements lives (see ``take``).
+
+    Raises:
+      OSError: no shared memory can be made (none on this system, or not enough).
+    """
 
     def __init__(self, reply_bytes: int) -> None:
         self.reply_bytes = reply_bytes
         self.size = RING_REPLIES * reply_bytes
         self.name = f"{PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(8)}"
-        self.path = SHM_DIR / self.name
         self.used = False  # a reply came through it
-        self._linked = True
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.path, flags, 0o600)
+        fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            # Allocates the pages now: a full /dev/shm fails here, not as SIGBUS on a write.
+            os.fchmod(fd, 0o600)
+            # Allocates the pages now: a full tmpfs fails here, not as SIGBUS on a write.
             os.posix_fallocate(fd, 0, DATA_OFFSET + self.size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(fd, DATA_OFFSET + self.size, flags=_MAP_FLAGS)
         except BaseException:
-            self.unlink()
-            raise
-        finally:
             os.close(fd)
+            raise
+        #: The descriptor a worker opens the arena through (None once closed).
+        self.fd: int | None = fd
+        self._fd_lock = threading.Lock()
         self.nonce = secrets.token_bytes(_NONCE_BYTES)
         self._map[:_NONCE_BYTES] = self.nonce
         self._data = np.frombuffer(self._map, np.uint8, self.size, DATA_OFFSET)
-        # The ring: replies kept, oldest first, as [start, end); the starts of those whose
+        # The ring: places offered or kept, oldest first, as [start, end) (an offer holds
+        # ``reply_bytes`` until its reply says how much it took); the starts of those whose
         # elements are all gone (appended by finalizers, from any thread, at any time, so
-        # without a lock: they are taken in by the fetch thread, the arena's only user).
-        self._kept: collections.deque[tuple[int, int]] = collections.deque()
+        # without a lock: they are taken in by the fetch thread, the arena's only user), and
+        # of those given up (a reply that came over gRPC, or was copied out).
+        self._kept: collections.deque[list[int]] = collections.deque()
         self._gone: collections.deque[int] = collections.deque()
         self._done: set[int] = set()
-        self._offered: int | None = None
+        self._out: set[int] = set()  # the starts of the offers not taken nor cancelled yet
         #: Replies handed on in place, and copied out because the ring was full (for tests).
         self.kept = self.copied = 0
 
-    def offer(self, identity: str) -> dict[str, Any] | None:
-        """The offer of a free run of ``reply_bytes`` (None if the ring has none)."""
+    def offer(self, identity: str) -> tuple[dict[str, Any], int] | None:
+        """The offer of a free run of ``reply_bytes`` and where it starts in the ring (hold
+        on to it: ``take`` or ``cancel`` it), or None if the ring has none. Several offers
+        may be out at once (requests in flight); each holds its place until then."""
         self._reclaim()
         start = self._free_run()
-        self._offered = start
         if start is None:
             return None
-        return {
+        self._kept.append([start, start + self.reply_bytes])
+        self._out.add(start)
+        offer = {
             "host": identity,
             "name": self.name,
+            "pid": os.getpid(),
+            "fd": -1 if self.fd is None else self.fd,
             "nonce": self.nonce.hex(),
             "offset": DATA_OFFSET + start,
             "size": self.reply_bytes,
         }
+        return offer, start
 
-    def take(self, shm: Any) -> list[memoryview]:
-        """The buffers of a reply written into the arena at the last offer: read-only views
-        of the arena, which keep the reply's place in the ring until the last of them is
-        gone, while the ring keeps room for another reply after it; else a copy (the ring
-        is full of elements the consumer holds)."""
+    def take(self, shm: Any, start: int) -> list[memoryview]:
+        """The buffers of a reply written into the arena at the offer of ``start``:
+        read-only views of the arena, which keep the reply's place in the ring until the last
+        of them is gone, while the ring keeps room for another reply after it; else a copy
+        (the ring is full of elements the consumer holds)."""
         sizes = shm.get("sizes") if isinstance(shm, dict) else None
-        start = self._offered
+        entry = self._offered(start)
         if (
-            start is None
+            entry is None
             or not isinstance(sizes, list)
             or not all(type(s) is int and s >= 0 for s in sizes)
             or sum(sizes) > self.reply_bytes
@@ -228,18 +231,18 @@ class _Arena:
                 f"a reply through shared memory names arena {shm!r:.200}, but this consumer "
                 f"offered {self.reply_bytes} bytes of {self.name} at {start}"
             )
-        self._offered = None
         self._reclaim()
         total = sum(sizes)
-        self._kept.append((start, start + total))
+        entry[1] = start + total
         if total and self._free_run() is not None:
             region = self._data[start : start + total]
             weakref.finalize(region, self._gone.append, start)
             self.kept += 1
         else:
-            self._kept.pop()
             region = np.empty(total, np.uint8)
             np.copyto(region, self._data[start : start + total])
+            self._done.add(start)
+            self._reclaim()
             self.copied += 1
         region.flags.writeable = False  # as the views of a gRPC frame
         view = region.data  # read-only, as region is
@@ -250,14 +253,33 @@ class _Arena:
             position += size
         return buffers
 
+    def cancel(self, start: int) -> None:
+        """The reply to the offer of ``start`` did not come through the arena."""
+        if self._offered(start) is not None:
+            self._done.add(start)
+            self._reclaim()
+
+    def _offered(self, start: int) -> list[int] | None:
+        """The ring's entry of the offer of ``start``, which is taken or cancelled now (None
+        if there is no such offer out)."""
+        if start not in self._out:
+            return None
+        self._out.discard(start)
+        for entry in self._kept:
+            if entry[0] == start:
+                return entry
+        return None
+
     def _reclaim(self) -> None:
-        """Frees the oldest replies whose elements are gone (one gone behind an older reply
-        still held is freed after it)."""
+        """Frees the oldest and the newest places whose replies are done with (one between
+        places still held is freed after them)."""
         while self._gone:
             self._done.add(self._gone.popleft())
         kept, done = self._kept, self._done
         while kept and kept[0][0] in done:
             done.discard(kept.popleft()[0])
+        while kept and kept[-1][0] in done:  # the newest given up: its place is free again
+            done.discard(kept.pop()[0])
 
     def _free_run(self) -> int | None:
         """Where a free run of ``reply_bytes`` begins, or None."""
@@ -271,16 +293,25 @@ class _Arena:
             return 0 if head >= need else None
         return tail if head - tail >= need else None
 
-    def unlink(self) -> None:
-        """Removes the name; the mappings stay until both sides drop them. Idempotent."""
-        if self._linked:
-            self._linked = False
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+    def close_descriptor(self) -> None:
+        """Closes the descriptor a worker opens the arena through; the mappings stay until
+        both sides drop them. Idempotent."""
+        with self._fd_lock:  # the fetch thread and the reader's release may both close it
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
-    @property
-    def linked(self) -> bool:
-        return self._linked
+    def __del__(self) -> None:
+        if getattr(self, "_fd_lock", None) is not None:
+            self.close_descriptor()
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """An offer out with a request: the arena and where in its ring (``ConsumerChannels``)."""
+
+    arena: _Arena
+    start: int
 
 
 class _Channel:
@@ -291,9 +322,9 @@ class _Channel:
         self.off = False  # the worker refused: never offer again
 
     def drop(self) -> None:
-        if self.arena is not None:
-            self.arena.unlink()
-            self.arena = None
+        arena, self.arena = self.arena, None
+        if arena is not None:
+            arena.close_descriptor()
 
 
 class ConsumerChannels:
@@ -315,7 +346,6 @@ class ConsumerChannels:
         self._lock = threading.Lock()
         self._channels: dict[tuple[int, str], _Channel] = {}
         self._closed = False
-        self._swept = False
 
     def _channel(self, worker: str) -> _Channel | None:
         if self._identity is None:
@@ -327,42 +357,54 @@ class ConsumerChannels:
                 channel = self._channels[key] = _Channel()
         return channel
 
-    def ask(self, worker: str, request: dict[str, Any]) -> dict[str, Any]:
-        """``request`` with this channel's offer, if it has an arena."""
+    def ask(self, worker: str, request: dict[str, Any]) -> tuple[dict[str, Any], Offer | None]:
+        """``request`` with this channel's offer, if it has an arena and room in it, and the
+        offer (for ``received``; several may be out at once)."""
         channel = self._channel(worker)
-        if channel is None or channel.arena is None or self._closed or self._identity is None:
-            return request
-        offer = channel.arena.offer(self._identity)
-        return request if offer is None else {**request, "shm": offer}
+        arena = None if channel is None else channel.arena
+        if arena is None or self._closed or self._identity is None:
+            return request, None
+        made = arena.offer(self._identity)
+        if made is None:
+            return request, None
+        offer, start = made
+        return {**request, "shm": offer}, Offer(arena, start)
 
     def received(
-        self, worker: str, header: dict[str, Any], buffers: list[memoryview]
+        self,
+        worker: str,
+        header: dict[str, Any],
+        buffers: list[memoryview],
+        offer: Offer | None = None,
     ) -> list[memoryview]:
-        """The buffers of a reply from ``worker`` (its ``header`` loses the keys of this
-        module): those written into the arena, copied out, or ``buffers`` as they came."""
+        """The buffers of a reply from ``worker`` to a request that carried ``offer`` (its
+        ``header`` loses the keys of this module): those written into the arena, copied
+        out, or ``buffers`` as they came. Replies are taken in the order of their requests."""
         shm = header.pop("shm", None)
         refused = header.pop("shm_refused", None)
         channel = self._channel(worker)
-        if channel is None:
-            if shm is not None:
+        if shm is not None:
+            if offer is None:
                 raise InvalidArgumentError(
                     f"worker {worker} answered through shared memory, which was not offered"
                 )
+            # The offer's arena, even where the channel has dropped it since (its mapping
+            # lives as long as something refers to it).
+            buffers = offer.arena.take(shm, offer.start)
+            offer.arena.used = True
+            offer.arena.close_descriptor()  # the worker has it mapped: it opens it no more
+            return buffers
+        if offer is not None:
+            offer.arena.cancel(offer.start)
+        if channel is None:
             return buffers
         arena = channel.arena
-        if shm is not None:
-            if arena is None:
-                raise InvalidArgumentError(
-                    f"worker {worker} answered through shared memory, which was not offered"
-                )
-            buffers = arena.take(shm)
-            arena.used = True
-            arena.unlink()  # the worker has it mapped: the name is no longer needed
-        elif refused is not None:
-            renew = refused == UNKNOWN and arena is not None and arena.used
-            channel.drop()
-            channel.off = not renew
-            logger.debug("worker %s refused shared memory (%s)", worker, refused)
+        if refused is not None:
+            if offer is None or arena is offer.arena:  # not about an arena dropped since
+                renew = refused == UNKNOWN and arena is not None and arena.used
+                channel.drop()
+                channel.off = not renew
+                logger.debug("worker %s refused shared memory (%s)", worker, refused)
         elif arena is None and not channel.off and sum(b.nbytes for b in buffers) >= OFFER_BYTES:
             channel.arena = self._new_arena(channel)
         return buffers
@@ -375,23 +417,18 @@ class ConsumerChannels:
             channel.drop()
 
     def close(self) -> None:
-        """Unlinks every arena's name (the mappings go with the reader); offers no more."""
+        """Closes every arena's descriptor (the mappings go with the reader); offers no
+        more."""
         with self._lock:
             self._closed = True
             channels = list(self._channels.values())
-        for channel in channels:
-            if channel.arena is not None:
-                channel.arena.unlink()
+        for channel in channels:  # the elements handed on keep their arena's mapping
+            channel.drop()
 
     def _new_arena(self, channel: _Channel) -> _Arena | None:
         with self._lock:
             if self._closed:
                 return None
-            sweep, self._swept = not self._swept, True
-        if sweep:
-            removed = sweep_dead_arenas()
-            if removed:
-                logger.info("removed %d shared-memory arenas of killed consumers", len(removed))
         try:
             arena = _Arena(self._reply_bytes)
         except OSError as error:
@@ -400,7 +437,7 @@ class ConsumerChannels:
             return None
         with self._lock:
             if self._closed:  # meanwhile
-                arena.unlink()
+                arena.close_descriptor()
                 return None
         return arena
 
@@ -409,16 +446,21 @@ class ConsumerChannels:
 
 
 class _Mapped:
-    """An arena a worker has opened (not mapped: see ``write``).
+    """An arena a worker has mapped (see the module's docstring, step 2, for the checks).
 
     Raises:
-      OSError: the file cannot be opened, is no regular file, or is smaller than a page.
-      _Refused: the file is not the worker's user's alone (``refusal`` says why).
+      OSError: the descriptor cannot be opened, or is no regular file of an arena's size.
+      _Refused: the file is not the arena offered, not the worker's user's alone, or not
+        sealed against shrinking (``refusal`` says why).
     """
 
-    def __init__(self, name: str, nonce: bytes) -> None:
-        fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    def __init__(self, name: str, pid: int, fd: int, nonce: bytes) -> None:
+        # Not O_NOFOLLOW: /proc/<pid>/fd/<fd> is the kernel's link to the open file itself.
+        fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         try:
+            # The descriptor number may have been closed and reused for another file.
+            if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{name} (deleted)":
+                raise _Refused(UNKNOWN)
             facts = os.fstat(fd)
             if not stat.S_ISREG(facts.st_mode):
                 raise OSError(f"{name} is not a regular file")
@@ -429,55 +471,56 @@ class _Mapped:
                 raise _Refused(f"arena owned by another user (uid {facts.st_uid})")
             if facts.st_mode & 0o077:
                 raise _Refused("arena open to other users")
+            # Sealed, it can never shrink under the mapping (seals are never removed).
+            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+                raise _Refused(UNSEALED)
             if facts.st_size < DATA_OFFSET:
                 raise OSError(
                     f"{name} holds {facts.st_size} bytes, less than an arena's first page"
                 )
             self.matches = os.pread(fd, _NONCE_BYTES, 0) == nonce
-        except BaseException:
+            self._map: mmap.mmap | None = (
+                mmap.mmap(fd, facts.st_size, flags=mmap.MAP_SHARED) if self.matches else None
+            )
+        finally:
             os.close(fd)
-            raise
-        self._fd: int | None = fd
-        #: The arena's size when it was offered: nothing is ever written past it.
+        #: The arena's size: nothing is ever written past it.
         self.size = facts.st_size
         self.busy = 0
         self.used_at = time.monotonic()
         self.task: int | None = None  # the task whose replies it carries
 
-    def write(self, offset: int, size: int, buffers: Sequence[Any]) -> list[int] | str | None:
-        """Writes ``buffers`` back to back at ``offset``; their sizes, None if they do not fit
-        in ``size`` bytes, or ``"arena shrank"`` if the file is now smaller than the place
-        offered (nothing is written then).
-
-        The worker writes with ``pwritev``, never through a mapping: a file that shrinks under
-        a mapping kills the process that touches the lost pages with SIGBUS, while a write
-        past a file's end only grows it again. Whoever shrinks an arena harms only its own
-        consumer, never the worker."""
-        fd = self._fd
-        assert fd is not None  # closed only when not busy
-        if offset < DATA_OFFSET or offset + size > self.size:
+    def write(self, offset: int, size: int, buffers: Sequence[Any]) -> list[int] | None:
+        """Copies ``buffers`` back to back to ``offset``; their sizes, or None if they do not
+        fit in ``size`` bytes at ``offset``. The copies release the GIL."""
+        arena = self._map
+        assert arena is not None  # unmapped only when not busy
+        if offset < DATA_OFFSET or size < 0 or offset + size > self.size:
             return None
-        sizes = [memoryview(buffer).nbytes for buffer in buffers]
-        if sum(sizes) > size:
+        views = [memoryview(buffer) for buffer in buffers]
+        sizes = [view.nbytes for view in views]
+        total = sum(sizes)
+        if total > size:
             return None
-        if os.fstat(fd).st_size < offset + sum(sizes):
-            return SHRANK
-        views = [memoryview(b).cast("B") for b, n in zip(buffers, sizes, strict=True) if n]
-        position = offset
-        while views:
-            written = os.pwritev(fd, views[:_IOV_MAX], position)
-            position += written
-            while views and written >= views[0].nbytes:
-                written -= views[0].nbytes
-                views.pop(0)
-            if views and written:
-                views[0] = views[0][written:]
+        if total:
+            target = np.frombuffer(arena, np.uint8, total, offset)
+            position = offset
+            for view, count in zip(views, sizes, strict=True):
+                if count >= _LARGE_COPY:  # NumPy copies without the GIL
+                    start = position - offset
+                    target[start : start + count] = np.frombuffer(view.cast("B"), np.uint8)
+                elif count:  # cheaper per buffer, under the GIL
+                    arena[position : position + count] = view.cast("B")
+                position += count
+            del target
         return sizes
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Unmaps the arena (at once, or when the last view of a write is gone)."""
+        arena, self._map = self._map, None
+        if arena is not None:
+            with contextlib.suppress(BufferError):
+                arena.close()
 
 
 class _Refused(Exception):
@@ -520,9 +563,7 @@ class WorkerSegments:
                 mapped.busy -= 1
                 mapped.used_at = time.monotonic()
                 mapped.task = task_id
-        if sizes is None or isinstance(sizes, str):
-            if sizes is not None:  # the arena shrank: the consumer stops offering it
-                header = {**header, "shm_refused": sizes}
+        if sizes is None:
             return encode_frame(header, buffers, compressor=compressor)
         return encode_frame({**header, "shm": {"name": offer["name"], "sizes": sizes}})
 
@@ -536,24 +577,33 @@ class WorkerSegments:
             return None, "another host"
         name, nonce = offer.get("name"), offer.get("nonce")
         offset, size = offer.get("offset"), offer.get("size")
+        pid, fd = offer.get("pid"), offer.get("fd")
+        named = _NAME_RE.fullmatch(name) if isinstance(name, str) else None
         if (
-            not isinstance(name, str)
-            or not _NAME_RE.fullmatch(name)
+            named is None
             or not isinstance(nonce, str)
             or not _NONCE_RE.fullmatch(nonce)
             or type(offset) is not int
             or type(size) is not int
             or size < 0
+            or type(pid) is not int
+            or type(fd) is not int
+            or int(named.group(2)) != pid
         ):
             return None, "malformed offer"
+        if int(named.group(1)) != _pid_namespace():
+            return None, "another pid namespace"
+        name = named.group(0)
         self._forget_idle()
         with self._lock:
             mapped = self._mapped.get(name)
             if mapped is not None:
                 mapped.busy += 1
                 return mapped, ""
+        if fd < 0:  # the consumer no longer holds it: this worker had it and dropped it
+            return None, UNKNOWN
         try:
-            mapped = _Mapped(name, bytes.fromhex(nonce))
+            mapped = _Mapped(name, pid, fd, bytes.fromhex(nonce))
         except FileNotFoundError:
             return None, UNKNOWN
         except _Refused as refusal:
@@ -597,7 +647,8 @@ class WorkerSegments:
             return len(self._mapped)
 
     def close(self) -> None:
-        """Closes every arena not in use (one in use is closed when its reply is done)."""
+        """Unmaps every arena not in use (one in use is unmapped once its reply is written
+        and nothing refers to it)."""
         with self._lock:
             mapped, self._mapped = list(self._mapped.values()), {}
             self._enabled = False

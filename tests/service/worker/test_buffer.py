@@ -177,3 +177,23 @@ def test_a_split_is_handed_out_once_its_last_element_is_taken() -> None:
     assert tags == [[5, 0], [5, 1]]
     assert buffer.handed_out_splits() == [5]
     assert buffer.handed_out_splits() == []
+
+
+def test_take_many_hands_out_up_to_a_count_and_bytes_and_wakes_the_producer() -> None:
+    buffer = TaskBuffer(1, max_elements=4)
+    for offset in range(4):
+        assert buffer.put([offset], 8 if offset else 100, [5, offset])
+    buffer.split_done(5)
+    blocked = produce(buffer, range(4, 6))  # waits: the buffer holds max_elements
+    tags: list[list[int]] = []
+    # The first element always goes, even past max_bytes; the next ones only within it.
+    assert buffer.take_many(4, 50, tags) == ([[0]], 100)
+    assert buffer.take_many(2, 50, tags) == ([[1], [2]], 16)
+    assert buffer.handed_out_splits() == []
+    assert buffer.take_many(10, 8, tags) == ([[3]], 8)
+    assert tags == [[5, 0], [5, 1], [5, 2], [5, 3]]
+    assert buffer.handed_out_splits() == [5]
+    blocked.join(10)  # woken by the takes
+    assert not blocked.is_alive()
+    assert buffer.take_many(10, 1 << 20) == ([[4], [5]], 16)
+    assert buffer.take_many(10, 1 << 20) == ([], 0) and buffer.nbytes == 0

@@ -3,6 +3,7 @@ sockets, no dispatcher), its replies decoded as a consumer would."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,8 @@ from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.protocol import GetElementsRequest, TaskDef
 from feedline.service.shm import WorkerSegments
+from feedline.service.worker import replies
+from feedline.service.worker.buffer import TaskBuffer
 from feedline.service.worker.host import TaskHost
 from feedline.service.worker.task import Task
 
@@ -166,3 +169,80 @@ def test_a_stopped_task_is_gone() -> None:
     task.stop()
     assert ask(task)[0] == {"gone": True}
     assert not task.completed()
+
+
+# -- fuller replies for a consumer that holds elements (replies.TaskReplies._linger) -----------
+
+
+@pytest.fixture
+def long_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request may wait 30 s, and linger as long: a reply that comes sooner did not linger
+    to its end."""
+    monkeypatch.setattr(replies, "_MAX_WAIT_S", 30.0)
+    monkeypatch.setattr(replies, "_LINGER_S", 30.0)
+
+
+def first_come(buffer: TaskBuffer) -> replies.TaskReplies:
+    return replies.TaskReplies(7, buffer, FakeHost(Dataset.range(1)), None, False)
+
+
+def put_later(buffer: TaskBuffer, values: list[int], finish: bool = False) -> threading.Thread:
+    """Puts ``values`` (8 bytes each) 50 ms from now on a thread, then finishes if asked."""
+
+    def run() -> None:
+        time.sleep(0.05)
+        for value in values:
+            buffer.put([np.int64(value)], 8)
+        if finish:
+            buffer.finish(drained=False)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def timed_ask(task_replies: replies.TaskReplies, **fields: Any) -> tuple[list[int], float]:
+    """One first-come GetElements of up to 30 s; the values and the seconds it took."""
+    request = {"task_id": 7, "wait_ms": 30_000, "consumer": 1, **fields}
+    started = time.monotonic()
+    frame = task_replies.get_elements(GetElementsRequest.from_header(request))
+    header, buffers = decode_frame(frame)
+    meta = header.get("meta")
+    values = [] if meta is None else [int(e[0]) for e in unpack_elements(meta, buffers)]
+    return values, time.monotonic() - started
+
+
+def test_a_consumer_that_holds_elements_gets_its_reply_filled(long_linger: None) -> None:
+    buffer = TaskBuffer(7)
+    buffer.put([np.int64(0)], 8)
+    producer = put_later(buffer, [1, 2, 3, 4])
+    values, took = timed_ask(first_come(buffer), held=2, max_elements=4)
+    assert values == [0, 1, 2, 3]  # waited for the reply to fill, and not longer
+    assert took < 15
+    producer.join(10)
+    values, _ = timed_ask(first_come(buffer), held=0, max_elements=4)
+    assert values == [4]
+
+
+def test_a_consumer_that_holds_nothing_gets_what_is_there_at_once(long_linger: None) -> None:
+    buffer = TaskBuffer(7)
+    buffer.put([np.int64(0)], 8)
+    producer = put_later(buffer, [1])
+    values, took = timed_ask(first_come(buffer), held=0, max_elements=4)
+    assert values == [0] and took < 15
+    producer.join(10)
+
+
+def test_a_reply_that_reached_its_bytes_or_the_end_of_the_input_waits_no_more(
+    long_linger: None,
+) -> None:
+    buffer = TaskBuffer(7)
+    for value in range(2):
+        buffer.put([np.int64(value)], 8)
+    values, took = timed_ask(first_come(buffer), held=5, max_elements=4, max_bytes=16)
+    assert values == [0, 1] and took < 15  # 16 bytes: full
+    buffer.put([np.int64(2)], 8)
+    producer = put_later(buffer, [], finish=True)
+    values, took = timed_ask(first_come(buffer), held=5, max_elements=4)
+    assert values == [2] and took < 15  # the input ended: nothing more comes
+    producer.join(10)

@@ -109,6 +109,7 @@ class Fetchers:
         self._link = link
         self._shm = shm
         self._treespec = treespec
+        self._single_leaf = bool(treespec.is_leaf())
         self._client_id = client_id
         self._job_id = job_id
         self._consumer_index = consumer_index
@@ -148,14 +149,20 @@ class Fetchers:
         """Puts the ``elements`` a request of ``credits`` brought from ``task_id`` on the
         queue (those the reader admits)."""
         items = []
+        single = self._single_leaf
         for index, leaves in enumerate(elements):
+            tag = tags[index] if tags is not None and index < len(tags) else None
+            if single:  # an element that is one array: no structure to rebuild
+                leaf = leaves[0]
+                value = leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
+                items.append(Item(value, leaf.nbytes, task_id, tag))
+                continue
             size = sum(leaf.nbytes for leaf in leaves)
             # 0-d numbers come back as NumPy scalars, as feedline.data's sources give them.
             values = [
                 leaf[()] if leaf.ndim == 0 and leaf.dtype.kind in "biufc" else leaf
                 for leaf in leaves
             ]
-            tag = tags[index] if tags is not None and index < len(tags) else None
             items.append(Item(structure.unflatten(self._treespec, values), size, task_id, tag))
         if items:
             keep = self._link.admit(task_id, tags, len(items))
@@ -171,17 +178,16 @@ class Fetchers:
     def _read(self, worker: _rpc.RpcClient, request: GetElementsRequest) -> _Reply | None:
         """One GetElements call; None if the worker cannot be reached (only a failed RPC means
         that)."""
+        sent, offer = self._shm.ask(worker.address, request.to_header())
         try:
             frame = worker.call_frame(
-                "GetElements",
-                encode_frame(self._shm.ask(worker.address, request.to_header())),
-                timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S,
+                "GetElements", encode_frame(sent), timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S
             )
         except UnavailableError:
             self._shm.lost(worker.address)
             return None
         header, buffers = decode_frame(frame)
-        buffers = self._shm.received(worker.address, header, buffers)
+        buffers = self._shm.received(worker.address, header, buffers, offer)
         reply = ElementsReply.from_header(header)
         return _Reply(reply, [] if reply.meta is None else unpack_elements(reply.meta, buffers))
 

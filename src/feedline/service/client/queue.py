@@ -46,21 +46,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from feedline.service.protocol import TaskView
 
 __all__ = ["ElementQueue", "Item"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """An element in the queue: its ``size`` in bytes, the task it came from, and in
-    exactly-once jobs its ``[split, offset]`` (``tag``)."""
+    exactly-once jobs its ``[split, offset]`` (``tag``). (A tuple: one is made per element.)"""
 
     element: Any
     size: int

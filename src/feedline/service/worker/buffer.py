@@ -299,16 +299,52 @@ class TaskBuffer:
                 self._memory.give_back(size)
             self.cond.notify_all()
             if tag is not None:
-                key = tag[0]
-                self._pending[key] -= 1
-                if not self._pending[key]:
-                    del self._pending[key]
-                    if key in self._produced:
-                        self._produced.discard(key)
-                        self._splits_out.append(key)
-                if tags is not None:
-                    tags.append(tag)
+                self._tag_taken(tag, tags)
         return leaves
+
+    def take_many(
+        self, limit: int, max_bytes: int, tags: list[list[int]] | None = None
+    ) -> tuple[list[list[Any]], int]:
+        """The next elements' leaves, at most ``limit`` of them and, beyond the first, no more
+        than ``max_bytes`` in all, and their bytes (``take`` for several at once: the producer
+        is woken once); their tags, if any, are appended to ``tags``."""
+        with self.cond:
+            elements: list[list[Any]] = []
+            taken = 0
+            queue = self._elements
+            while queue and len(elements) < limit:
+                size = queue[0][1]
+                if elements and taken + size > max_bytes:
+                    break
+                leaves, _, tag = queue.popleft()
+                taken += size
+                elements.append(leaves)
+                if tag is not None:
+                    self._tag_taken(tag, tags)
+            if elements:
+                self._bytes -= taken
+                if self._memory is not None:
+                    self._memory.give_back(taken)
+                self.cond.notify_all()
+        return elements, taken
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes buffered."""
+        with self.cond:
+            return self._bytes
+
+    def _tag_taken(self, tag: list[int], tags: list[list[int]] | None) -> None:
+        """(Under the lock.) The element of ``tag`` was taken."""
+        key = tag[0]
+        self._pending[key] -= 1
+        if not self._pending[key]:
+            del self._pending[key]
+            if key in self._produced:
+                self._produced.discard(key)
+                self._splits_out.append(key)
+        if tags is not None:
+            tags.append(tag)
 
     def take_round(
         self, round_index: int, consumer: int, num_consumers: int, timeout: float

@@ -31,6 +31,10 @@ _MAX_WAIT_S = 1.0
 # While another consumer of a task waits, a consumer holding this many elements it has not
 # returned yet takes no more (see TaskReplies._share).
 _AHEAD = 4
+# A request of a consumer that holds elements (it asked for the next reply while it still had
+# some to hand out) waits up to this long for the reply to fill: fewer, fuller replies.
+_LINGER_S = 0.002
+_LINGER_STEP_S = 0.0005
 # A consumer whose request got nothing counts as waiting for this long after.
 _HUNGRY_S = 0.05
 # A task of a shared job hands out nothing for this long after the first request, unless every
@@ -112,7 +116,6 @@ class TaskReplies:
         consumer, held = request.consumer, request.held
         max_elements = max(1, request.max_elements)
         max_bytes = max(1, request.max_bytes)
-        elements: list[list[Any]] = []
         tags: list[list[int]] = []
         deadline = time.monotonic() + wait_seconds(request)
         with buffer.cond:
@@ -127,13 +130,10 @@ class TaskReplies:
                 self._waiting[consumer] -= 1
                 if not self._waiting[consumer]:
                     del self._waiting[consumer]
-            taken = 0
-            while len(buffer) and len(elements) < limit:
-                size = buffer.front_bytes()
-                if elements and taken + size > max_bytes:
-                    break
-                taken += size
-                elements.append(buffer.take(tags))
+        if limit > 1 and held > 0:  # outside the lock: the producer goes on meanwhile
+            self._linger(limit, max_bytes, min(deadline, time.monotonic() + _LINGER_S))
+        with buffer.cond:
+            elements, taken = buffer.take_many(limit, max_bytes, tags)
             if not elements:
                 ending = None if len(buffer) else buffer.ending()
                 if ending is not None:
@@ -165,6 +165,26 @@ class TaskReplies:
                 return 0
             buffer.cond.wait(remaining if not len(buffer) else min(remaining, 0.01))
         return 0
+
+    def _linger(self, limit: int, max_bytes: int, until: float) -> None:
+        """Waits until ``limit`` elements or ``max_bytes`` are buffered, the input ends, or
+        ``until``: a consumer that holds elements to go on with gets them in fewer, fuller
+        replies. It looks every ``_LINGER_STEP_S`` rather than at each element put, which
+        would wake it for every small element."""
+        buffer = self._buffer
+        while True:
+            with buffer.cond:
+                if (
+                    len(buffer) >= limit
+                    or buffer.nbytes >= max_bytes
+                    or buffer.ended
+                    or buffer.stopped
+                ):
+                    return
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            time.sleep(min(remaining, _LINGER_STEP_S))
 
     def _share(self, consumer: int, held: int, wanted: int) -> int:
         """(Under the lock, with elements buffered.) How many ``consumer``, which holds
