@@ -1,0 +1,118 @@
+"""A small elastic training job that the elastic tests and benchmark run in worker processes.
+
+Each worker trains a small MLP under an elastic ``MultiWorkerMirroredStrategy``; the batch of
+step ``s`` is a function of ``s`` alone (rows ``rank::world_size`` of it on each worker), so a
+redone step trains on the same rows. The loop is the hand-written one the docs show: on a
+``MembershipChangedError`` it calls ``strategy.reform`` and runs the step again unless the group
+committed it. Every ``CHECK_EVERY`` steps the workers agree (``strategy.reduce``) whether the
+test asked them to stop (the file ``STOP_FILE`` exists), so that all stop at the same step.
+Progress goes to ``PROGRESS_DIR/<name>`` (the step, the generation, the world size) and the
+result to ``report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import feedline.distribute as fdist
+from feedline.distribute.elastic import ElasticClusterResolver
+from feedline.errors import MembershipChangedError
+
+CHECK_EVERY = 5
+GLOBAL_BATCH = 24
+
+
+def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=generator)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return x[rank::world_size], y[rank::world_size]
+
+
+def main(name: str) -> dict[str, Any]:
+    started = time.monotonic()
+    resolver = ElasticClusterResolver(
+        min_workers=int(os.environ.get("MIN_WORKERS", "1")),
+        settle_seconds=float(os.environ.get("SETTLE_SECONDS", "0.3")),
+        timeout_seconds=20.0,
+    )
+    strategy = fdist.MultiWorkerMirroredStrategy(resolver)
+    elastic = strategy.elastic
+    assert elastic is not None
+    admitted = time.monotonic()
+    torch.manual_seed(int(os.environ.get("SEED", "0")))
+    with strategy.scope():
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def replica(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = ((model(x) - y) ** 2).sum() / GLOBAL_BATCH
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    progress = Path(os.environ["PROGRESS_DIR"]) / name
+    stop_file = Path(os.environ["STOP_FILE"])
+    delay = float(os.environ.get("STEP_SECONDS", "0.02"))
+    step = elastic.step
+    attempts = failures = 0
+    first_commit: float | None = None
+    changes: list[dict[str, Any]] = []
+    while True:
+        before = elastic.committed
+        attempts += 1
+        try:
+            x, y = batch(step, elastic.rank, elastic.world_size)
+            strategy.run(replica, (x, y))
+            step += 1
+            if first_commit is None:
+                first_commit = time.monotonic()
+            if step % CHECK_EVERY == 0:
+                flag = torch.tensor(float(stop_file.exists()))
+                if strategy.reduce("SUM", flag, axis=None).item() > 0:
+                    break
+        except MembershipChangedError as error:
+            failures += 1
+            mine = step + (1 if elastic.committed > before else 0)
+            t0 = time.monotonic()
+            step = strategy.reform(mine)
+            changes.append(
+                {
+                    "reason": error.reason,
+                    "from": error.generation,
+                    "to": elastic.generation.number,
+                    "world_size": elastic.world_size,
+                    "mine": mine,
+                    "agreed": step,
+                    "reform_s": time.monotonic() - t0,
+                }
+            )
+        state = {"step": step, "gen": elastic.generation.number, "world": elastic.world_size}
+        progress.with_suffix(".tmp").write_text(json.dumps(state))
+        progress.with_suffix(".tmp").replace(progress)
+        time.sleep(delay)
+    params = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+    moments = [s["exp_avg"].reshape(-1).tolist() for s in optimizer.state.values()]
+    return {
+        "pid": os.getpid(),
+        "step": step,
+        "committed": elastic.committed,
+        "attempts": attempts,
+        "failures": failures,
+        "changes": changes,
+        "params": params,
+        "moments": moments,
+        "generation": elastic.generation.number,
+        "world_size": elastic.world_size,
+        "startup_s": admitted - started,
+        "first_commit_s": None if first_commit is None else first_commit - admitted,
+    }
