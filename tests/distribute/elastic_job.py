@@ -23,6 +23,7 @@ import torch
 import feedline.distribute as fdist
 from feedline.distribute.elastic import ElasticClusterResolver
 from feedline.errors import MembershipChangedError
+from feedline.train import BackupAndRestore, Checkpoint
 
 CHECK_EVERY = 5
 GLOBAL_BATCH = 24
@@ -40,7 +41,7 @@ def main(name: str) -> dict[str, Any]:
     resolver = ElasticClusterResolver(
         min_workers=int(os.environ.get("MIN_WORKERS", "1")),
         settle_seconds=float(os.environ.get("SETTLE_SECONDS", "0.3")),
-        timeout_seconds=20.0,
+        timeout_seconds=float(os.environ.get("ELASTIC_TIMEOUT", "60")),
     )
     strategy = fdist.MultiWorkerMirroredStrategy(resolver)
     elastic = strategy.elastic
@@ -48,9 +49,7 @@ def main(name: str) -> dict[str, Any]:
     admitted = time.monotonic()
     torch.manual_seed(int(os.environ.get("SEED", "0")))
     with strategy.scope():
-        model = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
-        )
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
     def replica(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -60,6 +59,8 @@ def main(name: str) -> dict[str, Any]:
         optimizer.step()
         return loss
 
+    if os.environ.get("LOOP") == "backup":
+        return _with_backup(name, strategy, model, optimizer, replica, started, admitted)
     progress = Path(os.environ["PROGRESS_DIR"]) / name
     stop_file = Path(os.environ["STOP_FILE"])
     delay = float(os.environ.get("STEP_SECONDS", "0.02"))
@@ -96,23 +97,83 @@ def main(name: str) -> dict[str, Any]:
                     "reform_s": time.monotonic() - t0,
                 }
             )
-        state = {"step": step, "gen": elastic.generation.number, "world": elastic.world_size}
-        progress.with_suffix(".tmp").write_text(json.dumps(state))
-        progress.with_suffix(".tmp").replace(progress)
+        _progress(progress, step, elastic)
         time.sleep(delay)
-    params = [p.detach().reshape(-1).tolist() for p in model.parameters()]
-    moments = [s["exp_avg"].reshape(-1).tolist() for s in optimizer.state.values()]
+    return _result(step, model, optimizer, elastic, started, admitted, first_commit) | {
+        "attempts": attempts,
+        "failures": failures,
+        "changes": changes,
+    }
+
+
+def _progress(path: Path, step: int, elastic: Any) -> None:
+    state = {"step": step, "gen": elastic.generation.number, "world": elastic.world_size}
+    path.with_suffix(".tmp").write_text(json.dumps(state))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _result(
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    elastic: Any,
+    started: float,
+    admitted: float,
+    first_commit: float | None,
+) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "step": step,
         "committed": elastic.committed,
-        "attempts": attempts,
-        "failures": failures,
-        "changes": changes,
-        "params": params,
-        "moments": moments,
+        "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+        "moments": [s["exp_avg"].reshape(-1).tolist() for s in optimizer.state.values()],
         "generation": elastic.generation.number,
         "world_size": elastic.world_size,
         "startup_s": admitted - started,
         "first_commit_s": None if first_commit is None else first_commit - admitted,
     }
+
+
+def _with_backup(
+    name: str,
+    strategy: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    replica: Any,
+    started: float,
+    admitted: float,
+) -> dict[str, Any]:
+    """The loop of the docs: ``BackupAndRestore.run`` absorbs every membership change."""
+    elastic = strategy.elastic
+    checkpoint = Checkpoint(model=model, optimizer=optimizer)
+    backup = BackupAndRestore(checkpoint, os.environ["BACKUP_DIR"], save_freq=50)
+    progress = Path(os.environ["PROGRESS_DIR"]) / name
+    stop_file = Path(os.environ["STOP_FILE"])
+    delay = float(os.environ.get("STEP_SECONDS", "0.02"))
+    calls = 0
+    generations = [elastic.generation.number]
+    first_commit: float | None = None
+
+    def train_step(step: int) -> bool:
+        x, y = batch(step, elastic.rank, elastic.world_size)
+        strategy.run(replica, (x, y))
+        if step % CHECK_EVERY != CHECK_EVERY - 1:
+            return False
+        flag = torch.tensor(float(stop_file.exists()))
+        return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+
+    with backup:
+        while True:
+            calls += 1
+            stop = backup.run(train_step, backup.total_run_calls)
+            if first_commit is None:
+                first_commit = time.monotonic()
+            if elastic.generation.number != generations[-1]:
+                generations.append(elastic.generation.number)
+            _progress(progress, backup.total_run_calls, elastic)
+            if stop:
+                break
+            time.sleep(delay)
+    step = backup.total_run_calls
+    result = _result(step, model, optimizer, elastic, started, admitted, first_commit)
+    return result | {"calls": calls, "generations": generations}

@@ -73,10 +73,8 @@ def test_a_worker_of_another_lineage_is_refused(store: Any) -> None:
 
 def test_fewer_than_min_workers_fail_after_the_timeout(store: Any) -> None:
     rounds = Rounds(_resolver(store, min_workers=2, timeout_seconds=0.5))
-    started = time.monotonic()
-    with pytest.raises(UnavailableError, match="1 worker\\(s\\) met within 0.5 s, fewer than "):
+    with pytest.raises(UnavailableError, match=r"1 worker\(s\) met within 0\.5 s, fewer than "):
         rounds.meet(None, 0)
-    assert time.monotonic() - started < 5
 
 
 def test_an_unreachable_store_fails_within_the_timeout() -> None:
@@ -115,8 +113,17 @@ def _flat(result: dict[str, Any], key: str) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.float64) for p in result[key]])
 
 
-def test_survivors_keep_their_state_and_a_joiner_gets_it(store: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["hand", "backup"])
+def test_survivors_keep_their_state_and_a_joiner_gets_it(
+    store: Any, tmp_path: Path, loop: str
+) -> None:
+    """kill -9 one of three workers: the two others keep their processes and go on; then a
+    new worker joins, gets the parameters and the optimizer state by broadcast, and all three
+    end with equal parameters. ``hand``: the hand-written loop that catches
+    ``MembershipChangedError``; ``backup``: ``BackupAndRestore.run``."""
     env = {
+        "LOOP": loop,
+        "BACKUP_DIR": str(tmp_path / "backup"),
         "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
         "PROGRESS_DIR": str(tmp_path),
         "STOP_FILE": str(tmp_path / "stop"),
@@ -147,9 +154,11 @@ def test_survivors_keep_their_state_and_a_joiner_gets_it(store: Any, tmp_path: P
         with Processes(WORKER, [("j3", {"SEED": "7"})], env=env, timeout=240) as joiner:
             _wait(
                 "the joiner training with them",
-                lambda: _progress(tmp_path, "j3")["world"] == 3
-                and _progress(tmp_path, "j3")["step"] >= _progress(tmp_path, "w0")["step"] - 1
-                and _progress(tmp_path, "j3")["step"] >= killed_at + 20,
+                lambda: (
+                    _progress(tmp_path, "j3")["world"] == 3
+                    and _progress(tmp_path, "j3")["step"] >= _progress(tmp_path, "w0")["step"] - 1
+                    and _progress(tmp_path, "j3")["step"] >= killed_at + 20
+                ),
                 [workers, joiner],
             )
             (tmp_path / "stop").write_text("")
@@ -161,6 +170,24 @@ def test_survivors_keep_their_state_and_a_joiner_gets_it(store: Any, tmp_path: P
     )
     # the survivors are the processes that started: they kept model and optimizer in memory
     assert {n: results[n]["pid"] for n in ("w0", "w1")} == {n: pids[n] for n in ("w0", "w1")}
+    if loop == "hand":
+        _check_changes(results)
+    else:  # every run call counted one step, the joiner's starting at the group's count
+        for name in ("w0", "w1"):
+            assert results[name]["calls"] == results[name]["step"], results[name]
+            assert len(results[name]["generations"]) >= 3  # lost w2, then j3 joined
+    steps = {n: r["step"] for n, r in results.items()}
+    assert len(set(steps.values())) == 1, steps
+    assert steps["w0"] >= killed_at + 20  # the survivors never went back to step 0
+    reference = _flat(results["w0"], "params")
+    for name in ("w1", "j3"):
+        np.testing.assert_allclose(_flat(results[name], "params"), reference, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            _flat(results[name], "moments"), _flat(results["w0"], "moments"), rtol=1e-6, atol=1e-9
+        )
+
+
+def _check_changes(results: dict[str, Any]) -> None:
     for name in ("w0", "w1"):
         changes = results[name]["changes"]
         reasons = [c["reason"] for c in changes]
@@ -172,12 +199,3 @@ def test_survivors_keep_their_state_and_a_joiner_gets_it(store: Any, tmp_path: P
         assert results[name]["failures"] == len(changes)
     assert results["j3"]["changes"] == []
     assert results["j3"]["world_size"] == 3
-    steps = {n: r["step"] for n, r in results.items()}
-    assert len(set(steps.values())) == 1, steps
-    assert steps["w0"] >= killed_at + 20  # the survivors never went back to step 0
-    reference = _flat(results["w0"], "params")
-    for name in ("w1", "j3"):
-        np.testing.assert_allclose(_flat(results[name], "params"), reference, rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(
-            _flat(results[name], "moments"), _flat(results["w0"], "moments"), rtol=1e-6, atol=1e-9
-        )

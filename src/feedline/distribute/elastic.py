@@ -39,6 +39,7 @@ shell loop): no torchrun agent is needed, and none must restart the survivors.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -71,6 +72,11 @@ STORE_ENV = "FEEDLINE_ELASTIC_STORE"
 
 _POLL_SECONDS = 0.005
 _WAIT_SLICE = datetime.timedelta(milliseconds=100)  # how often a wait looks for a broken group
+_BEAT_SECONDS = 0.25
+# A peer whose heartbeat has not moved for this long, while a collective waits for it, is lost.
+# gloo notices a peer's death only if the peer dies during a collective: one that dies between
+# two (in the training loop's own work) leaves the next collective waiting until its timeout.
+_SILENT_SECONDS = 3.0
 _NO_STATE = -1  # the committed steps a worker offers before it has a model (a joiner)
 
 
@@ -231,8 +237,50 @@ class Rounds:
             ) from error
         self.store = dist.PrefixStore(f"feedline/elastic/{resolver.job_name}/", self.raw)
         self.id = uuid.uuid4().hex[:12]
+        # the heartbeat has a connection of its own, so that it never waits behind a round
+        self._beat_store = dist.PrefixStore(
+            f"feedline/elastic/{resolver.job_name}/",
+            dist.TCPStore(
+                resolver.store_host, resolver.store_port, is_master=False,
+                timeout=datetime.timedelta(seconds=2), wait_for_workers=False, use_libuv=True,
+            ),
+        )  # fmt: skip
+        self._stop = threading.Event()
+        self._beater = threading.Thread(
+            target=self._beat, name=f"feedline-elastic-heartbeat-{self.id}", daemon=True
+        )
+        self._beater.start()
+        self._seen: dict[str, tuple[bytes, float]] = {}
         self.host = socket.gethostname()
         self.lineage = resolver.lineage
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._beat_store.add(f"beat/{self.id}", 1)
+            except (RuntimeError, OSError):  # the store is gone: the next round says so
+                return
+            self._stop.wait(_BEAT_SECONDS)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._beater.join(timeout=5)
+
+    def silent(self, members: tuple[Member, ...]) -> list[Member]:
+        """The members whose heartbeat has not moved for ``_SILENT_SECONDS``."""
+        others = [m for m in members if m.id != self.id]
+        if not others:
+            return []
+        values = self.store.multi_get([f"beat/{m.id}" for m in others])
+        now = time.monotonic()
+        lost = []
+        for member, value in zip(others, values, strict=True):
+            last = self._seen.get(member.id)
+            if last is None or last[0] != value:
+                self._seen[member.id] = (value, now)
+            elif now - last[1] > _SILENT_SECONDS:
+                lost.append(member)
+        return lost
 
     def current(self) -> int:
         """The last generation formed (0: none yet)."""
@@ -356,13 +404,15 @@ class ElasticCollective(collectives.Collective):
         self._beater: threading.Thread | None = None
         self._resolver = resolver
         self._rounds = Rounds(resolver)
-        self._group: dist.ProcessGroup | None = None
+        self._group: Any = None
         self._left_behind: list[Any] = []  # broken groups, alive until their threads end
         self.committed = 0
         self.has_state = False
         self.needs_state = False
         self.step = 0
         self._check: Callable[[], tuple[bool, ...]] | None = None
+        self.on_reform: list[Callable[[Generation], None]] = []
+        atexit.register(self.close)
         self.generation = self._form(None, step=0)
         collectives._activate(self)
 
@@ -408,7 +458,10 @@ class ElasticCollective(collectives.Collective):
             by every worker: ``self.step`` after the call).
         """
         self._leave()
-        return self._form(self.generation, step)
+        generation = self._form(self.generation, step)
+        for callback in self.on_reform:
+            callback(generation)
+        return generation
 
     def _leave(self) -> None:
         if self._group is not None:
@@ -429,6 +482,7 @@ class ElasticCollective(collectives.Collective):
     def boundary(self) -> None:
         """At the start of each ``strategy.run``: raises ``MembershipChangedError`` when the
         check started one run ago says a worker asked to join; starts the next check."""
+        self.has_state = True  # from the first run on, this worker has a model to give
         if self._check is not None:
             check, self._check = self._check, None
             if check()[0]:
@@ -473,8 +527,15 @@ class ElasticCollective(collectives.Collective):
                 if time.monotonic() > deadline:
                     raise
             if self._rounds.store.check([broken]):
-                raise RuntimeError(f"another worker found generation {self.generation.number} "
-                                   "broken")  # fmt: skip
+                raise RuntimeError(
+                    f"another worker found generation {self.generation.number} broken"
+                )
+            lost = self._rounds.silent(self.generation.members)
+            if lost:
+                raise RuntimeError(
+                    f"no heartbeat for {_SILENT_SECONDS:g} s from "
+                    + ", ".join(f"{m.host} ({m.id})" for m in lost)
+                )
 
     def _run(self, what: str, start: Callable[[dist.ProcessGroup], Any]) -> None:
         group = self._group
@@ -567,9 +628,12 @@ class ElasticCollective(collectives.Collective):
         self.agree_any([False], "a barrier")
 
     def close(self) -> None:
+        """Leaves the group and stops the heartbeat (at exit too)."""
+        atexit.unregister(self.close)
         if collectives.active() is self:
             collectives._activate(None)
         self._leave()
+        self._rounds.stop()
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
@@ -580,6 +644,40 @@ def _to_bytes(obj: Any) -> torch.Tensor:
 
 def _from_bytes(data: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def active() -> ElasticCollective | None:
+    """The elastic collective of this process's strategy, or None (a fixed cluster)."""
+    collective = collectives.active()
+    return collective if isinstance(collective, ElasticCollective) else None
+
+
+def run_step(
+    elastic: ElasticCollective, steps_done: int, fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> tuple[T | None, int]:
+    """Runs one training step ``fn(*args, **kwargs)`` that may meet membership changes.
+
+    On a ``MembershipChangedError`` the group re-forms; the step runs again unless the group
+    committed it (the worker with the most committed steps had applied its update).
+
+    Args:
+      elastic: the strategy's elastic collective.
+      steps_done: the loop's steps before this one.
+
+    Returns:
+      ``fn``'s result (None when the group committed the step without this worker's result)
+      and the loop's step count after the step.
+    """
+    while True:
+        before = elastic.committed
+        try:
+            return fn(*args, **kwargs), steps_done + 1
+        except MembershipChangedError:
+            mine = steps_done + (1 if elastic.committed > before else 0)
+            elastic.reform(mine)
+            if elastic.step > steps_done:
+                return None, elastic.step
+            steps_done = elastic.step
 
 
 def take_state(collective: ElasticCollective, optimizers: list[Any]) -> None:

@@ -35,7 +35,7 @@ from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute._devices import ReplicaDevice, parse_devices
 from feedline.distribute.collective import DEFAULT_TIMEOUT_SECONDS, Collective
 from feedline.distribute.collective_mirroring import CollectiveMirroring
-from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective
+from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective, Generation
 from feedline.distribute.mirroring import Mirroring
 from feedline.distribute.strategy import Strategy, StrategyExtended
 from feedline.errors import FailedPreconditionError, InvalidArgumentError, MembershipChangedError
@@ -128,6 +128,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 else torch.device("cpu")
             )
             self._elastic = self._collective = ElasticCollective(self._resolver, backend, device)
+            self._elastic.on_reform.append(self._after_reform)
             super().__init__(
                 StrategyExtended(
                     local, num_workers=self._elastic.world_size, worker_index=self._elastic.rank
@@ -187,12 +188,14 @@ class MultiWorkerMirroredStrategy(Strategy):
                 "strategy.reform() needs an elastic MultiWorkerMirroredStrategy (made with an "
                 "ElasticClusterResolver)"
             )
-        generation = elastic.reform(elastic.committed if step is None else step)
+        elastic.reform(elastic.committed if step is None else step)
+        return elastic.step
+
+    def _after_reform(self, generation: Generation) -> None:
         self.extended.num_workers = generation.world_size
         self.extended.worker_index = generation.rank
         if "_mirroring" in self.__dict__:
             self._mirroring.forget_synced()  # type: ignore[attr-defined]
-        return elastic.step
 
     def run(
         self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from feedline import _fs
-from feedline.errors import InvalidArgumentError
+from feedline.distribute import elastic as _elastic
+from feedline.errors import InvalidArgumentError, MembershipChangedError
 from feedline.train import _cluster
 from feedline.train._checkpoint_files import basename, join, remove, same_directory, tidy
 from feedline.train.checkpoint import Checkpoint
@@ -56,7 +58,12 @@ class RunCheckpoint:
         self.manager = _manager(checkpoint_or_manager, directory, argument, owner)
         self.checkpoint = self.manager.checkpoint
         self._runs = _runs_tensor(self.checkpoint, owner)
-        self.cluster = _cluster.current()
+        elastic = _elastic.active()
+        if elastic is not None and elastic.joined_running:
+            # A worker admitted into an elastic group that trains: the state and the step
+            # count come from the group (the step count now, the rest at the next step).
+            self.total_run_calls = elastic.step
+            return
         # The chief's directory is where checkpoints are written and restored from. Other
         # workers may give a manager of a directory of their own (TensorFlow's guide gives
         # them checkpoint_dir/workertemp_<task_id>): they write nothing there and restore the
@@ -71,6 +78,38 @@ class RunCheckpoint:
         if latest is not None:
             self.checkpoint.restore(latest)
         self.total_run_calls = int(self._runs.item())
+
+    @property
+    def cluster(self) -> _cluster.Cluster:
+        """This process's cluster now (an elastic group's ranks change)."""
+        return _cluster.current()
+
+    def run(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Runs one training step and counts it. Under an elastic strategy, a membership
+        change re-forms the group and runs the step again unless the group committed it
+        (then the result is None)."""
+        elastic = _elastic.active()
+        if elastic is None:
+            result = fn(*args, **kwargs)
+            self.total_run_calls += 1
+            return result
+        result, self.total_run_calls = _elastic.run_step(
+            elastic, self.total_run_calls, fn, *args, **kwargs
+        )
+        return result
+
+    def save_absorbing(self) -> str | None:
+        """``save``; under an elastic strategy, a membership change during the save
+        re-forms the group and skips this save (None)."""
+        elastic = _elastic.active()
+        if elastic is None:
+            return self.save()
+        try:
+            return self.save()
+        except MembershipChangedError:
+            elastic.reform(self.total_run_calls)
+            self.total_run_calls = elastic.step
+            return None
 
     @property
     def directory(self) -> str:
