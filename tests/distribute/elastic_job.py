@@ -151,6 +151,7 @@ def _with_backup(
     stop_file = Path(os.environ["STOP_FILE"])
     delay = float(os.environ.get("STEP_SECONDS", "0.02"))
     calls = 0
+    first_step = backup.total_run_calls  # 0, or the group's count for a worker that joined
     generations = [elastic.generation.number]
     first_commit: float | None = None
 
@@ -176,4 +177,4 @@ def _with_backup(
             time.sleep(delay)
     step = backup.total_run_calls
     result = _result(step, model, optimizer, elastic, started, admitted, first_commit)
-    return result | {"calls": calls, "generations": generations}
+    return result | {"calls": calls, "first_step": first_step, "generations": generations}
