@@ -80,7 +80,8 @@ def json_object(text: str) -> dict[str, Any]:
 
 def build_parser() -> Parser:
     """The ``feedline`` parser: ``demo``, ``pipeline-demo``, ``dispatcher``, ``worker``,
-    ``server``, ``autoscale``, ``diagnose``, ``membership-store``, each a sub-command with its own options."""
+    ``server``, ``autoscale``, ``diagnose``, ``membership-store``, each a sub-command with its
+    own options."""
     parser = Parser(
         prog="feedline",
         description="feedline: TensorFlow's distributed input system for PyTorch.",
