@@ -26,6 +26,7 @@ from feedline.errors import MembershipChangedError
 from feedline.train import BackupAndRestore, Checkpoint
 
 CHECK_EVERY = 5
+MODEL_MADE = 0.0
 GLOBAL_BATCH = 24
 
 
@@ -51,6 +52,8 @@ def main(name: str) -> dict[str, Any]:
     with strategy.scope():
         model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    global MODEL_MADE
+    MODEL_MADE = time.monotonic() - admitted
 
     def replica(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
@@ -64,7 +67,7 @@ def main(name: str) -> dict[str, Any]:
     progress = Path(os.environ["PROGRESS_DIR"]) / name
     stop_file = Path(os.environ["STOP_FILE"])
     delay = float(os.environ.get("STEP_SECONDS", "0.02"))
-    step = elastic.step
+    step = first_step = elastic.step
     attempts = failures = 0
     first_commit: float | None = None
     changes: list[dict[str, Any]] = []
@@ -77,6 +80,8 @@ def main(name: str) -> dict[str, Any]:
             step += 1
             if first_commit is None:
                 first_commit = time.monotonic()
+            if changes and "resumed_s" not in changes[-1]:
+                changes[-1]["resumed_s"] = time.monotonic() - changes[-1].pop("failed_at")
             if step % CHECK_EVERY == 0:
                 flag = torch.tensor(float(stop_file.exists()))
                 if strategy.reduce("SUM", flag, axis=None).item() > 0:
@@ -85,6 +90,9 @@ def main(name: str) -> dict[str, Any]:
             failures += 1
             mine = step + (1 if elastic.committed > before else 0)
             t0 = time.monotonic()
+            if changes and "failed_at" in changes[-1]:  # it failed again before a step
+                changes[-1]["resumed_s"] = None
+                changes[-1].pop("failed_at")
             step = strategy.reform(mine)
             changes.append(
                 {
@@ -95,6 +103,7 @@ def main(name: str) -> dict[str, Any]:
                     "mine": mine,
                     "agreed": step,
                     "reform_s": time.monotonic() - t0,
+                    "failed_at": t0,
                 }
             )
         _progress(progress, step, elastic)
@@ -103,6 +112,7 @@ def main(name: str) -> dict[str, Any]:
         "attempts": attempts,
         "failures": failures,
         "changes": changes,
+        "first_step": first_step,
     }
 
 
@@ -131,6 +141,7 @@ def _result(
         "world_size": elastic.world_size,
         "startup_s": admitted - started,
         "first_commit_s": None if first_commit is None else first_commit - admitted,
+        "model_s": MODEL_MADE,
     }
 
 

@@ -413,6 +413,7 @@ class ElasticCollective(collectives.Collective):
         self._check: Callable[[], tuple[bool, ...]] | None = None
         self.on_reform: list[Callable[[Generation], None]] = []
         atexit.register(self.close)
+        _warm_up()
         self.generation = self._form(None, step=0)
         collectives._activate(self)
 
@@ -634,6 +635,16 @@ class ElasticCollective(collectives.Collective):
             collectives._activate(None)
         self._leave()
         self._rounds.stop()
+
+
+def _warm_up() -> None:
+    """Runs what torch loads on first use (autograd's engine, the optimizers' lazy imports:
+    seconds on a busy machine) before this worker joins, so that a joiner does not keep the
+    group waiting while its first step loads them."""
+    param = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.Adam([param], lr=0.0)
+    (param * 2).sum().backward()
+    optimizer.step()
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
