@@ -193,7 +193,9 @@ def _check_changes(results: dict[str, Any]) -> None:
     for name in ("w0", "w1"):
         changes = results[name]["changes"]
         reasons = [c["reason"] for c in changes]
-        assert reasons.count("peer_lost") == 1, changes
+        # the kill, and (on a machine so loaded that a heartbeat stalls past 3 s) possibly
+        # a live peer taken for lost: an extra change, which must cost no more
+        assert reasons.count("peer_lost") >= 1, changes
         # at most the step in flight is lost: the group agrees on the step this worker was
         # at, or one more (the step it failed in was committed elsewhere)
         for change in changes:
