@@ -13,6 +13,7 @@ __all__ = [
     "FailedPreconditionError",
     "FeedlineError",
     "InvalidArgumentError",
+    "MembershipChangedError",
     "NotFoundError",
     "OutOfRangeError",
     "PermissionDeniedError",
@@ -110,3 +111,26 @@ class WorkerDiedError(UnavailableError):
         super().__init__(message)
         self.pid = pid
         self.exitcode = exitcode
+
+
+class MembershipChangedError(UnavailableError):
+    """The workers of an elastic ``MultiWorkerMirroredStrategy`` changed during a step: a peer
+    was lost (a collective failed) or a new worker asked to join (found at the start of
+    ``strategy.run``, before the step ran).
+
+    This worker's model and optimizer are intact, but the step that was in flight may have
+    been applied by some workers and not by others. To continue, call ``strategy.reform()``:
+    it meets the workers that remain (and any joiners) in a new process group and returns the
+    number of steps the group agrees were committed; the next ``strategy.run`` gives every
+    worker the state of the worker with the most committed steps. Then run the step again if
+    that number does not include it. ``BackupAndRestore.run`` does all of this itself.
+
+    Attributes:
+      generation: the number of the process group that broke.
+      reason: ``"peer_lost"`` (a collective failed) or ``"join"`` (a worker asked to join).
+    """
+
+    def __init__(self, message: str, generation: int = 0, reason: str = "peer_lost") -> None:
+        super().__init__(message)
+        self.generation = generation
+        self.reason = reason

@@ -70,3 +70,28 @@ def server(
         errors=sys.stderr,
         command="feedline server",
     )
+
+
+def membership_store(*, host: str, port: int) -> int:
+    """``feedline membership-store``: the store where the workers of elastic
+    ``MultiWorkerMirroredStrategy`` jobs meet (``ElasticClusterResolver``), until SIGTERM or
+    SIGINT. Prints ``feedline membership-store serving at HOST:PORT`` once it serves."""
+
+    def make() -> Served:
+        from feedline.distribute.elastic import serve_membership_store
+
+        served = [serve_membership_store(host, port)]  # it serves while referenced
+
+        def stop(signalled: bool) -> None:
+            served.clear()
+
+        return Served(
+            banner=f"feedline membership-store serving at {host}:{served[0].port}", stop=stop
+        )
+
+    return serve(
+        make,
+        expected=(FeedlineError, ValueError, RuntimeError, OSError),
+        errors=sys.stderr,
+        command="feedline membership-store",
+    )

@@ -80,7 +80,8 @@ def json_object(text: str) -> dict[str, Any]:
 
 def build_parser() -> Parser:
     """The ``feedline`` parser: ``demo``, ``pipeline-demo``, ``dispatcher``, ``worker``,
-    ``server``, ``autoscale``, ``diagnose``, each a sub-command with its own options."""
+    ``server``, ``autoscale``, ``diagnose``, ``membership-store``, each a sub-command with its
+    own options."""
     parser = Parser(
         prog="feedline",
         description="feedline: TensorFlow's distributed input system for PyTorch.",
@@ -96,6 +97,7 @@ def build_parser() -> Parser:
     _add_server(commands)
     _add_autoscale(commands)
     _add_diagnose(commands)
+    _add_membership_store(commands)
     parser.commands.update(commands.choices)
     return parser
 
@@ -149,6 +151,21 @@ def _command(commands: Commands, name: str, run: str, summary: str, description:
     )
     parser.set_defaults(**{RUN: run})
     return parser
+
+
+def _add_membership_store(commands: Commands) -> None:
+    parser = _command(
+        commands,
+        "membership-store",
+        "feedline.cli._cluster:membership_store",
+        "the store where the workers of elastic training jobs meet",
+        "A torch.distributed TCPStore that outlives the workers of elastic\n"
+        "MultiWorkerMirroredStrategy jobs: give its address to every worker\n"
+        "(FEEDLINE_ELASTIC_STORE=HOST:PORT or ElasticClusterResolver(store_address)). It must\n"
+        "live as long as the jobs; it keeps no files.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
+    parser.add_argument("--port", type=int, default=29400, help="port, 0: any (%(default)s)")
 
 
 def _add_demo(commands: Commands) -> None:

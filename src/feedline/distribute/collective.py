@@ -52,6 +52,12 @@ def active() -> Collective | None:
     return _active
 
 
+def _activate(collective: Collective | None) -> None:
+    """Makes ``collective`` the one ``active()`` returns (a strategy's, when it forms)."""
+    global _active
+    _active = collective
+
+
 _MEET_POLL_SECONDS = 0.02
 
 

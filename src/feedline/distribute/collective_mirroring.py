@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from feedline.distribute.collective import Collective
+from feedline.distribute.elastic import ElasticCollective, take_state
 from feedline.distribute.mirroring import Mirroring
 from feedline.errors import FailedPreconditionError
 
@@ -98,6 +99,8 @@ class CollectiveMirroring(Mirroring):
         self._bucket_bytes = bucket_bytes or DEFAULT_BUCKET_BYTES
         self._num_local = len(strategy.extended.local_devices)
         self._order: list[weakref.ref[torch.nn.Module]] = []
+        self._optimizer_order: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._elastic = collective if isinstance(collective, ElasticCollective) else None
         self._synced: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, _Bucket] = {}
@@ -122,6 +125,20 @@ class CollectiveMirroring(Mirroring):
             self._order.append(weakref.ref(module))
         super().add_module(module)
 
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer not in self._optimizers:
+            self._optimizer_order.append(weakref.ref(optimizer))
+        super().add_optimizer(optimizer)
+
+    def forget_synced(self) -> None:
+        """After an elastic group re-formed: the next run gives every worker rank 0's
+        parameters and buffers again (and, in ``before_replica``, its optimizer state)."""
+        self._synced = weakref.WeakSet()
+
+    def _optimizers_in_order(self) -> list[torch.optim.Optimizer]:
+        alive = [ref() for ref in self._optimizer_order]
+        return [o for o in alive if o is not None]
+
     def _modules_in_order(self) -> list[torch.nn.Module]:
         alive = [ref() for ref in self._order]
         self._order = [ref for ref, m in zip(self._order, alive, strict=True) if m is not None]
@@ -131,6 +148,8 @@ class CollectiveMirroring(Mirroring):
     def before_replica(self, local_replica: int) -> None:
         if local_replica == 0:
             modules = self._modules_in_order()
+            if self._elastic is not None and self._elastic.needs_state:
+                take_state(self._elastic, self._optimizers_in_order())
             self._broadcast_new(modules)
             self._prepare_buckets(modules)
         super().before_replica(local_replica)
@@ -151,6 +170,7 @@ class CollectiveMirroring(Mirroring):
 
     def after_run(self) -> None:
         self._armed = False
+        updates = bool(self._pending)
         if self._pending or self._launched:
             if not self._pending:
                 self._finish_buckets()
@@ -161,6 +181,8 @@ class CollectiveMirroring(Mirroring):
                 )
             self._finish_buckets()
         super().after_run()
+        if updates and self._elastic is not None:
+            self._elastic.note_commit()
         self._sync_buffers()
 
     # -- the run's results -----------------------------------------------------------------

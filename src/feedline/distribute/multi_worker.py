@@ -26,7 +26,7 @@ import dataclasses
 import enum
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,9 +35,10 @@ from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute._devices import ReplicaDevice, parse_devices
 from feedline.distribute.collective import DEFAULT_TIMEOUT_SECONDS, Collective
 from feedline.distribute.collective_mirroring import CollectiveMirroring
+from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective, Generation
 from feedline.distribute.mirroring import Mirroring
 from feedline.distribute.strategy import Strategy, StrategyExtended
-from feedline.errors import InvalidArgumentError
+from feedline.errors import FailedPreconditionError, InvalidArgumentError, MembershipChangedError
 
 
 class CommunicationImplementation(enum.Enum):
@@ -116,9 +117,25 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> None:
         self._resolver = resolvers.resolve(cluster_resolver)
         self._options = communication_options or CommunicationOptions()
-        world_size, rank, host, port = resolvers.sync_group(self._resolver)
         local = parse_devices(list(devices)) if devices is not None else _default_devices()
         self._collective: Collective | None = None
+        self._elastic: ElasticCollective | None = None
+        if isinstance(self._resolver, ElasticClusterResolver):
+            backend = _backend(self._options.implementation, local)  # type: ignore[arg-type]
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if backend == "nccl"
+                else torch.device("cpu")
+            )
+            self._elastic = self._collective = ElasticCollective(self._resolver, backend, device)
+            self._elastic.on_reform.append(self._after_reform)
+            super().__init__(
+                StrategyExtended(
+                    local, num_workers=self._elastic.world_size, worker_index=self._elastic.rank
+                )
+            )
+            return
+        world_size, rank, host, port = resolvers.sync_group(self._resolver)
         if world_size > 1:
             self._collective = Collective(
                 rank=rank,
@@ -142,7 +159,55 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     @property
     def mirrors_replicas(self) -> bool:
-        return self.num_replicas_in_sync > 1
+        return self._elastic is not None or self.num_replicas_in_sync > 1
+
+    # -- elastic membership ----------------------------------------------------------------
+    @property
+    def elastic(self) -> ElasticCollective | None:
+        """The elastic group (its ``generation``, ``committed`` steps), or None when the
+        cluster is fixed (no ``ElasticClusterResolver``)."""
+        return self._elastic
+
+    def reform(self, step: int | None = None) -> int:
+        """After a ``MembershipChangedError``: meets the workers that remain, and any that
+        asked to join, in a new process group, and returns the training loop's step count
+        that the group agrees on (that of the worker with the most committed steps, which
+        the next ``strategy.run`` gives every worker its parameters and optimizer state).
+
+        Args:
+          step: this worker's loop step count, counting the failed step if this worker
+            committed it (``strategy.elastic.committed`` rose); None: the committed steps.
+
+        Raises:
+          FailedPreconditionError: the strategy is not elastic, or the job's lineage differs.
+          UnavailableError: fewer than ``min_workers`` met within the resolver's timeout.
+        """
+        elastic = self._elastic
+        if elastic is None:
+            raise FailedPreconditionError(
+                "strategy.reform() needs an elastic MultiWorkerMirroredStrategy (made with an "
+                "ElasticClusterResolver)"
+            )
+        elastic.reform(elastic.committed if step is None else step)
+        return elastic.step
+
+    def _after_reform(self, generation: Generation) -> None:
+        self.extended.num_workers = generation.world_size
+        self.extended.worker_index = generation.rank
+        if "_mirroring" in self.__dict__:
+            self._mirroring.forget_synced()  # type: ignore[attr-defined]
+
+    def run(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+    ) -> Any:
+        if self._elastic is None:
+            return super().run(fn, args, kwargs)
+        self._elastic.boundary()
+        try:
+            return super().run(fn, args, kwargs)
+        except MembershipChangedError:
+            self._mirroring.abort_run()  # the update of a failed step is never applied
+            raise
 
     @functools.cached_property
     def _mirroring(self) -> Mirroring:

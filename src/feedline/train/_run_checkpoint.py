@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from feedline import _fs
-from feedline.errors import InvalidArgumentError
+from feedline.distribute import elastic as _elastic
+from feedline.errors import InvalidArgumentError, MembershipChangedError
 from feedline.train import _cluster
 from feedline.train._checkpoint_files import basename, join, remove, same_directory, tidy
 from feedline.train.checkpoint import Checkpoint
@@ -60,7 +61,12 @@ class RunCheckpoint:
         self.manager = _manager(checkpoint_or_manager, directory, argument, owner, storage_options)
         self.checkpoint = self.manager.checkpoint
         self._runs = _runs_tensor(self.checkpoint, owner)
-        self.cluster = _cluster.current()
+        elastic = _elastic.active()
+        if elastic is not None and elastic.joined_running:
+            # A worker admitted into an elastic group that trains: the state and the step
+            # count come from the group (the step count now, the rest at the next step).
+            self.total_run_calls = elastic.step
+            return
         with self.manager.storage_scope():
             latest = self._latest(argument)
             if latest is not None:
@@ -81,6 +87,38 @@ class RunCheckpoint:
         return self.cluster.decide(
             lambda: _latest_and_tidy(self.manager), f"finding the latest checkpoint in {directory}"
         )
+
+    @property
+    def cluster(self) -> _cluster.Cluster:
+        """This process's cluster now (an elastic group's ranks change)."""
+        return _cluster.current()
+
+    def run(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Runs one training step and counts it. Under an elastic strategy, a membership
+        change re-forms the group and runs the step again unless the group committed it
+        (then the result is None)."""
+        elastic = _elastic.active()
+        if elastic is None:
+            result = fn(*args, **kwargs)
+            self.total_run_calls += 1
+            return result
+        result, self.total_run_calls = _elastic.run_step(
+            elastic, self.total_run_calls, fn, *args, **kwargs
+        )
+        return result
+
+    def save_absorbing(self) -> str | None:
+        """``save``; under an elastic strategy, a membership change during the save
+        re-forms the group and skips this save (None)."""
+        elastic = _elastic.active()
+        if elastic is None:
+            return self.save()
+        try:
+            return self.save()
+        except MembershipChangedError:
+            elastic.reform(self.total_run_calls)
+            self.total_run_calls = elastic.step
+            return None
 
     @property
     def directory(self) -> str:

@@ -16,6 +16,12 @@ In a cluster every worker makes it and calls ``run`` alike; the chief writes the
 ``backup_dir``, which every worker must see (checked here, not at the first restart). Under
 ``torchrun --max-restarts N`` a killed worker brings the group down and back up, and the group
 resumes from the last backup: up to ``save_freq - 1`` steps are computed again.
+
+Under an elastic ``MultiWorkerMirroredStrategy`` (``ElasticClusterResolver``) nothing restarts:
+when a peer is lost or a worker joins, ``run`` re-forms the group with the workers that remain
+and runs the step again, unless the group had committed it (then ``run`` returns None for it);
+a joiner's ``BackupAndRestore`` restores nothing from ``backup_dir`` and takes the group's step
+count, model and optimizer state. The backups go on as a last resort for a loss of every worker.
 """
 
 from __future__ import annotations
@@ -87,11 +93,11 @@ class BackupAndRestore:
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Runs one training step ``fn(*args, **kwargs)``; after every ``save_freq``-th,
         saves the backup (every worker of a cluster calls ``run`` at each step). Returns what
-        ``fn`` returns."""
-        result = fn(*args, **kwargs)
-        self._state.total_run_calls += 1
+        ``fn`` returns (None for a step an elastic group committed while this worker's
+        attempt failed)."""
+        result = self._state.run(fn, args, kwargs)
         if self._state.total_run_calls % self._save_freq == 0:
-            self._state.save()
+            self._state.save_absorbing()
         return result
 
     def on_train_end(self) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from feedline.data.dataset import DatasetIterator
 from feedline.distribute import cluster_resolver as resolvers
+from feedline.distribute import elastic as _elastic
 from feedline.distribute.distributed_dataset import DistributedIterator
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.train import _cluster
@@ -134,9 +135,8 @@ class PreemptionCheckpointHandler:
         )
         self._noticed = threading.Event()
         self._deadline: float | None = None
-        self._agreement = self._state.cluster.any_each_step(
-            _Flags(self._noticed, self), 2, "the preemption agreement"
-        )
+        self._agreement_generation = self._generation()
+        self._agreement = self._new_agreement()
         self._stop_polling = threading.Event()
         self._poller: threading.Thread | None = None
         if config.termination_watcher_fn is not None:
@@ -161,10 +161,22 @@ class PreemptionCheckpointHandler:
         Every worker calls ``run`` once per step; ``distributed_train_function`` is one step
         (a function that calls ``strategy.run``), and its result is returned.
         """
-        result = distributed_train_function(*args, **kwargs)
-        self._state.total_run_calls += 1
+        result = self._state.run(distributed_train_function, args, kwargs)
+        if self._generation() != self._agreement_generation:
+            # the group re-formed: the old group's all-reduces are gone
+            self._agreement_generation = self._generation()
+            self._agreement = self._new_agreement()
         self._after_step()
         return result
+
+    def _generation(self) -> int:
+        elastic = _elastic.active()
+        return 0 if elastic is None else elastic.generation.number
+
+    def _new_agreement(self) -> _cluster.StepAgreement:
+        return self._state.cluster.any_each_step(
+            _Flags(self._noticed, self), 2, "the preemption agreement"
+        )
 
     @contextlib.contextmanager
     def watch_preemption_scope(self) -> Iterator[None]:

@@ -1,0 +1,191 @@
+"""A small elastic training job that the elastic tests and benchmark run in worker processes.
+
+Each worker trains a small MLP under an elastic ``MultiWorkerMirroredStrategy``; the batch of
+step ``s`` is a function of ``s`` alone (rows ``rank::world_size`` of it on each worker), so a
+redone step trains on the same rows. The loop is the hand-written one the docs show: on a
+``MembershipChangedError`` it calls ``strategy.reform`` and runs the step again unless the group
+committed it. Every ``CHECK_EVERY`` steps the workers agree (``strategy.reduce``) whether the
+test asked them to stop (the file ``STOP_FILE`` exists), so that all stop at the same step.
+Progress goes to ``PROGRESS_DIR/<name>`` (the step, the generation, the world size) and the
+result to ``report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import feedline.distribute as fdist
+from feedline.distribute.elastic import ElasticClusterResolver
+from feedline.errors import MembershipChangedError
+from feedline.train import BackupAndRestore, Checkpoint
+
+CHECK_EVERY = 5
+MODEL_MADE = 0.0
+GLOBAL_BATCH = 24
+
+
+def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=generator)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return x[rank::world_size], y[rank::world_size]
+
+
+def main(name: str) -> dict[str, Any]:
+    started = time.monotonic()
+    resolver = ElasticClusterResolver(
+        min_workers=int(os.environ.get("MIN_WORKERS", "1")),
+        settle_seconds=float(os.environ.get("SETTLE_SECONDS", "0.3")),
+        timeout_seconds=float(os.environ.get("ELASTIC_TIMEOUT", "60")),
+    )
+    strategy = fdist.MultiWorkerMirroredStrategy(resolver)
+    elastic = strategy.elastic
+    assert elastic is not None
+    admitted = time.monotonic()
+    torch.manual_seed(int(os.environ.get("SEED", "0")))
+    with strategy.scope():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    global MODEL_MADE
+    MODEL_MADE = time.monotonic() - admitted
+
+    def replica(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = ((model(x) - y) ** 2).sum() / GLOBAL_BATCH
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if os.environ.get("LOOP") == "backup":
+        return _with_backup(name, strategy, model, optimizer, replica, started, admitted)
+    progress = Path(os.environ["PROGRESS_DIR"]) / name
+    stop_file = Path(os.environ["STOP_FILE"])
+    delay = float(os.environ.get("STEP_SECONDS", "0.02"))
+    step = first_step = elastic.step
+    attempts = failures = 0
+    first_commit: float | None = None
+    changes: list[dict[str, Any]] = []
+    while True:
+        before = elastic.committed
+        attempts += 1
+        try:
+            x, y = batch(step, elastic.rank, elastic.world_size)
+            strategy.run(replica, (x, y))
+            step += 1
+            if first_commit is None:
+                first_commit = time.monotonic()
+            if changes and "resumed_s" not in changes[-1]:
+                changes[-1]["resumed_s"] = time.monotonic() - changes[-1].pop("failed_at")
+            if step % CHECK_EVERY == 0:
+                flag = torch.tensor(float(stop_file.exists()))
+                if strategy.reduce("SUM", flag, axis=None).item() > 0:
+                    break
+        except MembershipChangedError as error:
+            failures += 1
+            mine = step + (1 if elastic.committed > before else 0)
+            t0 = time.monotonic()
+            if changes and "failed_at" in changes[-1]:  # it failed again before a step
+                changes[-1]["resumed_s"] = None
+                changes[-1].pop("failed_at")
+            step = strategy.reform(mine)
+            changes.append(
+                {
+                    "reason": error.reason,
+                    "from": error.generation,
+                    "to": elastic.generation.number,
+                    "world_size": elastic.world_size,
+                    "mine": mine,
+                    "agreed": step,
+                    "reform_s": time.monotonic() - t0,
+                    "failed_at": t0,
+                }
+            )
+        _progress(progress, step, elastic)
+        time.sleep(delay)
+    return _result(step, model, optimizer, elastic, started, admitted, first_commit) | {
+        "attempts": attempts,
+        "failures": failures,
+        "changes": changes,
+        "first_step": first_step,
+    }
+
+
+def _progress(path: Path, step: int, elastic: Any) -> None:
+    state = {"step": step, "gen": elastic.generation.number, "world": elastic.world_size}
+    path.with_suffix(".tmp").write_text(json.dumps(state))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _result(
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    elastic: Any,
+    started: float,
+    admitted: float,
+    first_commit: float | None,
+) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "step": step,
+        "committed": elastic.committed,
+        "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+        "moments": [s["exp_avg"].reshape(-1).tolist() for s in optimizer.state.values()],
+        "generation": elastic.generation.number,
+        "world_size": elastic.world_size,
+        "startup_s": admitted - started,
+        "first_commit_s": None if first_commit is None else first_commit - admitted,
+        "model_s": MODEL_MADE,
+    }
+
+
+def _with_backup(
+    name: str,
+    strategy: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    replica: Any,
+    started: float,
+    admitted: float,
+) -> dict[str, Any]:
+    """The loop of the docs: ``BackupAndRestore.run`` absorbs every membership change."""
+    elastic = strategy.elastic
+    checkpoint = Checkpoint(model=model, optimizer=optimizer)
+    backup = BackupAndRestore(checkpoint, os.environ["BACKUP_DIR"], save_freq=50)
+    progress = Path(os.environ["PROGRESS_DIR"]) / name
+    stop_file = Path(os.environ["STOP_FILE"])
+    delay = float(os.environ.get("STEP_SECONDS", "0.02"))
+    calls = 0
+    first_step = backup.total_run_calls  # 0, or the group's count for a worker that joined
+    generations = [elastic.generation.number]
+    first_commit: float | None = None
+
+    def train_step(step: int) -> bool:
+        x, y = batch(step, elastic.rank, elastic.world_size)
+        strategy.run(replica, (x, y))
+        if step % CHECK_EVERY != CHECK_EVERY - 1:
+            return False
+        flag = torch.tensor(float(stop_file.exists()))
+        return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+
+    with backup:
+        while True:
+            calls += 1
+            stop = backup.run(train_step, backup.total_run_calls)
+            if first_commit is None:
+                first_commit = time.monotonic()
+            if elastic.generation.number != generations[-1]:
+                generations.append(elastic.generation.number)
+            _progress(progress, backup.total_run_calls, elastic)
+            if stop:
+                break
+            time.sleep(delay)
+    step = backup.total_run_calls
+    result = _result(step, model, optimizer, elastic, started, admitted, first_commit)
+    return result | {"calls": calls, "first_step": first_step, "generations": generations}
