@@ -30,15 +30,27 @@ pytestmark = [
 ]
 
 
+#: The arenas this process held when the running test started (another test's, in the same
+#: process, that the test did not make).
+_HELD_BEFORE: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _arenas_before() -> None:
+    gc.collect()
+    _HELD_BEFORE.clear()
+    _HELD_BEFORE.update(_shm.arena_descriptors())
+
+
 def arenas(timeout: float = 30.0) -> list[str]:
-    """The arenas this process still holds a descriptor of, once what it read is gone (a
-    mapping holds one: a consumer's while one of its elements lives, an in-process worker's
-    until the task ends), waiting up to ``timeout`` for them to go; and any feedline file in
-    ``/dev/shm`` (there should never be one)."""
+    """The arenas made during this test that this process still holds a descriptor of, once
+    what it read is gone (a mapping holds one: a consumer's while one of its elements lives,
+    an in-process worker's until the task ends), waiting up to ``timeout`` for them to go; and
+    any feedline file in ``/dev/shm`` (there should never be one)."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
-        held = _shm.arena_descriptors()
+        held = [name for name in _shm.arena_descriptors() if name not in _HELD_BEFORE]
         if not held or time.monotonic() > deadline:
             break
         time.sleep(0.05)
