@@ -114,6 +114,29 @@ def test_backups_every_save_freq_steps_restore_and_are_deleted_at_the_end(
     assert one.weights() == job.weights()
 
 
+def test_run_commits_the_input_of_each_step_that_returned(tmp_path: pathlib.Path) -> None:
+    from feedline.data import Dataset
+    from feedline.data.experimental import CommittedIterator
+
+    steps = CommittedIterator(iter(Dataset.range(8).batch(2)))
+    plain = iter(Dataset.range(8))
+    backup = BackupAndRestore(Checkpoint(), tmp_path, save_freq=100)
+
+    def step(iterator: CommittedIterator, other: object, fail: bool = False) -> list[int]:
+        batch = [int(x) for x in next(iterator)]
+        if fail:
+            raise RuntimeError("the step failed")
+        return batch
+
+    assert backup.run(step, steps, plain) == [0, 1]
+    with pytest.raises(RuntimeError, match="the step failed"):
+        backup.run(step, steps, plain, fail=True)  # took [2, 3] and did not commit it
+    restarted = CommittedIterator(iter(Dataset.range(8).batch(2)))
+    restarted.set_state(steps.get_state())
+    assert [int(x) for x in next(restarted)] == [2, 3]
+    assert int(next(plain)) == 0  # an iterator that does not count steps is left alone
+
+
 def test_a_backup_on_a_store_with_storage_options() -> None:
     from tests.conftest import credential_checked_s3, new_s3_user_options
 

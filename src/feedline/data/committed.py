@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CommittedIterator", "abort_step", "commit_step"]
+__all__ = ["CommittedIterator", "abort_step", "commit_step", "counts_steps"]
 
 
 class CommittedIterator:
@@ -106,12 +106,20 @@ class CommittedIterator:
         self._inner.close()
 
 
+def counts_steps(iterator: Any) -> bool:
+    """Whether ``iterator`` consumes its elements when their step commits: a
+    ``CommittedIterator``, or a service iterator that acknowledges on commit."""
+    return isinstance(iterator, CommittedIterator) or (
+        getattr(iterator, "acknowledges_on_commit", False) is True
+    )
+
+
 def commit_step(iterators: Iterable[Any]) -> None:
     """A training step committed (its ``strategy.run`` and ``strategy.reduce`` returned on
-    every worker): each of ``iterators`` that counts steps (``CommittedIterator``, a service
-    iterator acknowledging on commit) consumes the step's elements; others are left alone."""
+    every worker): each of ``iterators`` that counts steps (``counts_steps``) consumes the
+    step's elements; others are left alone."""
     for iterator in iterators:
-        if callable(getattr(iterator, "commit", None)):
+        if counts_steps(iterator):
             iterator.commit()
 
 
@@ -119,5 +127,5 @@ def abort_step(iterators: Iterable[Any]) -> None:
     """A training step was aborted (a peer failed mid-step): each of ``iterators`` that counts
     steps returns the step's elements again."""
     for iterator in iterators:
-        if callable(getattr(iterator, "abort", None)):
+        if counts_steps(iterator):
             iterator.abort()

@@ -664,30 +664,37 @@ def active() -> ElasticCollective | None:
 
 
 def run_step(
-    elastic: ElasticCollective, steps_done: int, fn: Callable[..., T], *args: Any, **kwargs: Any
+    elastic: ElasticCollective,
+    steps_done: int,
+    step: Callable[[], T],
+    on_abort: Callable[[], None] = lambda: None,
 ) -> tuple[T | None, int]:
-    """Runs one training step ``fn(*args, **kwargs)`` that may meet membership changes.
+    """Runs one training step ``step()`` that may meet membership changes.
 
-    On a ``MembershipChangedError`` the group re-forms; the step runs again unless the group
-    committed it (the worker with the most committed steps had applied its update).
+    On a ``MembershipChangedError`` the group re-forms; the step runs again (after
+    ``on_abort()``: its input is given back) unless the group committed it (the worker with
+    the most committed steps had applied its update, to which this worker's input contributed).
 
     Args:
       elastic: the strategy's elastic collective.
       steps_done: the loop's steps before this one.
+      step: the training step.
+      on_abort: called before the step runs again.
 
     Returns:
-      ``fn``'s result (None when the group committed the step without this worker's result)
+      ``step``'s result (None when the group committed the step without this worker's result)
       and the loop's step count after the step.
     """
     while True:
         before = elastic.committed
         try:
-            return fn(*args, **kwargs), steps_done + 1
+            return step(), steps_done + 1
         except MembershipChangedError:
             mine = steps_done + (1 if elastic.committed > before else 0)
             elastic.reform(mine)
             if elastic.step > steps_done:
                 return None, elastic.step
+            on_abort()
             steps_done = elastic.step
 
 

@@ -14,6 +14,7 @@ directory is the one written, restored from and checked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from feedline import _fs
+from feedline.data.committed import abort_step, commit_step, counts_steps
 from feedline.distribute import elastic as _elastic
 from feedline.errors import InvalidArgumentError, MembershipChangedError
 from feedline.train import _cluster
@@ -94,17 +96,24 @@ class RunCheckpoint:
         return _cluster.current()
 
     def run(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Runs one training step and counts it. Under an elastic strategy, a membership
-        change re-forms the group and runs the step again unless the group committed it
-        (then the result is None)."""
+        """Runs one training step and counts it; its arguments that count steps
+        (``feedline.data.committed``: a ``CommittedIterator``, a service iterator acknowledging
+        on commit) consume the step's input once it returned. Under an elastic strategy, a
+        membership change re-forms the group and runs the step again, the input given back,
+        unless the group committed it (then the result is None)."""
+        iterators = [value for value in (*args, *kwargs.values()) if counts_steps(value)]
         elastic = _elastic.active()
         if elastic is None:
             result = fn(*args, **kwargs)
             self.total_run_calls += 1
-            return result
-        result, self.total_run_calls = _elastic.run_step(
-            elastic, self.total_run_calls, fn, *args, **kwargs
-        )
+        else:
+            result, self.total_run_calls = _elastic.run_step(
+                elastic,
+                self.total_run_calls,
+                functools.partial(fn, *args, **kwargs),
+                lambda: abort_step(iterators),
+            )
+        commit_step(iterators)
         return result
 
     def save_absorbing(self) -> str | None:
