@@ -160,6 +160,7 @@ def trainer_main() -> dict[str, Any]:
             )
         )
     )
+    pause = float(os.environ.get("STEP_SECONDS", "0"))
     iterator = iter(dataset)
     fetcher = _Fetcher(iterator)
     frequencies = torch.arange(1, FEATURES + 1, dtype=torch.float32) / 100
@@ -167,6 +168,7 @@ def trainer_main() -> dict[str, Any]:
     attempts = changes = rolled_back = 0
     held: list[int] | None = None  # the batch of the current step, not committed yet
     with open(os.environ["LOG"], "a") as log:
+        _log(log, "G", [elastic.generation.number, elastic.world_size])  # in the group
         while True:
             if held is None:
                 batch = fetcher.take(0.2)
@@ -192,6 +194,7 @@ def trainer_main() -> dict[str, Any]:
                     _log(log, "C", held)
                     held = None
                 step = strategy.reform(mine)
+                _log(log, "G", [elastic.generation.number, elastic.world_size])
                 rolled_back += max(0, mine - step)
                 continue
             step += 1
@@ -200,6 +203,7 @@ def trainer_main() -> dict[str, Any]:
                 iterator.commit()
                 _log(log, "C", held)
                 held = None
+            time.sleep(pause)
     return {
         "attempts": attempts,
         "advanced": step - first_step,
@@ -226,6 +230,8 @@ class Round:
     steps_lost_per_change: list[float] = field(default_factory=list)
     rolled_back: int = 0
     failed_trainers: list[str] = field(default_factory=list)
+    trainers: dict[str, Any] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
 
 
 def _read_log(path: Path) -> list[tuple[str, list[int]]]:
@@ -240,6 +246,10 @@ def _read_log(path: Path) -> list[tuple[str, list[int]]]:
             except json.JSONDecodeError:  # a line the kill cut
                 pass
     return lines
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def _committed(logs: list[Path]) -> int:
@@ -261,6 +271,7 @@ def run_round(
     *,
     hang_seconds: float = 180.0,
     worker_changes: bool = True,
+    step_seconds: float = 0.05,
 ) -> Round:
     """One round: trainers 2 -> 3 -> 1 -> 2 and (``worker_changes``) service workers
     2 -> 3 -> 1, each change at a seeded random point of the committed progress."""
@@ -283,6 +294,7 @@ def run_round(
         "TARGET": dispatcher.target,
         "JOB": f"chaos-{seed}",
         "N": str(elements),
+        "STEP_SECONDS": str(step_seconds),
     }
     trainers: dict[str, Processes] = {}
     logs: list[Path] = []
@@ -296,7 +308,7 @@ def run_round(
         plan += [("worker", "start"), ("worker", "kill"), ("worker", "kill")]
     # Each change at a random point of the progress; trainer changes keep their order (so
     # does the worker sequence), the two sequences interleave at random.
-    points = sorted(rng.uniform(0.05, 0.75) for _ in plan)
+    points = sorted(rng.uniform(0.05, 0.5) for _ in plan)
     trainer_plan = [p for p in plan if p[0] == "trainer"]
     worker_plan = [p for p in plan if p[0] == "worker"]
     order = trainer_plan + worker_plan
@@ -315,7 +327,12 @@ def run_round(
         return name
 
     def alive_trainers() -> list[str]:
-        return [n for n, p in trainers.items() if p.poll(n) is None]
+        """The trainers running that have been in the group."""
+        return [
+            n
+            for n, p in trainers.items()
+            if p.poll(n) is None and "G " in _text(workdir / f"{n}.log")
+        ]
 
     try:
         with ServiceProcesses(timeout=600) as cluster:
@@ -336,9 +353,22 @@ def run_round(
                     row.hung = True
                     break
                 time.sleep(rng.uniform(0, 0.3))
+                row.events.append(
+                    f"{time.monotonic() - started:.1f}s {kind} {action} at {_committed(logs)}"
+                )
                 if kind == "trainer":
                     if action == "start":
-                        start_trainer()
+                        joiner = start_trainer()
+                        try:  # a change once it is in the group (or the input ended)
+                            _wait(
+                                "the joiner",
+                                lambda joiner=joiner: joiner in alive_trainers()  # type: ignore[misc]
+                                or trainers[joiner].poll(joiner) is not None,
+                                deadline - time.monotonic(),
+                            )
+                        except TimeoutError:
+                            row.hung = True
+                            break
                     elif alive_trainers():
                         victim = rng.choice(alive_trainers())
                         trainers[victim].send(victim, signal.SIGKILL)
@@ -366,6 +396,7 @@ def run_round(
                 if code not in (None, 0, -signal.SIGKILL):
                     row.failed_trainers.append(f"{name}: {procs.output(name, 'stderr')[-400:]}")
                 result = procs.reports().get(name)
+                row.trainers[name] = result if result is not None else {"exit": code}
                 if result is not None:
                     row.rolled_back += result["rolled_back"]
                     if result["changes"]:
@@ -399,7 +430,7 @@ def _count(row: Round, logs: list[Path], killed: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--elements", type=int, default=2000)
+    parser.add_argument("--elements", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hang-seconds", type=float, default=240.0)
     parser.add_argument("--no-worker-changes", action="store_true")
