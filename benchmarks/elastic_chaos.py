@@ -39,6 +39,7 @@ kill, kill). At the end it counts, over the union of the ``C`` lines:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -241,10 +242,8 @@ def _read_log(path: Path) -> list[tuple[str, list[int]]]:
     for line in path.read_text().split("\n"):
         kind, _, ids = line.partition(" ")
         if kind in ("P", "C") and ids:
-            try:
+            with contextlib.suppress(json.JSONDecodeError):  # a line the kill cut
                 lines.append((kind, json.loads(ids)))
-            except json.JSONDecodeError:  # a line the kill cut
-                pass
     return lines
 
 
@@ -362,8 +361,10 @@ def run_round(
                         try:  # a change once it is in the group (or the input ended)
                             _wait(
                                 "the joiner",
-                                lambda joiner=joiner: joiner in alive_trainers()  # type: ignore[misc]
-                                or trainers[joiner].poll(joiner) is not None,
+                                lambda joiner=joiner: (
+                                    joiner in alive_trainers()  # type: ignore[misc]
+                                    or trainers[joiner].poll(joiner) is not None
+                                ),
                                 deadline - time.monotonic(),
                             )
                         except TimeoutError:
