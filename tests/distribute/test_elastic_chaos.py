@@ -37,7 +37,9 @@ def test_the_count_tells_lost_twice_unlogged_and_redone_apart(tmp_path: Path) ->
 
 
 def test_a_round_of_joins_and_kills_commits_every_element_once(tmp_path: Path) -> None:
-    row = run_round(7, 1600, tmp_path, hang_seconds=180, worker_changes=False)
+    row = run_round(7, 2400, tmp_path, hang_seconds=180, worker_changes=False, step_seconds=0.1)
     assert not row.hung and not row.failed_trainers, row
     assert row.trainer_changes == 4, row
+    # a trainer that lived through the round saw the group change (join, losses, join)
+    assert max(t.get("changes", 0) for t in row.trainers.values()) >= 2, row
     assert (row.lost, row.duplicated, row.unlogged) == (0, 0, 0), row
