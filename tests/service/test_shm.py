@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,13 +42,17 @@ def _arenas_before() -> None:
     _HELD_BEFORE.update(_shm.arena_descriptors())
 
 
-def arenas(timeout: float = 30.0) -> list[str]:
+def arenas(timeout: float = 30.0, close: Sequence[Any] = ()) -> list[str]:
     """The arenas made during this test that this process still holds a descriptor of, once
     what it read is gone (a mapping holds one: a consumer's while one of its elements lives,
     an in-process worker's until the task ends), waiting up to ``timeout`` for them to go; and
-    any feedline file in ``/dev/shm`` (there should never be one)."""
+    any feedline file in ``/dev/shm`` (there should never be one). ``close``: in-process
+    workers whose mappings are closed meanwhile, as when their tasks end (again while waiting:
+    a request still in flight when a consumer closed may map its arena once more)."""
     deadline = time.monotonic() + timeout
     while True:
+        for worker in close:
+            worker._shm.close()
         gc.collect()
         held = [name for name in _shm.arena_descriptors() if name not in _HELD_BEFORE]
         if not held or time.monotonic() > deadline:
@@ -175,9 +179,7 @@ def test_round_robin_reads_go_through_shared_memory(
     assert takes and all(np.all(e == e[0]) for e in got)
     assert all(w._shm.mapped() == 1 for w in cluster.workers)  # one arena per worker
     del got, iterator  # what the reader still holds maps its arenas
-    for worker in cluster.workers:  # as when the job's tasks end
-        worker._shm.close()
-    assert arenas() == []
+    assert arenas(close=cluster.workers) == []  # as when the job's tasks end
 
 
 def test_a_consumer_on_another_host_reads_over_grpc(
