@@ -321,7 +321,9 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     assert ledger.done_for(5, [0, 4]) == [(4, 4)]
 
 
-def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journal() -> None:
+def _cross_trainer_job() -> tuple[st.DispatcherState, int, int]:
+    """A dispatcher state with a fault-tolerant cross-trainer job and its task on worker w:1:
+    the state, the job's id and the task's."""
     state = st.DispatcherState(incarnation=6)
     state.apply(st.RegisterWorker("w:1"))
     job_id = state.new_id()
@@ -330,6 +332,11 @@ def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journ
     )
     task_id = state.new_id()
     state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    return state, job_id, task_id
+
+
+def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journal() -> None:
+    state, job_id, task_id = _cross_trainer_job()
     state.apply(st.AcquireClient(100, job_id, "a"))
     cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
     state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
@@ -346,14 +353,7 @@ def test_a_restored_trainers_splits_reach_the_ledger_through_the_state_and_journ
 
 
 def test_a_trainers_consumer_is_known_to_the_ledger_through_the_state_and_journal() -> None:
-    state = st.DispatcherState(incarnation=6)
-    state.apply(st.RegisterWorker("w:1"))
-    job_id = state.new_id()
-    state.apply(
-        st.CreateJob(job_id, "d", 3, "j", 0, None, "ANY", exactly_once=True, cross_trainer=True)
-    )
-    task_id = state.new_id()
-    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    state, job_id, task_id = _cross_trainer_job()
     for client_id, trainer in ((100, "a"), (101, "b")):
         acquire = st.AcquireClient(client_id, job_id, trainer)
         state.apply(st.update_from_json(st.update_to_json(acquire)))
