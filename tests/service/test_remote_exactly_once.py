@@ -110,21 +110,7 @@ def test_a_worker_killed_mid_object_loses_and_repeats_no_record(
         names = [cluster.start_worker() for _ in range(workers)]
         dataset = pipeline(prefix, stop).apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
         iterator = iter(dataset)
-        got: list[bytes] = []
-        raised: list[BaseException] = []
-
-        def read() -> None:
-            try:
-                for x in iterator:
-                    got.append(x.item())
-            except BaseException as error:
-                raised.append(error)
-
-        reader = threading.Thread(target=read, name="consumer", daemon=True)
-        reader.start()
-        wait_until(lambda: marker.exists() and marker.read_text() != "", 120, "a worker stops")
-        pid = int(marker.read_text())
-        (victim,) = [name for name in names if cluster.pid(name) == pid]
+        got, raised, reader, victim = _read_until_a_worker_stops(cluster, iterator, names, marker)
         wait_until(
             lambda: set(before) <= set(got) or bool(raised),
             60,
@@ -168,21 +154,7 @@ def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
         names = [cluster.start_worker() for _ in range(2)]
         dataset = pipeline(prefix, stop).apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
         iterator = iter(dataset)
-        got: list[bytes] = []
-        raised: list[BaseException] = []
-
-        def read() -> None:
-            try:
-                for x in iterator:
-                    got.append(x.item())
-            except BaseException as error:
-                raised.append(error)
-
-        reader = threading.Thread(target=read, name="consumer", daemon=True)
-        reader.start()
-        wait_until(lambda: marker.exists() and marker.read_text() != "", 120, "a worker stops")
-        pid = int(marker.read_text())
-        (victim,) = [name for name in names if cluster.pid(name) == pid]
+        got, raised, reader, victim = _read_until_a_worker_stops(cluster, iterator, names, marker)
         wait_until(lambda: set(before) <= set(got) or bool(raised), 60, "records 0-2 of object 1")
         assert not raised, raised
         with TFRecordWriter(url) as writer:  # another version, as long as the first
@@ -198,3 +170,27 @@ def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
     assert [type(error) for error in raised] == [DataLossError], raised
     assert url in str(raised[0]) and "changed since it was listed" in str(raised[0])
     assert not [r for r in got if r.startswith(b"new")], "records of the new version delivered"
+
+
+def _read_until_a_worker_stops(
+    cluster: ServiceProcesses, iterator: Any, names: list[str], marker: Path
+) -> tuple[list[bytes], list[BaseException], threading.Thread, str]:
+    """Reads ``iterator`` in a thread until the worker that ``marker`` names (its pid, written
+    when it stopped mid-object) stopped: what was read, what was raised, the thread, and the
+    stopped worker's name."""
+    got: list[bytes] = []
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for x in iterator:
+                got.append(x.item())
+        except BaseException as error:
+            raised.append(error)
+
+    reader = threading.Thread(target=read, name="consumer", daemon=True)
+    reader.start()
+    wait_until(lambda: marker.exists() and marker.read_text() != "", 120, "a worker stops")
+    pid = int(marker.read_text())
+    (victim,) = [name for name in names if cluster.pid(name) == pid]
+    return got, raised, reader, victim
