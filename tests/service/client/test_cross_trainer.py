@@ -351,6 +351,33 @@ def test_a_trainer_that_first_joins_after_a_worker_died_gets_every_element_once(
     assert row.lost == row.duplicated == {"a": 0, "b": 0, "victim": 0, "late": 0}, row
 
 
+def _fault_tolerant_trainers(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> tuple[Cluster, Callable[[str], Any]]:
+    """A fault-tolerant cluster (workers dropped after 1 s) with two workers, and a function
+    that makes trainer ``name``'s iterator of the job "ft" over ``Dataset.range(300)``."""
+    cluster = make_cluster(
+        0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
+    )
+    for _ in range(2):
+        cluster.add_worker(heartbeat_interval_ms=100)
+
+    def trainer(name: str) -> Any:
+        return iter(
+            Dataset.range(300).apply(
+                service.distribute(
+                    "distributed_epoch",
+                    cluster.target,
+                    job_name="ft",
+                    cross_trainer_cache=service.CrossTrainerCache(name),
+                    max_outstanding_requests=4,
+                )
+            )
+        )
+
+    return cluster, trainer
+
+
 def test_a_trainer_restored_from_before_a_worker_died_loses_and_repeats_nothing(
     tmp_path: Path,
 ) -> None:
@@ -427,25 +454,7 @@ def test_a_trainer_restored_after_a_worker_died_takes_its_replayed_splits_once(
     trainer reads on, then is restored from the position it saved: it gets every element it had
     not returned by then, once, wherever the splits ran. (Splits that every trainer had received
     in full when the worker died are not run again: docs/data_service.md.)"""
-    cluster = make_cluster(
-        0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
-    )
-    for _ in range(2):
-        cluster.add_worker(heartbeat_interval_ms=100)
-    dataset = Dataset.range(300)
-
-    def trainer(name: str) -> Any:
-        return iter(
-            dataset.apply(
-                service.distribute(
-                    "distributed_epoch",
-                    cluster.target,
-                    job_name="ft",
-                    cross_trainer_cache=service.CrossTrainerCache(name),
-                    max_outstanding_requests=4,
-                )
-            )
-        )
+    cluster, trainer = _fault_tolerant_trainers(make_cluster, tmp_path)
 
     steady, restarted = trainer("steady"), trainer("restarted")
     before = [int(next(restarted)) for _ in range(30)]
@@ -473,25 +482,7 @@ def test_a_trainer_restored_from_before_a_worker_died_gets_the_splits_every_trai
     gone, a worker dies, and the trainer is restored from the position it saved before. The
     dead worker's done splits that its position lacks run again for it: it gets every element
     it had not returned by then, once; the other trainer gets nothing twice."""
-    cluster = make_cluster(
-        0, fault_tolerant_mode=True, work_dir=str(tmp_path), worker_timeout_ms=1000
-    )
-    for _ in range(2):
-        cluster.add_worker(heartbeat_interval_ms=100)
-    dataset = Dataset.range(300)
-
-    def trainer(name: str) -> Any:
-        return iter(
-            dataset.apply(
-                service.distribute(
-                    "distributed_epoch",
-                    cluster.target,
-                    job_name="ft",
-                    cross_trainer_cache=service.CrossTrainerCache(name),
-                    max_outstanding_requests=4,
-                )
-            )
-        )
+    cluster, trainer = _fault_tolerant_trainers(make_cluster, tmp_path)
 
     steady, restarted = trainer("steady"), trainer("restarted")
     before = [int(next(restarted)) for _ in range(20)]
