@@ -99,15 +99,16 @@ every, pause = int(os.environ["EVERY"]), float(os.environ["PAUSE"])
 # CKPT_UNTIL: no checkpoint is saved past that many elements.
 until = int(os.environ.get("CKPT_UNTIL") or 1 << 62)
 # HOLD: this trainer waits (at most 60 s) before its last 10 elements until that file exists;
-# JOINED: this trainer creates that file once it has its first element.
+# JOINED: this trainer creates that file once it has its first element (since it started).
 hold, joined = os.environ.get("HOLD"), os.environ.get("JOINED")
 with out.open("w", buffering=1) as log:
     log.write("".join(f"{x}\\n" for x in lines))
     for x in iterator:
         lines.append(str(int(x)))
         log.write(f"{int(x)}\\n")
-        if joined and len(lines) == 1:
+        if joined:  # its first element since it (re)started
             Path(joined).touch()
+            joined = None
         deadline = time.monotonic() + 60
         while hold and len(lines) == int(os.environ["ELEMENTS"]) - 10 and not Path(hold).exists():
             if time.monotonic() > deadline:
