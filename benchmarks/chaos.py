@@ -166,8 +166,8 @@ def tagged(tag, check):
 
 
 def joined_together():
-    # Waits (at most 60 s) until every consumer has joined the job: each starts reading at
-    # the same moment, so that no consumer reads the whole epoch before another arrives.
+    # Waits (at most 60 s) until every consumer has its first element: each reads on from the
+    # same moment, so that no consumer reads the whole epoch before another arrives.
     open(os.environ["OUT"] + ".joined", "w").close()
     deadline = time.time() + 60
     while time.time() < deadline and not all(
@@ -179,11 +179,11 @@ def joined_together():
 def read(dataset, out, barrier=False):
     outcome, message, error_at = "end", "", None
     try:
-        iterator = iter(dataset)
-        if barrier:
-            joined_together()
-        for x in iterator:
+        for x in dataset:
             out.write(f"{int(x)}\\n")
+            if barrier:
+                joined_together()
+                barrier = False
     except Exception as error:
         outcome, message, error_at = type(error).__name__, str(error)[:300], time.time()
     return outcome, message, error_at

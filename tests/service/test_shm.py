@@ -8,7 +8,9 @@ import gc
 import os
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,24 +44,46 @@ def _arenas_before() -> None:
     _HELD_BEFORE.update(_shm.arena_descriptors())
 
 
-def arenas(timeout: float = 30.0, close: Sequence[Any] = ()) -> list[str]:
+def arenas(
+    timeout: float = 30.0, close: Sequence[Any] = (), only: set[str] | None = None
+) -> list[str]:
     """The arenas made during this test that this process still holds a descriptor of, once
     what it read is gone (a mapping holds one: a consumer's while one of its elements lives,
     an in-process worker's until the task ends), waiting up to ``timeout`` for them to go; and
     any feedline file in ``/dev/shm`` (there should never be one). ``close``: in-process
     workers whose mappings are closed meanwhile, as when their tasks end (again while waiting:
-    a request still in flight when a consumer closed may map its arena once more)."""
+    a request still in flight when a consumer closed may map its arena once more). ``only``:
+    the names of the arenas to count (the others: those of consumers that other tests in this
+    process left running)."""
     deadline = time.monotonic() + timeout
     while True:
         for worker in close:
             worker._shm.close()
         gc.collect()
-        held = [name for name in _shm.arena_descriptors() if name not in _HELD_BEFORE]
+        held = [
+            name
+            for name in _shm.arena_descriptors()
+            if name not in _HELD_BEFORE and (only is None or name in only)
+        ]
         if not held or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     left = [name for name in os.listdir("/dev/shm") if name.startswith(_shm.PREFIX)]
     return held + sorted(left)
+
+
+def holders(names: Sequence[str]) -> str:
+    """What still refers to the arenas ``names`` (their objects' referrers, and every thread's
+    innermost frames): the message of a failed check of ``arenas``."""
+    lines = []
+    for thing in gc.get_objects():
+        if isinstance(thing, _shm._Arena | _shm._Mapped) and getattr(thing, "name", None) in names:
+            lines.append(f"{type(thing).__name__} {thing.name}, referred to by:")
+            lines += [f"  {type(r).__name__}: {str(r)[:160]}" for r in gc.get_referrers(thing)]
+    for ident, frame in sys._current_frames().items():
+        stack = traceback.format_stack(frame, limit=4)
+        lines.append(f"thread {ident}:\n" + "".join(stack))
+    return "\n".join(lines)
 
 
 @pytest.fixture
@@ -178,8 +202,10 @@ def test_round_robin_reads_go_through_shared_memory(
     iterator.close()
     assert takes and all(np.all(e == e[0]) for e in got)
     assert all(w._shm.mapped() == 1 for w in cluster.workers)  # one arena per worker
+    ours = {name for w in cluster.workers for name in w._shm._mapped}
     del got, iterator  # what the reader still holds maps its arenas
-    assert arenas(close=cluster.workers) == []  # as when the job's tasks end
+    left = arenas(close=cluster.workers, only=ours)  # as when the job's tasks end
+    assert left == [], holders(left)
 
 
 def test_a_consumer_on_another_host_reads_over_grpc(

@@ -406,7 +406,7 @@ class ConsumerChannels:
                 channel.off = not renew
                 logger.debug("worker %s refused shared memory (%s)", worker, refused)
         elif arena is None and not channel.off and sum(b.nbytes for b in buffers) >= OFFER_BYTES:
-            channel.arena = self._new_arena(channel)
+            self._new_arena(channel)
         return buffers
 
     def lost(self, worker: str) -> None:
@@ -421,25 +421,25 @@ class ConsumerChannels:
         more."""
         with self._lock:
             self._closed = True
-            channels = list(self._channels.values())
-        for channel in channels:  # the elements handed on keep their arena's mapping
-            channel.drop()
+            for channel in self._channels.values():  # the elements handed on keep their
+                channel.drop()  # arena's mapping
 
-    def _new_arena(self, channel: _Channel) -> _Arena | None:
+    def _new_arena(self, channel: _Channel) -> None:
+        """Gives ``channel`` an arena, unless the consumer closed (before or meanwhile)."""
         with self._lock:
             if self._closed:
-                return None
+                return
         try:
             arena = _Arena(self._reply_bytes)
         except OSError as error:
             channel.off = True
             logger.info("no shared memory for replies (%s); reading over gRPC", error)
-            return None
-        with self._lock:
-            if self._closed:  # meanwhile
-                arena.close_descriptor()
-                return None
-        return arena
+            return
+        with self._lock:  # ``close`` drops the channels' arenas under this lock
+            if not self._closed:
+                channel.arena = arena
+                return
+        arena.close_descriptor()
 
 
 # -- the worker -------------------------------------------------------------------------------
@@ -484,6 +484,7 @@ class _Mapped:
             )
         finally:
             os.close(fd)
+        self.name = name
         #: The arena's size: nothing is ever written past it.
         self.size = facts.st_size
         self.busy = 0
