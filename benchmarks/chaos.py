@@ -267,12 +267,19 @@ def run_scenario(
     hang_seconds: float = 60.0,
     timeout_ms: int = 30_000,
     fault_fraction: float = 1 / 3,
+    heartbeat_timeout_ms: int | None = None,
     workdir: pathlib.Path,
 ) -> Row:
     """Runs one scenario on a fresh cluster and measures it (see the module docstring);
-    ``fault_fraction`` is the fraction of the epoch read when the fault comes."""
+    ``fault_fraction`` is the fraction of the epoch read when the fault comes;
+    ``heartbeat_timeout_ms``: the dispatcher's ``--worker-timeout-ms`` and
+    ``--client-timeout-ms`` (None: their defaults, 10 s), how long a killed worker or consumer
+    goes unnoticed."""
     workdir.mkdir(parents=True, exist_ok=True)
     dispatcher_args = mode.dispatcher_args
+    if heartbeat_timeout_ms is not None:
+        timeout = str(heartbeat_timeout_ms)
+        dispatcher_args += ("--worker-timeout-ms", timeout, "--client-timeout-ms", timeout)
     if mode.fault_tolerant:
         dispatcher_args += ("--work-dir", str(workdir / "dispatcher"), "--fault-tolerant")
     trigger = workdir / "raise-now"

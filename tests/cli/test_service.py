@@ -227,6 +227,39 @@ def test_worker_timeout_ms_drops_a_killed_worker_sooner(spawn: Callable[..., Ser
     assert 0.3 <= missed < 5.0, line  # the default would wait past 10 s
 
 
+def test_client_timeout_ms_releases_a_killed_consumer_sooner(
+    spawn: Callable[..., Server],
+) -> None:
+    """``--client-timeout-ms 500``: a consumer killed with kill -9 is released after about a
+    second (the dispatcher looks every second), not after the default 10 s."""
+    dispatcher = spawn("dispatcher", "--port", "0", "--client-timeout-ms", "500")
+    address = dispatcher.address()
+    spawn("worker", "--dispatcher", address, "--port", "0").address()
+    code = (
+        "from feedline.data import Dataset\n"
+        "from feedline.service import distribute\n"
+        f"it = iter(Dataset.range(10**9).apply(distribute('parallel_epochs', 'grpc://{address}')))\n"
+        "next(it)\n"
+        "print('reading', flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    consumer = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert consumer.stdout is not None
+        assert consumer.stdout.readline() == "reading\n"  # the test's timeout bounds it
+        killed = time.monotonic()
+        consumer.kill()
+        dispatcher.wait_for(lambda line: "missed heartbeats; releasing it" in line, "a release", 30)
+        assert time.monotonic() - killed < 5.0  # the default would wait past 10 s
+    finally:
+        consumer.kill()
+        consumer.wait(EXIT_TIMEOUT_S)
+        if consumer.stdout is not None:
+            consumer.stdout.close()
+
+
 def test_bad_arguments_exit_with_code_2(spawn: Callable[..., Server]) -> None:
     dispatcher = spawn("dispatcher", "--port", "70000")
     assert "DispatcherConfig.port" in dispatcher.wait_for_line("feedline dispatcher: error: ")

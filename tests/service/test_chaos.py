@@ -19,11 +19,20 @@ from benchmarks.chaos import MODES, SCENARIOS, run_scenario, table
 
 pytestmark = pytest.mark.timeout(240)
 
+#: A killed worker or consumer is noticed after this long (the default, 10 s, would make each
+#: kill -9 scenario wait it out); a live one under load keeps its heartbeats well within it.
+HEARTBEAT_TIMEOUT_MS = 4000
+
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_service_keeps_its_promise_under_one_fault(scenario: str, tmp_path: Path) -> None:
     row = run_scenario(
-        scenario, MODES["at-most-once"], elements=3000, hang_seconds=45, workdir=tmp_path
+        scenario,
+        MODES["at-most-once"],
+        elements=3000,
+        hang_seconds=45,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+        workdir=tmp_path,
     )
     assert not row.violations, table([row])
     assert row.wrong == row.duplicated == 0 and not row.hung
@@ -45,6 +54,7 @@ def test_a_fault_tolerant_service_delivers_every_element_once_under_kill_9(
         MODES["journal"],
         elements=3000,
         hang_seconds=45,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
         fault_fraction=fault_fraction,
         workdir=tmp_path,
     )
@@ -63,6 +73,7 @@ def test_a_killed_consumer_of_an_exactly_once_job_does_not_stall_the_others(
         MODES["journal"],
         elements=3000,
         hang_seconds=45,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
         fault_fraction=0.5,
         workdir=tmp_path,
     )

@@ -5,6 +5,7 @@ workers and with ``feedline worker`` processes killed mid-stream. Every wait has
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import signal
 import subprocess
@@ -75,10 +76,15 @@ def arenas(
 def holders(names: Sequence[str]) -> str:
     """What still refers to the arenas ``names`` (their objects' referrers, and every thread's
     innermost frames): the message of a failed check of ``arenas``."""
-    lines = []
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+        mapped = maps.read()
+    lines = [f"{name}: {'mapped' if name in mapped else 'not mapped'}" for name in names]
     for thing in gc.get_objects():
         if isinstance(thing, _shm._Arena | _shm._Mapped) and getattr(thing, "name", None) in names:
             lines.append(f"{type(thing).__name__} {thing.name}, referred to by:")
+            lines += [f"  {type(r).__name__}: {str(r)[:160]}" for r in gc.get_referrers(thing)]
+        elif isinstance(thing, mmap.mmap) and not thing.closed and len(thing) > _shm.DATA_OFFSET:
+            lines.append(f"an open mmap of {len(thing)} bytes, referred to by:")
             lines += [f"  {type(r).__name__}: {str(r)[:160]}" for r in gc.get_referrers(thing)]
     for ident, frame in sys._current_frames().items():
         stack = traceback.format_stack(frame, limit=4)

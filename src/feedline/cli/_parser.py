@@ -266,6 +266,13 @@ def _add_dispatcher(commands: Commands) -> None:
         help="drop a worker without a heartbeat for this long: its tasks are lost and its "
         "distributed_save streams go to other workers (default 10000)",
     )
+    parser.add_argument(
+        "--client-timeout-ms",
+        type=positive_int,
+        default=None,
+        help="release a consumer without a heartbeat for this long: under exactly-once "
+        "epochs what it held and had not acknowledged goes back to its job (default 10000)",
+    )
     _add_status_port(parser)
     add_security(parser)
 

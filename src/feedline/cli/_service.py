@@ -26,6 +26,7 @@ def dispatcher(
     worker_addresses: str | None,
     status_port: int | None,
     worker_timeout_ms: int | None = None,
+    client_timeout_ms: int | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,
@@ -41,6 +42,7 @@ def dispatcher(
       worker_addresses: comma-separated fixed worker list, or None.
       status_port: port of the status page, or None.
       worker_timeout_ms: ``DispatcherConfig.worker_timeout_ms`` (None: its default).
+      client_timeout_ms: ``DispatcherConfig.client_timeout_ms`` (None: its default).
       tls_cert: TLS certificate file, or None.
       tls_key: its key file, or None.
       tls_ca: CA file (mutual TLS), or None.
@@ -58,6 +60,7 @@ def dispatcher(
                 worker_addresses=workers,
                 status_port=status_port,
                 worker_timeout_ms=worker_timeout_ms,
+                client_timeout_ms=client_timeout_ms,
                 tls_cert=tls_cert,
                 tls_key=tls_key,
                 tls_ca=tls_ca,
