@@ -121,7 +121,10 @@ def test_without_faults_every_element_arrives_once(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ServiceProcesses, list[str]]]:
     with ServiceProcesses() as processes:
-        processes.start_dispatcher("--work-dir", str(tmp_path / "work"), "--fault-tolerant")
+        # A killed worker is dropped (and its splits run again) after 3 s, not 10.
+        processes.start_dispatcher(
+            "--work-dir", str(tmp_path / "work"), "--fault-tolerant", "--worker-timeout-ms", "3000"
+        )
         workers = [processes.start_worker() for _ in range(3)]
         yield processes, workers
 
