@@ -74,18 +74,30 @@ def arenas(
 
 
 def holders(names: Sequence[str]) -> str:
-    """What still refers to the arenas ``names`` (their objects' referrers, and every thread's
-    innermost frames): the message of a failed check of ``arenas``."""
+    """What may still hold the arenas ``names`` (whether each is still mapped, the objects
+    that refer to arenas and to open mmaps of an arena's size, and every thread's innermost
+    frames): the message of a failed check of ``arenas``."""
+
+    def describe(thing: Any) -> str:
+        owners = (
+            [type(o).__name__ for o in gc.get_referrers(thing)] if isinstance(thing, dict) else []
+        )
+        return f"{type(thing).__module__}.{type(thing).__qualname__}" + (
+            f" (the attributes of {owners})" if owners else ""
+        )
+
+    size = _shm.DATA_OFFSET + _shm.RING_REPLIES * _job_reader._REPLY_BYTES
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-        mapped = maps.read()
-    lines = [f"{name}: {'mapped' if name in mapped else 'not mapped'}" for name in names]
+        mapped = [line.strip() for line in maps if any(name in line for name in names)]
+    lines = [f"mapped: {mapped}"]
     for thing in gc.get_objects():
         if isinstance(thing, _shm._Arena | _shm._Mapped) and getattr(thing, "name", None) in names:
             lines.append(f"{type(thing).__name__} {thing.name}, referred to by:")
-            lines += [f"  {type(r).__name__}: {str(r)[:160]}" for r in gc.get_referrers(thing)]
-        elif isinstance(thing, mmap.mmap) and not thing.closed and len(thing) > _shm.DATA_OFFSET:
+        elif isinstance(thing, mmap.mmap) and not thing.closed and len(thing) == size:
             lines.append(f"an open mmap of {len(thing)} bytes, referred to by:")
-            lines += [f"  {type(r).__name__}: {str(r)[:160]}" for r in gc.get_referrers(thing)]
+        else:
+            continue
+        lines += [f"  {describe(r)}" for r in gc.get_referrers(thing)]
     for ident, frame in sys._current_frames().items():
         stack = traceback.format_stack(frame, limit=4)
         lines.append(f"thread {ident}:\n" + "".join(stack))
