@@ -33,7 +33,8 @@ kill, kill). At the end it counts, over the union of the ``C`` lines:
   one-step window where a batch trains twice);
 * **hung**: rounds that did not end within ``--hang-seconds``;
 * **steps lost per change**: on each trainer that lived to the end and saw changes, step
-  attempts that did not advance its step count, per change it saw (goal: at most 1).
+  attempts that did not advance its step count, per change it saw (goal: at most 1); the last
+  round of the loop, which only finds that every trainer's input ended, is no attempt.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def trainer_main() -> dict[str, Any]:
                 flags = torch.tensor([float(held is not None), float(not fetcher.ended)])
                 total = strategy.reduce("SUM", flags, axis=None)
                 if total[0].item() == 0 and total[1].item() == 0:
-                    break  # every trainer's input ended
+                    attempts -= 1  # this round only found every trainer's input ended
+                    break
                 strategy.run(replica, (x, y))
             except MembershipChangedError:
                 changes += 1
