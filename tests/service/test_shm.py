@@ -24,6 +24,7 @@ from feedline.errors import InvalidArgumentError
 from feedline.service import distribute
 from feedline.service import shm as _shm
 from feedline.service.client import job_reader as _job_reader
+from tests.launcher import run
 from tests.service.conftest import Cluster
 from tests.service.procs import ServiceProcesses, read_in_thread
 
@@ -45,27 +46,19 @@ def _arenas_before() -> None:
     _HELD_BEFORE.update(_shm.arena_descriptors())
 
 
-def arenas(
-    timeout: float = 30.0, close: Sequence[Any] = (), only: set[str] | None = None
-) -> list[str]:
+def arenas(timeout: float = 30.0, close: Sequence[Any] = ()) -> list[str]:
     """The arenas made during this test that this process still holds a descriptor of, once
     what it read is gone (a mapping holds one: a consumer's while one of its elements lives,
     an in-process worker's until the task ends), waiting up to ``timeout`` for them to go; and
     any feedline file in ``/dev/shm`` (there should never be one). ``close``: in-process
     workers whose mappings are closed meanwhile, as when their tasks end (again while waiting:
-    a request still in flight when a consumer closed may map its arena once more). ``only``:
-    the names of the arenas to count (the others: those of consumers that other tests in this
-    process left running)."""
+    a request still in flight when a consumer closed may map its arena once more)."""
     deadline = time.monotonic() + timeout
     while True:
         for worker in close:
             worker._shm.close()
         gc.collect()
-        held = [
-            name
-            for name in _shm.arena_descriptors()
-            if name not in _HELD_BEFORE and (only is None or name in only)
-        ]
+        held = [name for name in _shm.arena_descriptors() if name not in _HELD_BEFORE]
         if not held or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -214,7 +207,7 @@ from feedline.data import Dataset
 from feedline.service import shm
 from tests.launcher import report
 from tests.service.conftest import Cluster
-from tests.service.test_shm import arenas
+from tests.service.test_shm import arenas, holders
 
 shm.OFFER_BYTES = 0  # an arena is offered after the first reply
 takes = []
@@ -248,18 +241,17 @@ result = {
 }
 del got, iterator  # what the reader still holds maps its arenas
 result["left"] = arenas(close=cluster.workers)  # as when the job's tasks end
+result["holders"] = holders(result["left"]) if result["left"] else ""
 cluster.stop()
 report(result)
 """
 
 
 def test_round_robin_reads_go_through_shared_memory() -> None:
-    from tests.launcher import run
-
     (result,) = run(ROUND_ROBIN, [("reader", {})], timeout=90).values()
     assert result.result["takes"] > 0 and result.result["same"], result.result
     assert result.result["mapped"] == [1, 1]  # one arena per worker
-    assert result.result["left"] == [], result.describe()
+    assert result.result["left"] == [], result.result["holders"]
 
 
 def test_a_consumer_on_another_host_reads_over_grpc(

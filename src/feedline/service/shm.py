@@ -421,8 +421,9 @@ class ConsumerChannels:
         more."""
         with self._lock:
             self._closed = True
-            for channel in self._channels.values():  # the elements handed on keep their
-                channel.drop()  # arena's mapping
+            # The elements handed on keep their arena's mapping.
+            for channel in self._channels.values():
+                channel.drop()
 
     def _new_arena(self, channel: _Channel) -> None:
         """Gives ``channel`` an arena, unless the consumer closed (before or meanwhile)."""
