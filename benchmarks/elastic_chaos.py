@@ -166,8 +166,10 @@ def trainer_main() -> dict[str, Any]:
     iterator = iter(dataset)
     fetcher = _Fetcher(iterator)
     frequencies = torch.arange(1, FEATURES + 1, dtype=torch.float32) / 100
-    step = first_step = elastic.step
-    attempts = changes = rolled_back = 0
+    step = elastic.step
+    # Step attempts made, and those that advanced here (a trainer's own count also jumps to
+    # rank 0's when it adopts it at a reform: that is no step of its own).
+    attempts = advanced = changes = rolled_back = 0
     held: list[int] | None = None  # the batch of the current step, not committed yet
     with open(os.environ["LOG"], "a") as log:
         _log(log, "G", [elastic.generation.number, elastic.world_size])  # in the group
@@ -190,6 +192,7 @@ def trainer_main() -> dict[str, Any]:
             except MembershipChangedError:
                 changes += 1
                 applied = elastic.committed > before
+                advanced += int(applied)
                 mine = step + (1 if applied else 0)
                 if applied and held is not None:  # the step's all-reduce succeeded here
                     _log(log, "P", held)
@@ -201,6 +204,7 @@ def trainer_main() -> dict[str, Any]:
                 rolled_back += max(0, mine - step)
                 continue
             step += 1
+            advanced += 1
             if held is not None:
                 _log(log, "P", held)
                 iterator.commit()
@@ -209,7 +213,7 @@ def trainer_main() -> dict[str, Any]:
             time.sleep(pause)
     return {
         "attempts": attempts,
-        "advanced": step - first_step,
+        "advanced": advanced,
         "changes": changes,
         "rolled_back": rolled_back,
         "world_size": elastic.world_size,
