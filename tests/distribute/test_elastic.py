@@ -203,3 +203,49 @@ def _check_changes(results: dict[str, Any]) -> None:
         assert results[name]["failures"] == len(changes)
     assert results["j3"]["changes"] == []
     assert results["j3"]["world_size"] == 3
+
+
+@pytest.mark.timeout(300)
+def test_a_member_lost_while_the_group_forms_makes_the_others_meet_again(
+    store: Any, tmp_path: Path
+) -> None:
+    """A member that arrived in the round is gone before the group formed (here one that met
+    in this process, then stopped its heartbeat and never formed anything, as a process killed
+    at that moment): the workers of that generation meet again without it once its heartbeat is
+    silent, instead of waiting for it until the group's timeout and failing, and train on."""
+    # It waits for the workers' interpreters to import torch, however loaded the machine.
+    ghost = Rounds(_resolver(store, min_workers=2, settle_seconds=0.3, timeout_seconds=120))
+    met: list[Any] = []
+
+    def arrive_and_vanish() -> None:
+        met.append(ghost.meet(None, -1))
+        ghost.stop()
+
+    thread = threading.Thread(target=arrive_and_vanish, daemon=True)
+    thread.start()  # first in round 1: the round closes with it and the first worker
+    env = {
+        "LOOP": "hand",
+        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
+        "PROGRESS_DIR": str(tmp_path),
+        "STOP_FILE": str(tmp_path / "stop"),
+        "MIN_WORKERS": "2",
+        "ELASTIC_TIMEOUT": "45",  # waiting for the lost member would end them after 45 s
+    }
+    with Processes(WORKER, [("w0", {}), ("w1", {})], env=env, timeout=240) as workers:
+        _wait(
+            "the two workers training together",
+            lambda: all(
+                _progress(tmp_path, n)["world"] == 2 and _progress(tmp_path, n)["step"] >= 10
+                for n in ("w0", "w1")
+            ),
+            [workers],
+        )
+        (tmp_path / "stop").write_text("")
+        finished = workers.wait()
+    thread.join(10)
+    assert met and met[0].number == 1 and met[0].world_size >= 2  # it was a member
+    assert all(r.ok and r.result is not None for r in finished.values()), "".join(
+        r.describe() for r in finished.values()
+    )
+    steps = {n: r.result["step"] for n, r in finished.items()}
+    assert len(set(steps.values())) == 1, steps

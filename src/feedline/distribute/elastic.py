@@ -16,8 +16,9 @@ number. When it changes, the workers that remain keep their model and optimizer 
   a number; the round closes (every participant may close it, the store's ``compare_set``
   decides once) when ``min_workers`` are there and no one arrived for ``settle_seconds``, or
   ``max_workers`` are there. Ranks go by committed steps, most first, then arrival, so rank 0
-  is a worker with the most committed steps; a new gloo group forms on the store under the
-  generation's prefix;
+  is a worker with the most committed steps; once every member says in the store that it is
+  ready (a member lost meanwhile, by its heartbeat, makes the others meet again in a new
+  round), a new gloo group forms on the store under the generation's prefix;
 * rank 0 then gives every worker its committed step count, and at the next ``strategy.run``
   its parameters, buffers and optimizer state: a step applied by some workers and not by
   others is resolved in the same way everywhere, and at most the step in flight is lost.
@@ -45,6 +46,7 @@ import dataclasses
 import datetime
 import io
 import json
+import logging
 import os
 import socket
 import threading
@@ -66,6 +68,8 @@ from feedline.errors import (
 )
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 STORE_ENV = "FEEDLINE_ELASTIC_STORE"
 """The environment variable that gives the membership store's ``host:port``."""
@@ -428,17 +432,25 @@ class ElasticCollective(collectives.Collective):
         self.generation = generation
         self._resolver.set_generation(generation)
         try:
-            self._group = dist.ProcessGroupGloo(
-                dist.PrefixStore(f"group/{generation.number}/", self._rounds.store),
-                self.rank,
-                self.world_size,
-                datetime.timedelta(seconds=self.timeout_seconds),
-            )
+            lost = self._wait_ready(generation)
+            if not lost:
+                self._group = dist.ProcessGroupGloo(
+                    dist.PrefixStore(f"group/{generation.number}/", self._rounds.store),
+                    self.rank,
+                    self.world_size,
+                    datetime.timedelta(seconds=self.timeout_seconds),
+                )
         except (RuntimeError, ValueError, OSError) as error:
             raise UnavailableError(
                 f"worker {self.rank} of generation {generation.number} could not form the "
                 f"process group with {self._addresses}: {error}"
             ) from error
+        if lost:  # a member is gone before the group formed: meet the others again
+            logger.warning(
+                "worker %d: %s lost while generation %d formed; meeting again",
+                self.rank, ", ".join(lost), generation.number,
+            )  # fmt: skip
+            return self._form(generation, step)
         if generation.running:
             # rank 0 has the most committed steps: everyone takes its count now, its
             # parameters and optimizer state at the next strategy.run
@@ -450,6 +462,32 @@ class ElasticCollective(collectives.Collective):
         else:
             self.step = step
         return generation
+
+    def _wait_ready(self, generation: Generation) -> list[str]:
+        """Says that this worker is ready to form ``generation``'s group and waits until every
+        member did; the members lost meanwhile (no heartbeat for ``_SILENT_SECONDS``, here or
+        as another member found), empty once all are ready.
+
+        Raises:
+          RuntimeError: not all ready within ``timeout_seconds``.
+        """
+        rounds = self._rounds
+        prefix = f"ready/{generation.number}/"
+        rounds.store.set(f"{prefix}{self.rank}", rounds.id)
+        keys = [f"{prefix}{rank}" for rank in range(generation.world_size)]
+        broken = f"broken/{generation.number}"
+        deadline = time.monotonic() + self.timeout_seconds
+        while not rounds.store.check(keys):
+            if rounds.store.check([broken]):
+                return [rounds.store.get(broken).decode()]
+            lost = [f"{m.host} ({m.id})" for m in rounds.silent(generation.members)]
+            if lost:
+                rounds.store.set(broken, rounds.id)
+                return lost
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not every member was ready within {self.timeout_seconds:g} s")
+            time.sleep(_POLL_SECONDS * 10)
+        return []
 
     def reform(self, step: int) -> Generation:
         """Meets the workers that remain (and joiners) in the next generation.
