@@ -432,8 +432,8 @@ class ElasticCollective(collectives.Collective):
         self.generation = generation
         self._resolver.set_generation(generation)
         try:
-            lost = self._wait_ready(generation)
-            if not lost:
+            broken = self._wait_ready(generation)
+            if broken is None:
                 self._group = dist.ProcessGroupGloo(
                     dist.PrefixStore(f"group/{generation.number}/", self._rounds.store),
                     self.rank,
@@ -445,10 +445,10 @@ class ElasticCollective(collectives.Collective):
                 f"worker {self.rank} of generation {generation.number} could not form the "
                 f"process group with {self._addresses}: {error}"
             ) from error
-        if lost:  # a member is gone before the group formed: meet the others again
+        if broken is not None:  # a member is gone before the group formed: meet again
             logger.warning(
-                "worker %d: %s lost while generation %d formed; meeting again",
-                self.rank, ", ".join(lost), generation.number,
+                "worker %d: generation %d broke while it formed (%s); meeting again",
+                self.rank, generation.number, broken,
             )  # fmt: skip
             return self._form(generation, step)
         if generation.running:
@@ -463,31 +463,40 @@ class ElasticCollective(collectives.Collective):
             self.step = step
         return generation
 
-    def _wait_ready(self, generation: Generation) -> list[str]:
+    def _wait_ready(self, generation: Generation) -> str | None:
         """Says that this worker is ready to form ``generation``'s group and waits until every
-        member did; the members lost meanwhile (no heartbeat for ``_SILENT_SECONDS``, here or
-        as another member found), empty once all are ready.
+        member did; why the generation is broken if a member was lost meanwhile
+        (``_broken_why``), None once all are ready.
 
         Raises:
           RuntimeError: not all ready within ``timeout_seconds``.
         """
-        rounds = self._rounds
+        store = self._rounds.store
         prefix = f"ready/{generation.number}/"
-        rounds.store.set(f"{prefix}{self.rank}", rounds.id)
+        store.set(f"{prefix}{self.rank}", self._rounds.id)
         keys = [f"{prefix}{rank}" for rank in range(generation.world_size)]
-        broken = f"broken/{generation.number}"
         deadline = time.monotonic() + self.timeout_seconds
-        while not rounds.store.check(keys):
-            if rounds.store.check([broken]):
-                return [rounds.store.get(broken).decode()]
-            lost = [f"{m.host} ({m.id})" for m in rounds.silent(generation.members)]
-            if lost:
-                rounds.store.set(broken, rounds.id)
-                return lost
+        while not store.check(keys):
+            why = self._broken_why(generation)
+            if why is not None:
+                store.set(f"broken/{generation.number}", self._rounds.id)
+                return why
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not every member was ready within {self.timeout_seconds:g} s")
-            time.sleep(_POLL_SECONDS * 10)
-        return []
+            time.sleep(_WAIT_SLICE.total_seconds())
+        return None
+
+    def _broken_why(self, generation: Generation) -> str | None:
+        """Why ``generation`` is broken (another worker said so in the store, or a member's
+        heartbeat is silent), or None."""
+        if self._rounds.store.check([f"broken/{generation.number}"]):
+            return f"another worker found generation {generation.number} broken"
+        lost = self._rounds.silent(generation.members)
+        if lost:
+            return f"no heartbeat for {_SILENT_SECONDS:g} s from " + ", ".join(
+                f"{m.host} ({m.id})" for m in lost
+            )
+        return None
 
     def reform(self, step: int) -> Generation:
         """Meets the workers that remain (and joiners) in the next generation.
@@ -556,7 +565,6 @@ class ElasticCollective(collectives.Collective):
 
     def _finish(self, work: Any) -> None:
         """Waits for ``work``, a slice at a time, and stops once the group is broken."""
-        broken = f"broken/{self.generation.number}"
         deadline = time.monotonic() + self.timeout_seconds
         while True:
             try:
@@ -565,16 +573,9 @@ class ElasticCollective(collectives.Collective):
             except RuntimeError:
                 if time.monotonic() > deadline:
                     raise
-            if self._rounds.store.check([broken]):
-                raise RuntimeError(
-                    f"another worker found generation {self.generation.number} broken"
-                )
-            lost = self._rounds.silent(self.generation.members)
-            if lost:
-                raise RuntimeError(
-                    f"no heartbeat for {_SILENT_SECONDS:g} s from "
-                    + ", ".join(f"{m.host} ({m.id})" for m in lost)
-                )
+            why = self._broken_why(self.generation)
+            if why is not None:
+                raise RuntimeError(why)
 
     def _run(self, what: str, start: Callable[[dist.ProcessGroup], Any]) -> None:
         group = self._group
