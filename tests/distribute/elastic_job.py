@@ -8,6 +8,12 @@ committed it. Every ``CHECK_EVERY`` steps the workers agree (``strategy.reduce``
 test asked them to stop (the file ``STOP_FILE`` exists), so that all stop at the same step.
 Progress goes to ``PROGRESS_DIR/<name>`` (the step, the generation, the world size) and the
 result to ``report``.
+
+With ``INPUT=rows`` or ``INPUT=stream`` (and ``LOOP=backup``) the input is a ``GlobalBatches``
+of element ids (``global_input``): by index, or as a shuffled stream. The model then has one
+more parameter, ``seen``, whose gradient is 1 at the ids a worker trained on: all-reduced with
+the others, it is the step's whole global batch, which each worker appends to
+``PROGRESS_DIR/<name>.steps`` once the step committed there.
 """
 
 from __future__ import annotations
@@ -18,16 +24,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import feedline.distribute as fdist
+from feedline.data import Dataset
 from feedline.distribute.elastic import ElasticClusterResolver
+from feedline.distribute.global_batches import GlobalBatches
 from feedline.errors import MembershipChangedError
 from feedline.train import BackupAndRestore, Checkpoint
 
 CHECK_EVERY = 5
 MODEL_MADE = 0.0
 GLOBAL_BATCH = 24
+ELEMENTS = 240  # the ids of global_input: ten global batches a pass
 
 
 def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,6 +45,23 @@ def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Te
     x = torch.randn(GLOBAL_BATCH, 8, generator=generator)
     y = x.sum(dim=1, keepdim=True).sin()
     return x[rank::world_size], y[rank::world_size]
+
+
+def features(element_id: Any) -> dict[str, Any]:
+    """The element of ``element_id``: its features are a function of the id alone."""
+    x = np.random.default_rng(int(element_id)).standard_normal(8).astype(np.float32)
+    return {"id": np.int64(element_id), "x": x}
+
+
+def global_input(kind: str) -> GlobalBatches:
+    """The global batches of the ids ``range(ELEMENTS)``, pass after pass in a new order:
+    read by index (``rows``: a permutation per pass) or as a stream (``stream``: a seeded
+    shuffle buffer in the pipeline)."""
+    ids = Dataset.range(ELEMENTS)
+    if kind == "rows":
+        return GlobalBatches(ids, GLOBAL_BATCH, shuffle_seed=5, map_func=features, epochs=1000)
+    stream = ids.shuffle(64, seed=5).repeat()
+    return GlobalBatches(stream, GLOBAL_BATCH, map_func=features)
 
 
 def main(name: str) -> dict[str, Any]:
@@ -51,6 +78,8 @@ def main(name: str) -> dict[str, Any]:
     torch.manual_seed(int(os.environ.get("SEED", "0")))
     with strategy.scope():
         model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        if os.environ.get("INPUT"):
+            model.register_parameter("seen", torch.nn.Parameter(torch.zeros(ELEMENTS)))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     global MODEL_MADE
     MODEL_MADE = time.monotonic() - admitted
@@ -62,6 +91,8 @@ def main(name: str) -> dict[str, Any]:
         optimizer.step()
         return loss
 
+    if os.environ.get("INPUT"):
+        return _with_global_batches(name, strategy, model, optimizer, started, admitted)
     if os.environ.get("LOOP") == "backup":
         return _with_backup(name, strategy, model, optimizer, replica, started, admitted)
     progress = Path(os.environ["PROGRESS_DIR"]) / name
@@ -189,3 +220,62 @@ def _with_backup(
     step = backup.total_run_calls
     result = _result(step, model, optimizer, elastic, started, admitted, first_commit)
     return result | {"calls": calls, "first_step": first_step, "generations": generations}
+
+
+def _with_global_batches(
+    name: str,
+    strategy: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    started: float,
+    admitted: float,
+) -> dict[str, Any]:
+    """``BackupAndRestore.run`` over a ``GlobalBatches``: each committed step appends the
+    global batch it trained on (``seen``'s all-reduced gradient) to ``<name>.steps``."""
+    elastic = strategy.elastic
+    batches = global_input(os.environ["INPUT"])
+    seen = model.get_parameter("seen")
+    backup = BackupAndRestore(
+        Checkpoint(model=model, optimizer=optimizer), os.environ["BACKUP_DIR"], save_freq=100
+    )
+    progress = Path(os.environ["PROGRESS_DIR"]) / name
+    stop_file = Path(os.environ["STOP_FILE"])
+    delay = float(os.environ.get("STEP_SECONDS", "0.02"))
+    first_commit: float | None = None
+
+    def with_seen(x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        marks = (seen * torch.zeros(ELEMENTS).index_fill_(0, ids, 1.0)).sum()
+        loss = ((model(x) - y) ** 2).sum() / GLOBAL_BATCH + marks - marks.detach()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def train_step(iterator: GlobalBatches) -> bool:
+        local = next(iterator)
+        step = iterator.step  # the group's, after a change
+        ids = torch.as_tensor(local["id"])
+        x = torch.as_tensor(local["x"])
+        strategy.run(with_seen, (x, x.sum(dim=1, keepdim=True).sin(), ids))
+        assert seen.grad is not None
+        trained = torch.nonzero(seen.grad).reshape(-1).tolist()
+        with progress.with_suffix(".steps").open("a") as log:
+            log.write(json.dumps({"step": step, "ids": trained, "local": len(ids)}) + "\n")
+        if step % CHECK_EVERY != CHECK_EVERY - 1:
+            return False
+        flag = torch.tensor(float(stop_file.exists()))
+        return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+
+    with backup:
+        while True:
+            stop = backup.run(train_step, batches)
+            if first_commit is None:
+                first_commit = time.monotonic()
+            _progress(progress, backup.total_run_calls, elastic)
+            if stop:
+                break
+            time.sleep(delay)
+    step = backup.total_run_calls
+    return _result(step, model, optimizer, elastic, started, admitted, first_commit) | {
+        "batches_step": batches.step
+    }

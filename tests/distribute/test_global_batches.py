@@ -1,0 +1,235 @@
+"""Tests of feedline/distribute/global_batches.py: the parts of a global batch, reads by index
+and as a stream, the commit protocol, and (worker processes under the elastic strategy, a real
+kill -9) the same committed global batches on 1, 2 and 3 workers."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from feedline.data import Dataset
+from feedline.distribute.elastic import serve_membership_store
+from feedline.distribute.global_batches import GlobalBatches, part
+from feedline.errors import InvalidArgumentError, OutOfRangeError
+from tests.distribute import elastic_job
+from tests.distribute.test_elastic import WORKER, _progress, _wait
+from tests.launcher import Processes
+
+
+def _global(batches: GlobalBatches, step: int, world_size: int) -> list[int]:
+    """Global batch ``step`` as ``world_size`` workers read it, their parts in rank order."""
+    parts = [batches.local_batch(step, rank, world_size) for rank in range(world_size)]
+    assert sum(len(p) for p in parts) == batches.global_batch_size
+    return [int(x) for p in parts for x in p]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 7])
+def test_the_parts_split_the_global_batch_in_rank_order(world_size: int) -> None:
+    bounds = [part(0, rank, world_size, 12) for rank in range(world_size)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 12
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+    sizes = [end - start for start, end in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(InvalidArgumentError, match="global_batch_size"):
+        GlobalBatches(Dataset.range(10), 0)
+    with pytest.raises(InvalidArgumentError, match="epochs"):
+        GlobalBatches(Dataset.range(10), 2, epochs=0)
+    with pytest.raises(InvalidArgumentError, match="random access"):
+        GlobalBatches(Dataset.range(10).map(lambda x: x), 2, shuffle_seed=1)
+    with pytest.raises(InvalidArgumentError, match="fewer than one global batch"):
+        GlobalBatches(Dataset.range(3), 4, epochs=1)
+    batches = GlobalBatches(Dataset.range(10), 4)
+    with pytest.raises(InvalidArgumentError, match="cannot share"):
+        batches.local_batch(0, 0, 5)
+    with pytest.raises(InvalidArgumentError, match="rank 2"):
+        batches.local_batch(0, 2, 2)
+    with pytest.raises(InvalidArgumentError, match="global batches of 4"):
+        GlobalBatches(Dataset.range(10), 5).set_state(batches.get_state())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_global_batches_are_the_same_on_any_number_of_workers(stream: bool) -> None:
+    def dataset() -> Dataset:  # each GlobalBatches reads the first pass of its own dataset
+        ids = Dataset.range(100)
+        return ids.shuffle(30, seed=4).map(lambda x: x * 2) if stream else ids
+
+    reference = [[int(x) for x in b] for b in dataset().batch(12, drop_remainder=True)]
+    for world_size in (1, 2, 3, 4):
+        batches = GlobalBatches(dataset(), 12)
+        assert [_global(batches, s, world_size) for s in range(8)] == reference
+        with pytest.raises(OutOfRangeError):
+            batches.local_batch(8, 0, world_size)
+
+
+def test_a_stream_reads_a_step_again_and_an_earlier_one() -> None:
+    """A redone step (after an abort, under another world size) and a step behind the last
+    one read come from kept starts, or from the beginning."""
+    reference = [
+        [int(x) for x in b]
+        for b in Dataset.range(1000).shuffle(50, seed=1).batch(10, drop_remainder=True)
+    ]
+    batches = GlobalBatches(Dataset.range(1000).shuffle(50, seed=1), 10)
+    for step in [0, 1, 2, 2, 9, 7, 8, 3, 40, 39, 0, 99]:
+        for world_size in (3, 1):
+            assert _global(batches, step, world_size) == reference[step], (step, world_size)
+
+
+def test_rows_by_index_shuffle_each_pass_with_the_seed() -> None:
+    batches = GlobalBatches(Dataset.range(10), 4, shuffle_seed=3, epochs=3)  # 2 steps a pass
+    steps = [_global(batches, s, 2) for s in range(6)]
+    for epoch in range(3):
+        order = np.random.default_rng([3, epoch]).permutation(10)
+        assert steps[2 * epoch] + steps[2 * epoch + 1] == order[:8].tolist()
+    assert steps[0:2] != steps[2:4]  # a new order each pass
+    with pytest.raises(OutOfRangeError):
+        batches.local_batch(6, 0, 1)
+    again = GlobalBatches(Dataset.range(10), 4, shuffle_seed=3, epochs=3)
+    assert [_global(again, s, 3) for s in range(6)] == steps
+
+
+def test_map_func_runs_on_this_workers_elements_only() -> None:
+    mapped: list[int] = []
+
+    def double(x: Any) -> Any:
+        mapped.append(int(x))
+        return x * 2
+
+    for dataset in (Dataset.range(40), Dataset.range(40).shuffle(40, seed=2)):
+        mapped.clear()
+        batches = GlobalBatches(dataset, 8, map_func=double)
+        rows = batches.local_batch(2, 1, 4)
+        assert [int(x) for x in rows] == [2 * x for x in mapped] and len(mapped) == 2
+
+
+def test_the_iterator_commits_and_aborts_steps_and_saves_its_position() -> None:
+    batches = GlobalBatches(Dataset.range(20), 4)
+    assert [int(x) for x in next(batches)] == [0, 1, 2, 3]
+    batches.abort()  # the step failed: the same global batch again
+    assert [int(x) for x in next(batches)] == [0, 1, 2, 3]
+    batches.commit()
+    assert [int(x) for x in next(batches)] == [4, 5, 6, 7]
+    saved = batches.get_state()  # mid-step: the step count is the committed steps
+    restored = GlobalBatches(Dataset.range(20), 4)
+    restored.set_state(saved)
+    assert [int(x) for x in next(restored)] == [4, 5, 6, 7]
+    for _ in range(3):
+        batches.commit()
+        next(batches)
+    batches.commit()
+    with pytest.raises(StopIteration):
+        next(batches)
+
+
+# -- worker processes under the elastic strategy --------------------------------------------
+
+
+def _committed(directory: Path, names: list[str]) -> dict[int, list[int]]:
+    """Per step, the global batch the workers trained on; every worker that logged a step
+    (a step redone after a change included) logged the same one."""
+    steps: dict[int, list[int]] = {}
+    for name in names:
+        path = directory / f"{name}.steps"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            entry = json.loads(line)
+            ids = steps.setdefault(entry["step"], entry["ids"])
+            assert ids == entry["ids"], f"step {entry['step']} trained on two batches"
+    return steps
+
+
+def _reference(kind: str, steps: int) -> list[list[int]]:
+    batches = elastic_job.global_input(kind)
+    return [sorted(int(x) for x in batches.local_batch(s, 0, 1)["id"]) for s in range(steps)]
+
+
+def _digest(steps: dict[int, list[int]], count: int) -> str:
+    return hashlib.sha256(json.dumps([steps[s] for s in range(count)]).encode()).hexdigest()
+
+
+def _env(tmp_path: Path, job: str, store: Any, kind: str) -> dict[str, str]:
+    (tmp_path / job).mkdir()
+    return {
+        "INPUT": kind,
+        "BACKUP_DIR": str(tmp_path / job / "backup"),
+        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
+        "PROGRESS_DIR": str(tmp_path / job),
+        "STOP_FILE": str(tmp_path / job / "stop"),
+        "MIN_WORKERS": "1",
+    }
+
+
+@pytest.mark.timeout(400)  # worker interpreters importing torch on a loaded machine
+def test_one_two_and_three_workers_commit_the_same_global_batches_through_a_kill(
+    tmp_path: Path,
+) -> None:
+    """A job of 1 worker, one of 2, and one of 3 workers of which one is killed with kill -9
+    and a new one joins: every step that committed trained on the same global batch in all
+    three, the function of the data that a single reader gives. (Reads by index; those of a
+    stream follow the group in the same way: ``INPUT=stream`` passes too, left out for time.)"""
+    kind = "rows"
+    stores = {job: serve_membership_store("127.0.0.1", 0) for job in ("one", "two", "three")}
+    envs = {job: _env(tmp_path, job, stores[job], kind) for job in stores}
+    groups = {
+        "one": [("a0", envs["one"])],
+        "two": [("b0", envs["two"]), ("b1", envs["two"])],
+        "three": [("c0", envs["three"]), ("c1", envs["three"]), ("c2", envs["three"])],
+    }
+    jobs = {job: Processes(WORKER, members, timeout=300) for job, members in groups.items()}
+    three = tmp_path / "three"
+    with jobs["one"] as one, jobs["two"] as two, jobs["three"] as workers:
+        _wait(
+            "three workers training together",
+            lambda: all(
+                _progress(three, n)["world"] == 3 and _progress(three, n)["step"] >= 8
+                for n in ("c0", "c1", "c2")
+            ),
+            [one, two, workers],
+        )
+        workers.send("c2", signal.SIGKILL)
+        killed_at = max(_progress(three, n)["step"] for n in ("c0", "c1"))
+        _wait(
+            "the survivors training on",
+            lambda: all(_progress(three, n)["step"] >= killed_at + 8 for n in ("c0", "c1")),
+            [workers],
+        )
+        with Processes(WORKER, [("c3", envs["three"])], timeout=300) as joiner:
+            _wait(
+                "the joiner training with them",
+                lambda: (
+                    _progress(three, "c3")["world"] == 3
+                    and _progress(three, "c3")["step"] >= killed_at + 16
+                ),
+                [workers, joiner],
+            )
+            for job in stores:
+                (tmp_path / job / "stop").write_text("")
+            joined = joiner.wait()
+        finished = {**one.wait(), **two.wait(), **workers.wait()}
+    results = {n: p.result for n, p in {**finished, **joined}.items() if n != "c2"}
+    assert all(r is not None for r in results.values()), "".join(
+        p.describe() for p in [*finished.values(), *joined.values()]
+    )
+    done = {
+        "one": _committed(tmp_path / "one", ["a0"]),
+        "two": _committed(tmp_path / "two", ["b0", "b1"]),
+        "three": _committed(three, ["c0", "c1", "c2", "c3"]),
+    }
+    for job, steps in done.items():  # no step skipped: 0, 1, ... up to the last
+        assert sorted(steps) == list(range(len(steps))), (job, sorted(steps))
+    shortest = min(len(steps) for steps in done.values())
+    assert shortest >= killed_at + 16
+    reference = _reference(kind, shortest)
+    for job, steps in done.items():
+        assert [steps[s] for s in range(shortest)] == reference, job
+    assert len({_digest(steps, shortest) for steps in done.values()}) == 1
+    # the joiner started at the group's step, not at 0, and every worker ended at one step
+    assert results["c3"]["batches_step"] == results["c0"]["batches_step"] > killed_at
