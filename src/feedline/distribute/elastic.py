@@ -60,6 +60,7 @@ import torch.distributed as dist
 
 from feedline.distribute import collective as collectives
 from feedline.distribute.cluster_resolver import ClusterResolver, ClusterSpec
+from feedline.distribute.global_batches import GlobalBatches as GlobalBatches  # the input
 from feedline.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
