@@ -15,6 +15,7 @@ The token and TLS files come from the environment (``$FEEDLINE_SERVICE_TOKEN``,
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -67,7 +68,11 @@ def main():
             optimizer.step()
             examples += len(batch["index"])
             index_sum += int(batch["index"].sum())
-    print(json.dumps({"rank": rank, "examples": examples, "index_sum": index_sum}), flush=True)
+    # One write per line: the ranks share torchrun's output, and an unbuffered print writes
+    # the line and its newline apart, so that another rank's line can fall between them.
+    summary = json.dumps({"rank": rank, "examples": examples, "index_sum": index_sum})
+    sys.stdout.write(summary + "\n")
+    sys.stdout.flush()
     totals = torch.tensor([examples, index_sum], dtype=torch.float64)
     dist.all_reduce(totals)
     if rank == 0:
