@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import BusyLoop, calibrate_busy, write_results  # noqa: E402
+
 from feedline.data import Dataset  # noqa: E402
 from feedline.distribute.global_batches import GlobalBatches  # noqa: E402
 
