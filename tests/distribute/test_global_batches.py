@@ -203,12 +203,14 @@ def test_one_two_and_three_workers_commit_the_same_global_batches_through_a_kill
         )
         with Processes(WORKER, [("c3", envs["three"])], timeout=300) as joiner:
             _wait(
-                "the joiner training with them",
+                "the joiner training with them, and the other jobs as far",
                 lambda: (
                     _progress(three, "c3")["world"] == 3
                     and _progress(three, "c3")["step"] >= killed_at + 16
+                    and _progress(tmp_path / "one", "a0")["step"] >= killed_at + 16
+                    and _progress(tmp_path / "two", "b0")["step"] >= killed_at + 16
                 ),
-                [workers, joiner],
+                [one, two, workers, joiner],
             )
             for job in stores:
                 (tmp_path / job / "stop").write_text("")
