@@ -128,6 +128,38 @@ def test_a_script_that_never_stops_its_servers_exits_quietly_and_at_once() -> No
         assert exit_took < 1.0, f"the process took {exit_took:.2f} s to exit"
 
 
+# A consumer whose job ended just before the interpreter exits: its heartbeat is still waiting
+# in the dispatcher's long poll. Python's atexit runs after feedline's stops; no thread that
+# calls servers may be alive then, since one still in a gRPC call when the interpreter
+# finalizes aborts the process on its way back ("terminate called without an active
+# exception").
+ENDED_JUST_BEFORE_EXIT = """
+import atexit, os, sys, threading
+from feedline import service
+from feedline.data import Dataset
+
+
+def callers_left():
+    names = [t.name for t in threading.enumerate()]
+    callers = [n for n in names if n.startswith("feedline-consumer")]
+    if callers:
+        sys.stderr.write(f"threads that call servers, alive at exit: {callers}")
+
+
+atexit.register(callers_left)
+dataset = Dataset.range(20).apply(service.distribute("parallel_epochs", os.environ["TARGET"]))
+print(sorted(set(int(x) for x in dataset)) == list(range(20)))
+"""
+
+
+def test_a_consumer_s_threads_end_before_the_interpreter_does(cluster: ServiceProcesses) -> None:
+    for _ in range(5):  # the race is short: a thread left alive is seen in some exits
+        env = {"TARGET": cluster.target}
+        (result,) = run(ENDED_JUST_BEFORE_EXIT, [("script", env)], timeout=60).values()
+        assert result.returncode == 0 and result.stdout.strip() == "True", result.describe()
+        assert result.stderr == "", result.stderr
+
+
 TOKEN = "s3cret-token"
 DISPATCHER = "feedline.service.Dispatcher"
 

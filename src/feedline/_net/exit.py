@@ -10,6 +10,13 @@ futures after interpreter shutdown". This module registers its hook after
 consumers, closes their channels (so that no channel hears a server go away), then stops
 workers, then dispatchers, each without grace and without logging what their peers' departure
 does to them (``exiting()``).
+
+Last, it joins the threads that call servers (``join_at_exit``: a consumer's heartbeat and
+fetch threads, a worker's heartbeat), whose calls the steps above cancelled, for at most
+``_JOIN_SECONDS`` in all. They are daemon threads: one still inside a gRPC call when the
+interpreter finalizes would, on its way back, find the interpreter gone, and Python ends such
+a thread with ``pthread_exit``, whose unwinding through gRPC's C++ frames aborts the process
+("terminate called without an active exception").
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401  (its at-exit hook must be registered first)
 import contextlib
 import threading
+import time
 import weakref
 from typing import Any
 
-__all__ = ["CHANNELS", "CONSUMER", "DISPATCHER", "WORKER", "exiting", "register"]
+__all__ = ["CHANNELS", "CONSUMER", "DISPATCHER", "WORKER", "exiting", "join_at_exit", "register"]
 
 #: Stages, stopped in this order.
 CONSUMER, CHANNELS, WORKER, DISPATCHER = 0, 1, 2, 3
@@ -32,6 +40,8 @@ _stops: dict[int, weakref.WeakKeyDictionary[Any, str]] = {
     stage: weakref.WeakKeyDictionary() for stage in _STAGES
 }
 _exiting = threading.Event()
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_JOIN_SECONDS = 2.0
 
 
 def exiting() -> bool:
@@ -46,6 +56,13 @@ def register(owner: Any, method: str, stage: int) -> None:
         _stops[stage][owner] = method
 
 
+def join_at_exit(thread: threading.Thread) -> None:
+    """Joins ``thread`` when the process exits, after every stage stopped (it is held
+    weakly): a thread that calls servers, which those stops end."""
+    with _lock:
+        _threads.add(thread)
+
+
 def _stop_all() -> None:
     _exiting.set()
     for stage in _STAGES:
@@ -55,6 +72,12 @@ def _stop_all() -> None:
         for owner, method in owners:
             with contextlib.suppress(Exception):  # exiting: nobody is left to tell
                 getattr(owner, method)()
+    with _lock:
+        threads = list(_threads)
+    deadline = time.monotonic() + _JOIN_SECONDS
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 threading._register_atexit(_stop_all)  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from feedline import structure
+from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
 from feedline._net.elements import unpack_elements
 from feedline._net.remote_errors import error_from_report
@@ -138,6 +139,7 @@ class Fetchers:
                 daemon=True,
             )
         thread.start()
+        _exit.join_at_exit(thread)
 
     def _deliver(
         self,

@@ -227,6 +227,7 @@ class _JobReader:
             target=self._heartbeat_loop, name=f"feedline-consumer-{self._client_id}", daemon=True
         )
         self._heartbeat_thread.start()
+        _exit.join_at_exit(self._heartbeat_thread)
 
     @property
     def params(self) -> _ReadParams:

@@ -245,6 +245,7 @@ class WorkerServer:
             target=self._heartbeat_loop, name=f"feedline-worker-{port}-heartbeat", daemon=True
         )
         self._heartbeat_thread.start()
+        _exit.join_at_exit(self._heartbeat_thread)
         self._snapshot_thread = threading.Thread(
             target=SnapshotWriterLoop(self, self._stopped).run,
             name=f"feedline-worker-{port}-snapshot",
