@@ -11,9 +11,9 @@ position is the step count, which the group agrees on.
 
 The sequence is read one of two ways:
 
-* **By index** (a dataset with random access: ``range``, ``from_tensor_slices``, a filled
-  ``cache``, ...): a worker reads only its own rows, with ``epochs`` passes and a seeded
-  permutation per epoch (``shuffle_seed``): pass ``e`` is
+* **By index** (a dataset with random access: ``range``, ``from_tensor_slices``, an
+  in-memory ``cache()`` once filled, ...): a worker reads only its own rows, with ``epochs``
+  passes and a seeded permutation per epoch (``shuffle_seed``): pass ``e`` is
   ``numpy.random.default_rng([shuffle_seed, e]).permutation(N)``, and a pass's last
   ``N mod G`` elements are dropped, so that no global batch spans two passes.
 * **As a stream** (any other pipeline): every worker reads every element of each global batch
@@ -113,8 +113,9 @@ class GlobalBatches:
         if by_index and access is None:
             raise InvalidArgumentError(
                 f"shuffle_seed and epochs need a dataset with random access (a source such as "
-                f"range or from_tensor_slices, or a filled cache); {type(dataset).__name__} "
-                "has none: put a seeded shuffle and repeat in the dataset instead"
+                f"range or from_tensor_slices, or a filled in-memory cache); "
+                f"{type(dataset).__name__} has none: put a seeded shuffle and repeat in the "
+                "dataset instead"
             )
         self._reader: _Rows | _Stream
         if access is not None:
