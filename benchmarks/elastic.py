@@ -48,6 +48,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.distribute.elastic_job import job_env
+from tests.distribute.elastic_job import read_progress as _progress
 from tests.launcher import Processes
 
 from feedline.distribute.elastic import serve_membership_store
@@ -58,11 +60,6 @@ from tests.launcher import report
 from tests.distribute.elastic_job import main
 report(main(os.environ["FEEDLINE_TEST_NAME"]))
 """
-
-
-def _progress(directory: Path, name: str) -> dict[str, int]:
-    path = directory / name
-    return json.loads(path.read_text()) if path.exists() else {"step": -1, "world": 0}
 
 
 def _wait(what: str, ready: Any, limit: float = 180.0) -> None:
@@ -76,13 +73,7 @@ def _wait(what: str, ready: Any, limit: float = 180.0) -> None:
 def run(changes: int, step_seconds: float) -> dict[str, Any]:
     store = serve_membership_store("127.0.0.1", 0)
     directory = Path(tempfile.mkdtemp(prefix="feedline-elastic-bench-"))
-    env = {
-        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
-        "PROGRESS_DIR": str(directory),
-        "STOP_FILE": str(directory / "stop"),
-        "MIN_WORKERS": "2",
-        "STEP_SECONDS": str(step_seconds),
-    }
+    env = job_env(directory, store.port, MIN_WORKERS="2", STEP_SECONDS=str(step_seconds))
     groups: list[tuple[Processes, str]] = []
     alive = ["w0", "w1", "w2"]
     first = Processes(WORKER, [(n, {}) for n in alive], env=env, timeout=1800)

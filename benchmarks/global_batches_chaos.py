@@ -51,14 +51,6 @@ report(main(os.environ["FEEDLINE_TEST_NAME"]))
 """
 
 
-def _progress(directory: Path, name: str) -> dict[str, int]:
-    path = directory / name
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"step": -1, "gen": 0, "world": 0}
-
-
 def _wait(what: str, ready: Any, groups: list[Processes], deadline: float) -> None:
     while not ready():
         for group in groups:
@@ -73,13 +65,10 @@ def _wait(what: str, ready: Any, groups: list[Processes], deadline: float) -> No
 def _check(directory: Path, reference: list[list[int]]) -> dict[str, Any]:
     logged: dict[int, list[list[int]]] = {}
     redone = 0
-    for path in directory.glob("*.steps"):
-        mine: set[int] = set()
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            logged.setdefault(entry["step"], []).append(entry["ids"])
-            redone += entry["step"] in mine
-            mine.add(entry["step"])
+    for steps in elastic_job.logged_steps(directory).values():
+        for step, ids in steps:
+            logged.setdefault(step, []).append(ids)
+        redone += len(steps) - len({step for step, _ in steps})
     last = max(logged, default=-1)
     wrong = [
         s
@@ -97,14 +86,7 @@ def _check(directory: Path, reference: list[list[int]]) -> dict[str, Any]:
 def run_round(seed: int, kind: str, round_seconds: float, work: Path) -> dict[str, Any]:
     rng = random.Random(seed)
     store = serve_membership_store("127.0.0.1", 0)
-    env = {
-        "INPUT": kind,
-        "BACKUP_DIR": str(work / "backup"),
-        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
-        "PROGRESS_DIR": str(work),
-        "STOP_FILE": str(work / "stop"),
-        "MIN_WORKERS": "1",
-    }
+    env = elastic_job.job_env(work, store.port, INPUT=kind)
     deadline = time.monotonic() + round_seconds
     live = ["w0", "w1", "w2"]
     groups = [Processes(WORKER, [(n, env) for n in live], timeout=round_seconds + 60)]
@@ -117,7 +99,7 @@ def run_round(seed: int, kind: str, round_seconds: float, work: Path) -> dict[st
             return next(g for g in groups if name in g.names)
 
         def steps(name: str) -> int:
-            return _progress(work, name)["step"]
+            return elastic_job.read_progress(work, name)["step"]
 
         _wait("3 workers", lambda: all(steps(n) >= 2 for n in live), groups, deadline)
         for change in range(2):
@@ -135,7 +117,9 @@ def run_round(seed: int, kind: str, round_seconds: float, work: Path) -> dict[st
             live.append(joiner)
             _wait(
                 f"{joiner} joined",
-                lambda j=joiner, u=until: _progress(work, j)["world"] == 3 and steps(j) >= u,
+                lambda j=joiner, u=until: (
+                    elastic_job.read_progress(work, j)["world"] == 3 and steps(j) >= u
+                ),
                 groups,
                 deadline,
             )
@@ -150,8 +134,7 @@ def run_round(seed: int, kind: str, round_seconds: float, work: Path) -> dict[st
         for group in reversed(groups):
             group.__exit__(None, None, None)
         del store
-    batches = elastic_job.global_input(kind)
-    reference = [sorted(int(x) for x in batches.local_batch(s, 0, 1)["id"]) for s in range(3000)]
+    reference = elastic_job.reference_batches(kind, 3000)
     return {
         "seed": seed,
         "hung": hung,

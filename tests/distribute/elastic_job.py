@@ -113,10 +113,8 @@ def main(name: str) -> dict[str, Any]:
                 first_commit = time.monotonic()
             if changes and "resumed_s" not in changes[-1]:
                 changes[-1]["resumed_s"] = time.monotonic() - changes[-1].pop("failed_at")
-            if step % CHECK_EVERY == 0:
-                flag = torch.tensor(float(stop_file.exists()))
-                if strategy.reduce("SUM", flag, axis=None).item() > 0:
-                    break
+            if step % CHECK_EVERY == 0 and _stop_agreed(strategy, stop_file):
+                break
         except MembershipChangedError as error:
             failures += 1
             mine = step + (1 if elastic.committed > before else 0)
@@ -144,6 +142,47 @@ def main(name: str) -> dict[str, Any]:
         "failures": failures,
         "changes": changes,
         "first_step": first_step,
+    }
+
+
+def _stop_agreed(strategy: Any, stop_file: Path) -> bool:
+    """Whether any worker sees ``stop_file`` (a ``strategy.reduce``: all answer alike)."""
+    flag = torch.tensor(float(stop_file.exists()))
+    return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+
+
+def read_progress(directory: Path, name: str) -> dict[str, int]:
+    """What worker ``name`` last wrote to ``directory/name`` (``_progress``: replaced whole)."""
+    path = directory / name
+    return json.loads(path.read_text()) if path.exists() else {"step": -1, "gen": 0, "world": 0}
+
+
+def job_env(directory: Path, store_port: int, **settings: str) -> dict[str, str]:
+    """The environment of a worker of a job whose files are in ``directory`` and whose
+    membership store listens on ``store_port``, with ``settings`` (``LOOP``, ``INPUT``,
+    ``MIN_WORKERS``, ...) on top."""
+    directory.mkdir(exist_ok=True)
+    return {
+        "BACKUP_DIR": str(directory / "backup"),
+        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store_port}",
+        "PROGRESS_DIR": str(directory),
+        "STOP_FILE": str(directory / "stop"),
+        **settings,
+    }
+
+
+def reference_batches(kind: str, steps: int) -> list[list[int]]:
+    """The ids of the first ``steps`` global batches of ``global_input(kind)``, sorted, as one
+    reader reads them."""
+    batches = global_input(kind)
+    return [sorted(int(x) for x in batches.local_batch(s, 0, 1)["id"]) for s in range(steps)]
+
+
+def logged_steps(directory: Path) -> dict[str, list[tuple[int, list[int]]]]:
+    """Per worker, the steps it logged as committed and their global batches, in order."""
+    return {
+        path.stem: [(e["step"], e["ids"]) for e in map(json.loads, path.read_text().splitlines())]
+        for path in directory.glob("*.steps")
     }
 
 
@@ -200,10 +239,7 @@ def _with_backup(
     def train_step(step: int) -> bool:
         x, y = batch(step, elastic.rank, elastic.world_size)
         strategy.run(replica, (x, y))
-        if step % CHECK_EVERY != CHECK_EVERY - 1:
-            return False
-        flag = torch.tensor(float(stop_file.exists()))
-        return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+        return step % CHECK_EVERY == CHECK_EVERY - 1 and _stop_agreed(strategy, stop_file)
 
     with backup:
         while True:
@@ -261,10 +297,7 @@ def _with_global_batches(
         trained = torch.nonzero(seen.grad).reshape(-1).tolist()
         with progress.with_suffix(".steps").open("a") as log:
             log.write(json.dumps({"step": step, "ids": trained, "local": len(ids)}) + "\n")
-        if step % CHECK_EVERY != CHECK_EVERY - 1:
-            return False
-        flag = torch.tensor(float(stop_file.exists()))
-        return bool(strategy.reduce("SUM", flag, axis=None).item() > 0)
+        return step % CHECK_EVERY == CHECK_EVERY - 1 and _stop_agreed(strategy, stop_file)
 
     with backup:
         while True:

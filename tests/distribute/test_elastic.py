@@ -7,7 +7,6 @@ The rounds of the membership protocol are tested in this process (threads meetin
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -19,6 +18,8 @@ import pytest
 
 from feedline.distribute.elastic import ElasticClusterResolver, Rounds, serve_membership_store
 from feedline.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from tests.distribute.elastic_job import job_env
+from tests.distribute.elastic_job import read_progress as _progress
 from tests.launcher import Processes
 
 WORKER = """
@@ -92,11 +93,6 @@ def test_bad_arguments() -> None:
 
 
 # -- the strategy, in worker processes ---------------------------------------------------------
-def _progress(directory: Path, name: str) -> dict[str, int]:
-    path = directory / name
-    return json.loads(path.read_text()) if path.exists() else {"step": -1, "gen": 0, "world": 0}
-
-
 def _wait(what: str, ready: Any, procs: list[Processes], timeout: float = 120.0) -> None:
     end = time.monotonic() + timeout
     while not ready():
@@ -122,14 +118,7 @@ def test_survivors_keep_their_state_and_a_joiner_gets_it(
     new worker joins, gets the parameters and the optimizer state by broadcast, and all three
     end with equal parameters. ``hand``: the hand-written loop that catches
     ``MembershipChangedError``; ``backup``: ``BackupAndRestore.run``."""
-    env = {
-        "LOOP": loop,
-        "BACKUP_DIR": str(tmp_path / "backup"),
-        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
-        "PROGRESS_DIR": str(tmp_path),
-        "STOP_FILE": str(tmp_path / "stop"),
-        "MIN_WORKERS": "2",
-    }
+    env = job_env(tmp_path, store.port, LOOP=loop, MIN_WORKERS="2")
     names = ["w0", "w1", "w2"]
     with Processes(WORKER, [(n, {}) for n in names], env=env, timeout=240) as workers:
         pids = {n: workers.pid(n) for n in names}
@@ -223,14 +212,13 @@ def test_a_member_lost_while_the_group_forms_makes_the_others_meet_again(
 
     thread = threading.Thread(target=arrive_and_vanish, daemon=True)
     thread.start()  # first in round 1: the round closes with it and the first worker
-    env = {
-        "LOOP": "hand",
-        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
-        "PROGRESS_DIR": str(tmp_path),
-        "STOP_FILE": str(tmp_path / "stop"),
-        "MIN_WORKERS": "2",
-        "ELASTIC_TIMEOUT": "45",  # waiting for the lost member would end them after 45 s
-    }
+    env = job_env(
+        tmp_path,
+        store.port,
+        LOOP="hand",
+        MIN_WORKERS="2",
+        ELASTIC_TIMEOUT="45",  # waiting for the lost member would end them after 45 s
+    )
     with Processes(WORKER, [("w0", {}), ("w1", {})], env=env, timeout=240) as workers:
         _wait(
             "the two workers training together",

@@ -19,7 +19,8 @@ from feedline.distribute.elastic import serve_membership_store
 from feedline.distribute.global_batches import GlobalBatches, part
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 from tests.distribute import elastic_job
-from tests.distribute.test_elastic import WORKER, _progress, _wait
+from tests.distribute.elastic_job import read_progress as _progress
+from tests.distribute.test_elastic import WORKER, _wait
 from tests.launcher import Processes
 
 
@@ -133,38 +134,18 @@ def test_the_iterator_commits_and_aborts_steps_and_saves_its_position() -> None:
 # -- worker processes under the elastic strategy --------------------------------------------
 
 
-def _committed(directory: Path, names: list[str]) -> dict[int, list[int]]:
+def _committed(directory: Path) -> dict[int, list[int]]:
     """Per step, the global batch the workers trained on; every worker that logged a step
     (a step redone after a change included) logged the same one."""
     steps: dict[int, list[int]] = {}
-    for name in names:
-        path = directory / f"{name}.steps"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            entry = json.loads(line)
-            ids = steps.setdefault(entry["step"], entry["ids"])
-            assert ids == entry["ids"], f"step {entry['step']} trained on two batches"
+    for logged in elastic_job.logged_steps(directory).values():
+        for step, ids in logged:
+            assert steps.setdefault(step, ids) == ids, f"step {step} trained on two batches"
     return steps
-
-
-def _reference(kind: str, steps: int) -> list[list[int]]:
-    batches = elastic_job.global_input(kind)
-    return [sorted(int(x) for x in batches.local_batch(s, 0, 1)["id"]) for s in range(steps)]
 
 
 def _digest(steps: dict[int, list[int]], count: int) -> str:
     return hashlib.sha256(json.dumps([steps[s] for s in range(count)]).encode()).hexdigest()
-
-
-def _env(tmp_path: Path, job: str, store: Any, kind: str) -> dict[str, str]:
-    (tmp_path / job).mkdir()
-    return {
-        "INPUT": kind,
-        "BACKUP_DIR": str(tmp_path / job / "backup"),
-        "FEEDLINE_ELASTIC_STORE": f"127.0.0.1:{store.port}",
-        "PROGRESS_DIR": str(tmp_path / job),
-        "STOP_FILE": str(tmp_path / job / "stop"),
-        "MIN_WORKERS": "1",
-    }
 
 
 @pytest.mark.timeout(400)  # worker interpreters importing torch on a loaded machine
@@ -177,7 +158,10 @@ def test_one_two_and_three_workers_commit_the_same_global_batches_through_a_kill
     stream follow the group in the same way: ``INPUT=stream`` passes too, left out for time.)"""
     kind = "rows"
     stores = {job: serve_membership_store("127.0.0.1", 0) for job in ("one", "two", "three")}
-    envs = {job: _env(tmp_path, job, stores[job], kind) for job in stores}
+    envs = {
+        job: elastic_job.job_env(tmp_path / job, store.port, INPUT=kind)
+        for job, store in stores.items()
+    }
     groups = {
         "one": [("a0", envs["one"])],
         "two": [("b0", envs["two"]), ("b1", envs["two"])],
@@ -221,15 +205,15 @@ def test_one_two_and_three_workers_commit_the_same_global_batches_through_a_kill
         p.describe() for p in [*finished.values(), *joined.values()]
     )
     done = {
-        "one": _committed(tmp_path / "one", ["a0"]),
-        "two": _committed(tmp_path / "two", ["b0", "b1"]),
-        "three": _committed(three, ["c0", "c1", "c2", "c3"]),
+        "one": _committed(tmp_path / "one"),
+        "two": _committed(tmp_path / "two"),
+        "three": _committed(three),
     }
     for job, steps in done.items():  # no step skipped: 0, 1, ... up to the last
         assert sorted(steps) == list(range(len(steps))), (job, sorted(steps))
     shortest = min(len(steps) for steps in done.values())
     assert shortest >= killed_at + 16
-    reference = _reference(kind, shortest)
+    reference = elastic_job.reference_batches(kind, shortest)
     for job, steps in done.items():
         assert [steps[s] for s in range(shortest)] == reference, job
     assert len({_digest(steps, shortest) for steps in done.values()}) == 1

@@ -223,8 +223,10 @@ class _Rows:
         self._permutation: tuple[int, np.ndarray] | None = None
 
     def read(self, step: int, start: int, end: int, stacked: bool) -> Any:
-        epoch, index = divmod(step, self._per_pass) if self._per_pass else (step, 0)
-        if self._per_pass == 0 or (self._epochs is not None and epoch >= self._epochs):
+        if self._per_pass == 0:
+            raise OutOfRangeError(f"the data has no global batch {step}")
+        epoch, index = divmod(step, self._per_pass)
+        if self._epochs is not None and epoch >= self._epochs:
             raise OutOfRangeError(f"the data has no global batch {step}")
         rows = np.arange(index * self._global + start, index * self._global + end)
         if self._seed is not None:
