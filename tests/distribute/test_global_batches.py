@@ -8,6 +8,8 @@ import hashlib
 import itertools
 import json
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ import numpy as np
 import pytest
 
 from feedline.data import Dataset
+from feedline.data.ops._snapshot_format import is_finished, shard_dir
+from feedline.data.ops._snapshot_streams import StreamWriter, finish_save, start_save
 from feedline.distribute.elastic import serve_membership_store
 from feedline.distribute.global_batches import GlobalBatches, part
 from feedline.errors import InvalidArgumentError, OutOfRangeError
@@ -129,6 +133,68 @@ def test_the_iterator_commits_and_aborts_steps_and_saves_its_position() -> None:
     batches.commit()
     with pytest.raises(StopIteration):
         next(batches)
+
+
+def test_a_snapshot_is_read_by_place_the_same_on_any_number_of_workers(tmp_path: Path) -> None:
+    """A pass is the snapshot's streams one after another; with a seed, in a new order each
+    pass. (Streams of 30, 30, 30 and 10 elements: a global batch spans two streams.)"""
+    path = str(tmp_path / "saved")
+    Dataset.range(100).save(path, shard_func=lambda x: x // 30)
+    streams = [list(range(k * 30, min(k * 30 + 30, 100))) for k in range(4)]
+    reference = [list(range(s * 12, s * 12 + 12)) for s in range(8)]
+    for world_size in (1, 2, 3, 4):
+        batches = GlobalBatches(Dataset.load(path), 12)
+        assert [_global(batches, s, world_size) for s in range(8)] == reference
+        with pytest.raises(OutOfRangeError):
+            batches.local_batch(8, 0, world_size)
+    seeded = [GlobalBatches(Dataset.load(path), 12, shuffle_seed=2, epochs=2) for _ in range(2)]
+    passes = [
+        [x for k in np.random.default_rng([2, epoch]).permutation(4) for x in streams[k]][:96]
+        for epoch in range(2)
+    ]
+    assert passes[0] != passes[1]
+    for world_size, batches in zip((3, 2), seeded, strict=True):
+        read = [_global(batches, s, world_size) for s in range(16)]
+        assert [x for step in read[:8] for x in step] == passes[0]
+        assert [x for step in read[8:] for x in step] == passes[1]
+        with pytest.raises(OutOfRangeError):
+            batches.local_batch(16, 0, 1)
+    with pytest.raises(InvalidArgumentError, match="random access"):  # its reader's order
+        GlobalBatches(
+            Dataset.load(path, reader_func=lambda d: d.flat_map(lambda x: x)), 12, epochs=1
+        )
+
+
+def test_a_snapshot_being_written_is_read_as_its_streams_are_committed(tmp_path: Path) -> None:
+    """Global batches of a ``distributed_save`` still running come as its streams are written,
+    each the same as those of the finished snapshot."""
+    path = str(tmp_path / "saving")
+    spec = Dataset.range(1).element_spec
+    start_save(path, "run", spec, "NONE", 5)
+
+    def write() -> None:
+        for stream in range(5):
+            time.sleep(0.2)
+            StreamWriter(shard_dir(f"{path}/run", stream), spec, "NONE").write(
+                iter(Dataset.range(stream * 10, stream * 10 + 10))
+            )
+        finish_save(path, "run", 5)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    batches = GlobalBatches(
+        Dataset.load(path, wait=True), 8, map_func=lambda x: x + 1000, timeout_s=30
+    )
+    read, unfinished = [], 0
+    for local in batches:
+        read.append([int(x) for x in local])
+        unfinished += not is_finished(path)
+        batches.commit()
+    writer.join(30)
+    assert read == [[1000 + x for x in range(s * 8, s * 8 + 8)] for s in range(6)]
+    assert unfinished >= 4  # read while the save ran
+    again = GlobalBatches(Dataset.load(path), 8, map_func=lambda x: x + 1000)
+    assert [_global(again, s, 3) for s in range(6)] == read
 
 
 # -- worker processes under the elastic strategy --------------------------------------------

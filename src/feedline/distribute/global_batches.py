@@ -9,13 +9,24 @@ the elastic strategy), on 1, 2 or 3 workers, with or without a worker lost, trai
 elements; only who computes which part differs. Nothing is exchanged between workers: the
 position is the step count, which the group agrees on.
 
-The sequence is read one of two ways:
+The sequence is read one of three ways:
 
 * **By index** (a dataset with random access: ``range``, ``from_tensor_slices``, an
   in-memory ``cache()`` once filled, ...): a worker reads only its own rows, with ``epochs``
   passes and a seeded permutation per epoch (``shuffle_seed``): pass ``e`` is
   ``numpy.random.default_rng([shuffle_seed, e]).permutation(N)``, and a pass's last
   ``N mod G`` elements are dropped, so that no global batch spans two passes.
+* **By place in a snapshot** (``Dataset.load(path)``, and ``Dataset.load(path, wait=True)`` of
+  one that ``distributed_save`` is still writing on the data service's workers): a pass is
+  the snapshot's streams one after another (each a split of the source), in a seeded order per
+  pass with ``shuffle_seed`` (``numpy.random.default_rng([shuffle_seed, e]).permutation`` of
+  the streams), each stream's elements in their saved order. A stream's elements have fixed
+  places whichever service worker wrote them and whatever failed (``snapshot_positions``), so
+  the global batches are the same on any number of trainers and service workers. A worker
+  reads only the chunks that hold its rows; a global batch not yet written is waited for (for
+  at most ``timeout_s`` without the save moving). The elements of the snapshot's streams
+  before a place must all be written before it can be read: with ``shuffle_seed`` the first
+  pass waits for more of the save.
 * **As a stream** (any other pipeline): every worker reads every element of each global batch
   and keeps its part: the cost of determinism, a read of ``G`` elements per step on each
   worker instead of ``G / n``. ``map_func`` runs on a worker's own elements only, so put the
@@ -47,6 +58,8 @@ import numpy as np
 
 from feedline import structure
 from feedline.data.dataset import Dataset, RandomAccess
+from feedline.data.ops.load import LoadDataset
+from feedline.data.ops.snapshot_positions import DEFAULT_TIMEOUT_S, SnapshotPositions
 from feedline.distribute import collective as collectives
 from feedline.errors import InvalidArgumentError, OutOfRangeError
 
@@ -83,11 +96,13 @@ class GlobalBatches:
         ``shuffle_seed`` and ``epochs`` the dataset is read once, as it is (put ``repeat``
         and a seeded ``shuffle`` in it).
       map_func: applied to each of this worker's elements after they are read.
+      timeout_s: how long a read of a snapshot still being written waits for a stream that
+        does not move.
 
     Raises:
       InvalidArgumentError: ``global_batch_size`` or ``epochs`` below 1; ``shuffle_seed`` or
-        ``epochs`` for a dataset without random access; a dataset with random access but
-        fewer than ``global_batch_size`` elements.
+        ``epochs`` for a dataset without random access (or a snapshot); a dataset with random
+        access but fewer than ``global_batch_size`` elements.
     """
 
     #: ``feedline.data.committed``: ``commit`` and ``abort`` are this iterator's own.
@@ -101,6 +116,7 @@ class GlobalBatches:
         shuffle_seed: int | None = None,
         epochs: int | None = None,
         map_func: Callable[[Any], Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if global_batch_size < 1:
             raise InvalidArgumentError(f"global_batch_size must be ≥ 1, got {global_batch_size}")
@@ -110,15 +126,18 @@ class GlobalBatches:
         self._map = map_func
         access = dataset._random_access()
         by_index = shuffle_seed is not None or epochs is not None
-        if by_index and access is None:
+        saved = dataset.positions(timeout_s) if isinstance(dataset, LoadDataset) else None
+        self._reader: _Rows | _Saved | _Stream
+        if saved is not None:
+            self._reader = _Saved(saved, self.global_batch_size, shuffle_seed, epochs, by_index)
+        elif by_index and access is None:
             raise InvalidArgumentError(
                 f"shuffle_seed and epochs need a dataset with random access (a source such as "
                 f"range or from_tensor_slices, or a filled in-memory cache); "
                 f"{type(dataset).__name__} has none: put a seeded shuffle and repeat in the "
                 "dataset instead"
             )
-        self._reader: _Rows | _Stream
-        if access is not None:
+        elif access is not None:
             self._reader = _Rows(access, self.global_batch_size, shuffle_seed, epochs, by_index)
         else:
             self._reader = _Stream(dataset, self.global_batch_size)
@@ -243,6 +262,90 @@ class _Rows:
 
     def close(self) -> None:
         pass
+
+
+class _Saved:
+    """Global batches of a snapshot by place: pass ``e`` is its streams in ``_order(e)``, one
+    after another; a pass's last ``N mod G`` elements are dropped."""
+
+    def __init__(
+        self,
+        positions: SnapshotPositions,
+        global_batch_size: int,
+        shuffle_seed: int | None,
+        epochs: int | None,
+        passes: bool,
+    ) -> None:
+        self._positions = positions
+        self._global = global_batch_size
+        self._seed = shuffle_seed
+        self._epochs = epochs if passes else 1
+        self._order_of: tuple[int, list[int]] | None = None
+
+    def read(self, step: int, start: int, end: int, stacked: bool) -> Any:
+        while True:
+            epoch, index = self._locate(step)
+            first = index * self._global
+            rows = self._places(self._order(epoch), first + start, first + end)
+            if rows is not None:  # else the pass ended before them: the total is known now
+                return structure.batch_elements(rows) if stacked else rows
+
+    def _locate(self, step: int) -> tuple[int, int]:
+        """The pass and global batch in it of ``step``: in the first pass while the
+        snapshot's size is not known."""
+        total = self._positions.total()
+        if total is None:
+            return 0, step
+        per_pass = total // self._global
+        if per_pass == 0:
+            raise OutOfRangeError(
+                f"the snapshot has {total} elements, fewer than one global batch of {self._global}"
+            )
+        epoch, index = divmod(step, per_pass)
+        if self._epochs is not None and epoch >= self._epochs:
+            raise OutOfRangeError(f"the data has no global batch {step}")
+        return epoch, index
+
+    def _places(self, order: list[int], low: int, high: int) -> list[Any] | None:
+        """The elements at places ``low`` to ``high`` of a pass whose streams are in ``order``,
+        waiting for the streams before them to be written; None where the pass has fewer."""
+        positions = self._positions
+        rows: list[Any] = []
+        base = 0
+        for stream in order:
+            if base >= high:
+                break
+            length = positions.length(stream)
+            while length is None:  # being written: enough of it, or its end, is needed
+                committed = positions.committed(stream)
+                if high <= base + committed:
+                    length = committed
+                    break
+                positions.wait(stream, _moved(positions, stream, committed))
+                length = positions.length(stream)
+            start, end = max(low, base) - base, min(high, base + length) - base
+            if start < end:
+                rows += positions.rows(stream, start, end)
+            base += length
+        return rows if base >= high else None
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._order_of is None or self._order_of[0] != epoch:
+            streams = self._positions.num_streams
+            if self._seed is None:
+                order = list(range(streams))
+            else:
+                order = np.random.default_rng([self._seed, epoch]).permutation(streams).tolist()
+            self._order_of = (epoch, order)
+        return self._order_of[1]
+
+    def close(self) -> None:
+        pass
+
+
+def _moved(positions: SnapshotPositions, stream: int, committed: int) -> Callable[[], bool]:
+    """Whether ``stream`` is complete or has more than ``committed`` elements committed."""
+    return lambda: positions.length(stream) is not None or positions.committed(stream) > committed
 
 
 class _Stream:

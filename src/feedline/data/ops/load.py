@@ -34,6 +34,7 @@ from feedline.data.ops._snapshot_format import (
 )
 from feedline.data.ops._snapshot_streams import STREAMS, read_saving
 from feedline.data.ops.load_while_writing import LoadWhileWritingDataset
+from feedline.data.ops.snapshot_positions import DEFAULT_TIMEOUT_S, SnapshotPositions
 from feedline.errors import InvalidArgumentError, NotFoundError
 
 ROUND_ROBIN = "round_robin"
@@ -238,6 +239,14 @@ class LoadDataset(Dataset):
         self._saved_elements = (
             finished.elements if finished is not None and reader_func is None else None
         )
+        self._own_reader = reader_func is not None
+
+    def positions(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> SnapshotPositions | None:
+        """The snapshot's elements by stream and offset (``snapshot_positions``), finished or
+        still being written; None where a ``reader_func`` reads it (the order is its own)."""
+        if self._own_reader:
+            return None
+        return SnapshotPositions.open(self._path, self._element_spec, timeout_s)
 
     def _cardinality(self) -> int:
         if self._saved_elements is not None:
