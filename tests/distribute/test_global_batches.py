@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from feedline import service
 from feedline.data import Dataset
 from feedline.data.ops._snapshot_format import is_finished, shard_dir
 from feedline.data.ops._snapshot_streams import StreamWriter, finish_save, start_save
@@ -26,6 +27,8 @@ from tests.distribute import elastic_job
 from tests.distribute.elastic_job import read_progress as _progress
 from tests.distribute.test_elastic import WORKER, _wait
 from tests.launcher import Processes
+from tests.service import test_distributed_save as saves
+from tests.service.procs import ServiceProcesses
 
 
 def _global(batches: GlobalBatches, step: int, world_size: int) -> list[int]:
@@ -195,6 +198,55 @@ def test_a_snapshot_being_written_is_read_as_its_streams_are_committed(tmp_path:
     assert unfinished >= 4  # read while the save ran
     again = GlobalBatches(Dataset.load(path), 8, map_func=lambda x: x + 1000)
     assert [_global(again, s, 3) for s in range(6)] == read
+
+
+@pytest.mark.timeout(180)
+def test_a_save_on_service_workers_gives_the_same_global_batches_through_a_kill(
+    tmp_path: Path,
+) -> None:
+    """``distributed_save`` on two real service workers, one killed with kill -9 in the middle
+    of a chunk; global batches read while the save runs, as 1, 2 and 3 trainers would: each is
+    the elements at its places (``x`` in ``[24 s, 24 s + 24)``: the streams are the source's
+    splits in order), whoever wrote them."""
+    path = str(tmp_path / "snapshot")
+    marker = tmp_path / "stopped"
+    read: dict[int, list[list[int]]] = {}
+    early = threading.Event()
+
+    def trainers() -> None:
+        batches = GlobalBatches(Dataset.load(path, wait=True), 24, timeout_s=60)
+
+        def xs(step: int, world_size: int) -> list[int]:  # (x, pid, row) elements
+            parts = [batches.local_batch(step, r, world_size)[0] for r in range(world_size)]
+            return [int(x) for p in parts for x in p]
+
+        for step in range(saves.ELEMENTS // 24):
+            read[step] = [xs(step, 1), xs(step, 2), xs(step, 3)]
+            if step == 3:
+                read[-1] = [[int(is_finished(path))]]
+                early.set()
+
+    with ServiceProcesses() as cluster:
+        config = service.DispatcherConfig(
+            port=cluster.port, worker_timeout_ms=1000, job_gc_check_interval_ms=100
+        )
+        with service.DispatchServer(config):
+            names = [cluster.start_worker() for _ in range(2)]
+            service.distributed_save(saves.dataset(marker), path, cluster.address)
+            reader = threading.Thread(target=trainers, daemon=True)
+            reader.start()
+            assert early.wait(90), "the trainers read the first global batches"
+            killed = saves.kill_mid_chunk(cluster, names, marker)
+            reader.join(120)
+            assert not reader.is_alive()
+            saves.wait_until(lambda: is_finished(path), 60, "the save finishes")
+    assert read.pop(-1) == [[0]]  # the first four were read while the save ran
+    for step, ways in read.items():
+        assert ways == [list(range(step * 24, step * 24 + 24))] * 3, step
+    found = saves.saved(path)
+    saves.check_exactly_once(found)
+    assert {pid for x, pid in found if 100 <= x < 116} == {killed}  # its chunk stayed
+    assert killed not in {pid for x, pid in found if 116 <= x < 120}
 
 
 # -- worker processes under the elastic strategy --------------------------------------------
