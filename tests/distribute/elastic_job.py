@@ -9,8 +9,10 @@ test asked them to stop (the file ``STOP_FILE`` exists), so that all stop at the
 Progress goes to ``PROGRESS_DIR/<name>`` (the step, the generation, the world size) and the
 result to ``report``.
 
-With ``INPUT=rows`` or ``INPUT=stream`` (and ``LOOP=backup``) the input is a ``GlobalBatches``
-of element ids (``global_input``): by index, or as a shuffled stream. The model then has one
+With ``INPUT=rows``, ``INPUT=stream`` or ``INPUT=saved`` (and ``LOOP=backup``) the input is a
+``GlobalBatches`` of element ids (``global_input``): by index, as a shuffled stream, or by
+place in the snapshot at ``SNAPSHOT`` (which ``distributed_save`` of ``saved_ids`` may still be
+writing). The model then has one
 more parameter, ``seen``, whose gradient is 1 at the ids a worker trained on: all-reduced with
 the others, it is the step's whole global batch, which each worker appends to
 ``PROGRESS_DIR/<name>.steps`` once the step committed there.
@@ -18,6 +20,7 @@ the others, it is the step's whole global batch, which each worker appends to
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -53,11 +56,26 @@ def features(element_id: Any) -> dict[str, Any]:
     return {"id": np.int64(element_id), "x": x}
 
 
-def global_input(kind: str) -> GlobalBatches:
+def saved_ids(pause_s: float) -> Dataset:
+    """The ids ``range(ELEMENTS)``, each ``pause_s`` in the making: what ``INPUT=saved`` reads
+    once ``distributed_save`` wrote it."""
+    return Dataset.range(ELEMENTS).map(functools.partial(_slowly, pause_s))
+
+
+def _slowly(pause_s: float, element_id: Any) -> Any:
+    time.sleep(pause_s)
+    return element_id
+
+
+def global_input(kind: str, snapshot: str | None = None) -> GlobalBatches:
     """The global batches of the ids ``range(ELEMENTS)``, pass after pass in a new order:
-    read by index (``rows``: a permutation per pass) or as a stream (``stream``: a seeded
-    shuffle buffer in the pipeline)."""
+    read by index (``rows``: a permutation per pass), as a stream (``stream``: a seeded
+    shuffle buffer in the pipeline) or by place in the snapshot ``snapshot`` (``saved``: its
+    streams in their order each pass)."""
     ids = Dataset.range(ELEMENTS)
+    if kind == "saved":  # in the saved order, so that the first pass is read while written
+        loaded = Dataset.load(snapshot or os.environ["SNAPSHOT"], wait=True)
+        return GlobalBatches(loaded, GLOBAL_BATCH, map_func=features, epochs=1000, timeout_s=120)
     if kind == "rows":
         return GlobalBatches(ids, GLOBAL_BATCH, shuffle_seed=5, map_func=features, epochs=1000)
     stream = ids.shuffle(64, seed=5).repeat()
@@ -171,10 +189,10 @@ def job_env(directory: Path, store_port: int, **settings: str) -> dict[str, str]
     }
 
 
-def reference_batches(kind: str, steps: int) -> list[list[int]]:
-    """The ids of the first ``steps`` global batches of ``global_input(kind)``, sorted, as one
-    reader reads them."""
-    batches = global_input(kind)
+def reference_batches(kind: str, steps: int, snapshot: str | None = None) -> list[list[int]]:
+    """The ids of the first ``steps`` global batches of ``global_input(kind, snapshot)``,
+    sorted, as one reader reads them."""
+    batches = global_input(kind, snapshot)
     return [sorted(int(x) for x in batches.local_batch(s, 0, 1)["id"]) for s in range(steps)]
 
 
