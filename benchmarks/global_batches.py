@@ -16,7 +16,11 @@ global batch of 48 elements, each element a 4 KiB array made from its id by a *d
 - *stream*: ``GlobalBatches(ids.shuffle(...).repeat(), 48, map_func=decode)``: every id of the
   global batch read, its own decoded;
 - *stream, decode in the dataset*: ``GlobalBatches(ids.shuffle(...).repeat().map(decode), 48)``:
-  every element decoded on every worker, the case the docs warn of.
+  every element decoded on every worker, the case the docs warn of;
+- *saved*: ``GlobalBatches(Dataset.load(path), 48, shuffle_seed=..., epochs=...)`` of a
+  snapshot of the decoded elements in 40 streams (what ``distributed_save`` on the service's
+  workers leaves), read by place; its peer *saved, shard*: ``Dataset.load(path).shard(n,
+  0).batch(48 // n)``, the DATA-sharded read of the same snapshot.
 
 Prints ms per step (median of the trials) and the ratio to *shard*; writes
 ``benchmarks/results/global_batches-*.json``.
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -65,17 +71,23 @@ def _time(read: Callable[[int], Any], steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1000
 
 
-def _setups(world: int, decode: Callable[[Any], np.ndarray]) -> dict[str, Callable[[int], Any]]:
+def _setups(
+    world: int, decode: Callable[[Any], np.ndarray], saved: str
+) -> dict[str, Callable[[int], Any]]:
     ids = Dataset.range(ELEMENTS)
     shard = iter(ids.shard(world, 0).map(decode).batch(GLOBAL // world))
     index = GlobalBatches(ids, GLOBAL, shuffle_seed=1, epochs=10, map_func=decode)
     stream = GlobalBatches(ids.shuffle(4096, seed=1).repeat(), GLOBAL, map_func=decode)
     decoded = GlobalBatches(ids.shuffle(4096, seed=1).repeat().map(decode), GLOBAL)
+    by_place = GlobalBatches(Dataset.load(saved), GLOBAL, shuffle_seed=1, epochs=10)
+    loaded = iter(Dataset.load(saved).shard(world, 0).batch(GLOBAL // world))
     return {
         "shard": lambda step: next(shard),
         "index": lambda step: index.local_batch(step, 0, world),
         "stream": lambda step: stream.local_batch(step, 0, world),
         "stream, decode in the dataset": lambda step: decoded.local_batch(step, 0, world),
+        "saved": lambda step: by_place.local_batch(step, 0, world),
+        "saved, shard": lambda step: next(loaded),
     }
 
 
@@ -85,10 +97,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
     decode = _decoder(calibrate_busy(50e-6))
+    saved = tempfile.mkdtemp(prefix="global-batches-saved-")
+    Dataset.range(ELEMENTS).map(_decoder(0)).save(saved, shard_func=lambda e: np.int64(e[0]) // 480)
     results: dict[str, dict[str, list[float]]] = {}
     for trial in range(args.trials):
         for world in (1, 2, 3, 4):
-            setups = _setups(world, decode)
+            setups = _setups(world, decode, saved)
             names = list(setups)
             order = names[trial % len(names) :] + names[: trial % len(names)]
             for name in order:
@@ -102,6 +116,7 @@ def main() -> None:
             ms = statistics.median(times)
             summary.setdefault(world, {})[name] = {"ms_per_step": ms, "ratio": ms / base}
             print(f"{world:>7}  {name:<30} {ms:8.2f} {ms / base:8.2f}x")
+    shutil.rmtree(saved)
     write_results(
         "global_batches",
         {"steps": args.steps, "trials": args.trials, "raw_ms": results, "summary": summary},

@@ -107,3 +107,50 @@ def test_the_global_position_takes_the_worker_that_read_least_and_rebuilds_its_b
     # An end of input buffered after the elements ends what was read ahead.
     states[1]["steps"]["buffer"].append(("end", None))
     assert len(_iterator_state.global_position(states)["batches"]) == 2
+
+
+def _shared(worker: int, buffered: list[list[int]], ahead: tuple[list[int], ...] = ()) -> dict:
+    """A worker's position in a shared job (its share tagged with ``worker``) with the steps
+    it had read ahead of the job."""
+    from feedline._cluster_shares import SHARE
+
+    share = {"done": [[worker, 1]], SHARE: "job 'shared'"}
+    return {
+        "steps": {
+            "input": {"input": share, "pending": [], "batches": []},
+            "buffer": [("element", (np.array(b),)) for b in buffered] + [("end", None)],
+        },
+        "ahead": [(np.array(b),) for b in ahead],
+        "finished": False,
+    }
+
+
+def test_a_shared_job_resumes_anywhere_with_the_steps_read_ahead_dealt_out_once() -> None:
+    """Two workers of a shared job had read steps ahead (worker 0 two, worker 1 one, one of
+    them in its device feed); on three workers each step is returned by one worker, first."""
+    states = [_shared(0, [[2, 3]], ahead=([0, 1],)), _shared(1, [[6, 7]])]
+    form = _iterator_state.gather(states[0], InputLayout("off", 2), lambda local: states)
+    for layout in (InputLayout("off", 3, 0), InputLayout("whole", 1, 0)):
+        assert _iterator_state.restorable(form, layout) is None
+    dealt = [
+        _iterator_state.local_state(form, InputLayout("off", 3, worker)) for worker in range(3)
+    ]
+    firsts = [
+        [b.tolist() for kind, step in d["steps"]["buffer"] if kind == "element" for b in step]
+        for d in dealt
+    ]
+    assert firsts == [[[0, 1]], [[2, 3]], [[6, 7]]]
+    assert all(d["ahead"] == [] and d["steps"]["buffer"][-1] == ("end", None) for d in dealt)
+    assert all(d["steps"]["input"]["input"]["done"] == [[0, 1]] for d in dealt)  # worker 0's
+    one = _iterator_state.local_state(form, InputLayout("whole", 1, 0))
+    assert len([e for e in one["steps"]["buffer"] if e[0] == "element"]) == 3
+    problem = _iterator_state.restorable(form, InputLayout("off", 3, 0, 2))
+    assert problem is not None and "resume only on as many" in problem
+
+
+def test_a_shared_job_with_batches_cut_ahead_resumes_only_on_the_same_split() -> None:
+    state = _shared(0, [])
+    state["steps"]["input"]["batches"] = [np.arange(4)]  # one pipeline's global batch, cut
+    form = _iterator_state.gather(state, InputLayout("whole", 1), lambda local: [state])
+    assert _iterator_state.restorable(form, InputLayout("off", 2, 0)) is not None
+    assert _iterator_state.restorable(form, InputLayout("whole", 1, 0)) is None

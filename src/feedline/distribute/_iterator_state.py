@@ -29,9 +29,12 @@ a data service job the workers share       off /        any number of workers (b
 
 The workers that read one exactly-once data service job by name save their shares of its
 position (``feedline._cluster_shares``); a restore hands every worker all the shares
-(``_shared_input``). Where the workers' positions differ only in those shares (nothing read
-ahead of the job in between, as with ``.batch()`` after ``distribute``), any number of workers
-resumes, each with worker 0's position and every share.
+(``_shared_input``). Where the workers' positions differ only in those shares and in the whole
+steps they had read ahead of the job (as with ``.batch()`` after ``distribute``, whether the
+steps were prefetched or not), any number of workers resumes, each with worker 0's position,
+every share, and its turn of the steps read ahead (whose elements the shares count as read:
+they are returned first, each by one worker; they are cut for the saved number of replicas a
+worker, which must stay the same where there are any).
 
 Under DATA every worker runs the same global pipeline and keeps its own slices of each global
 batch, so the workers' pipelines are at one position: the global batch that the next step cuts.
@@ -192,8 +195,21 @@ def restorable(saved: Any, layout: InputLayout) -> str | None:
         return None
     if before.sharding in _RESPLITTABLE and layout.sharding in _RESPLITTABLE:
         return None
-    if before.sharding == layout.sharding and _shares_only(saved["workers"]):
-        return None
+    read_whole = {before.sharding, layout.sharding} <= {"whole", "off"}  # OFF on one worker
+    if (before.sharding == layout.sharding or read_whole) and _shares_only(saved["workers"]):
+        if before.replicas_per_worker == layout.replicas_per_worker or not any(
+            _read_ahead(state) for state in saved["workers"]
+        ):
+            return None
+        return (
+            f"the position was saved on {before.describe()}, and this iterator runs on "
+            f"{layout.describe()}: the steps its workers had read ahead of the shared job are "
+            f"cut for {before.replicas_per_worker} replicas a worker, and resume only on as "
+            f"many (on any number of workers). To go on: resume with "
+            f"{before.replicas_per_worker} replicas a worker; or restore the other objects "
+            "without the iterator (Checkpoint(model=..., optimizer=...).restore(path)"
+            ".expect_partial()) and start the epoch again"
+        )
     if before.sharding not in _RESPLITTABLE:
         rule = (
             f"input {_DESCRIPTIONS.get(before.sharding, before.sharding)} resumes only on the "
@@ -217,13 +233,40 @@ def restorable(saved: Any, layout: InputLayout) -> str | None:
 
 def _shares_only(states: list[Any]) -> bool:
     """Whether the workers' positions differ only in their shares of a job they read together
-    (``feedline._cluster_shares``): then any number of workers resumes it, each with every
-    share (a data service job shared by name, read with nothing buffered in between)."""
+    (``feedline._cluster_shares``) and the steps they read ahead of it: then any number of
+    workers resumes it, each with every share, and the steps read ahead dealt out among them
+    (a data service job shared by name, with nothing but whole steps buffered after it)."""
     paths = cluster_shares.share_paths(states[0])
-    if not paths:
+    if not paths or any(_cut_ahead(state) for state in states):
         return False
-    blanked = [pickle.dumps(cluster_shares.without_shares(state)) for state in states]
+    blanked = [
+        pickle.dumps(cluster_shares.without_shares(_without_read_ahead(state))) for state in states
+    ]
     return all(b == blanked[0] for b in blanked)
+
+
+def _cut_ahead(state: dict[str, Any]) -> bool:
+    """Whether a worker's input holds global batches cut ahead of its steps (one worker's
+    whole pipeline), which only one worker may take."""
+    steps = state["steps"]
+    split = steps.get("input") if isinstance(steps, dict) else None
+    return isinstance(split, dict) and bool(split.get("batches") or split.get("pending"))
+
+
+def _read_ahead(state: dict[str, Any]) -> list[Any]:
+    """The steps a worker had read and not returned: its device feed's, then its prefetch
+    buffer's (where its steps are prefetched)."""
+    steps = state["steps"]
+    buffer = steps.get("buffer", []) if isinstance(steps, dict) else []
+    return list(state["ahead"]) + _leading_elements(buffer)
+
+
+def _without_read_ahead(state: dict[str, Any]) -> dict[str, Any]:
+    steps = state["steps"]
+    if isinstance(steps, dict) and "buffer" in steps:
+        buffer = steps["buffer"]
+        steps = {**steps, "buffer": buffer[len(_leading_elements(buffer)) :]}
+    return {**state, "ahead": [], "steps": steps}
 
 
 def _same_split(before: InputLayout, now: InputLayout) -> bool:
@@ -242,8 +285,19 @@ def local_state(saved: dict[str, Any], layout: InputLayout) -> dict[str, Any]:
     )
     if _same_split(before, layout):
         return saved["workers"][layout.worker_index]
-    if saved["global"] is None:  # _shares_only: every worker resumes the shared job
-        return saved["workers"][0]
+    if saved["global"] is None or layout.sharding not in _RESPLITTABLE:
+        # _shares_only: every worker resumes the shared job
+        # and takes its turn of the steps the workers had read ahead of it (their elements
+        # count as read in the shares), so that each is returned once
+        read_ahead = [step for state in saved["workers"] for step in _read_ahead(state)]
+        own = _without_read_ahead(saved["workers"][0])
+        mine = read_ahead[layout.worker_index :: layout.num_workers]
+        if not mine:
+            return own
+        if "buffer" not in own["steps"]:  # read ahead only by a device feed
+            return {**own, "ahead": mine}
+        buffer = [(ELEMENT, step) for step in mine] + own["steps"]["buffer"]
+        return {**own, "steps": {**own["steps"], "buffer": buffer}}
     position = saved["global"]
     return {
         "steps": {
