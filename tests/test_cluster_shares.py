@@ -4,6 +4,7 @@ every worker's share, and what ``_iterator_state`` makes of positions that diffe
 from __future__ import annotations
 
 import doctest
+from typing import Any
 
 import feedline._cluster_shares as cluster_shares
 from feedline._cluster_shares import GROUP, LEAD, SHARE, SHARES
@@ -11,7 +12,7 @@ from feedline.distribute import _iterator_state
 from feedline.distribute._iterator_state import InputLayout
 
 
-def _worker_state(done: list[list[int]], buffered: list[int]) -> dict:
+def _worker_state(done: list[list[int]], buffered: list[tuple[str, Any]]) -> dict:
     share = {"version": 1, "mode": "DYNAMIC", "done": done, SHARE: "data service job 'a'"}
     return {
         "steps": {"input": {"input": share}, "buffer": buffered},
@@ -37,9 +38,19 @@ def test_positions_that_differ_only_in_shares_resume_on_any_number_of_workers() 
     saved = _iterator_state.gather(states[0], InputLayout("off", 2, 0), lambda _: states)
     three = InputLayout("off", 3, 2)
     assert _iterator_state.restorable(saved, three) is None
-    assert _iterator_state.local_state(saved, three) is states[0]
-    # A worker that had read ahead of the job holds elements of its own: the same shape only.
-    states[1] = _worker_state([[4, 4]], [7])
+    assert _iterator_state.local_state(saved, three) == states[0]
+    # A worker that had read a step ahead of the job (counted in its share): one worker of the
+    # new ones returns it first.
+    states[1] = _worker_state([[4, 4]], [("element", (7,))])
+    saved = _iterator_state.gather(states[0], InputLayout("off", 2, 0), lambda _: states)
+    assert _iterator_state.restorable(saved, three) is None
+    buffers = [
+        _iterator_state.local_state(saved, InputLayout("off", 3, i))["steps"]["buffer"]
+        for i in range(3)
+    ]
+    assert buffers == [[("element", (7,))], [], []]
+    # One that had found the end of its input and one that had not: the same shape only.
+    states[1] = _worker_state([[4, 4]], [("end", None)])
     saved = _iterator_state.gather(states[0], InputLayout("off", 2, 0), lambda _: states)
     assert "resumes only on the same 2 workers" in str(_iterator_state.restorable(saved, three))
 
