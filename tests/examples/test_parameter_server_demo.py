@@ -58,8 +58,11 @@ def test_demo_trains_on_a_local_cluster_and_stops_it() -> None:
     assert _servers_of(lines[0]) == set()  # every child stopped
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)
 def test_ctrl_c_stops_the_cluster() -> None:
+    """Ctrl-C stops the servers and exits 130. The stop takes ~3.5 s on an idle machine (each
+    server stops in ~1 s, workers then ps tasks, then the chief exits) and grows with the load
+    (11-14 s at a load of 8), so the wait allows for a loaded test run."""
     process = subprocess.Popen(
         [sys.executable, "-m", "feedline.cli", "demo", "--parameter-server",
          "--steps", "100000", "--print-every", "1", "--rows", "20000"],
@@ -74,7 +77,7 @@ def test_ctrl_c_stops_the_cluster() -> None:
                 break
         assert len(_servers_of(banner)) == 4
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 130
+        assert process.wait(timeout=90) == 130
         assert "interrupted: the cluster is stopped" in process.stderr.read()
     finally:
         if process.poll() is None:
