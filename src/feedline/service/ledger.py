@@ -557,6 +557,31 @@ class SplitLedger:
             found.append((key, count))
         return found
 
+    def lacking(
+        self, trainer_id: str, restored: Mapping[int, Sequence[Sequence[int]]] | None = None
+    ) -> tuple[int, int]:
+        """(``per_trainer``) How many done splits trainer ``trainer_id`` lacks part of, and how
+        many of their elements: it has what ``restored`` says (a restored position's offsets per
+        split) or, without it, what the ledger counted for it.
+
+        Example:
+          >>> ledger = SplitLedger(per_trainer=True)
+          >>> ledger.joined(1, "a"); ledger.grant(0, task_id=7); ledger.count(0, 4)
+          >>> ledger.receive(0, [[0, 4]], client_id=1)
+          >>> ledger.lacking("a"), ledger.lacking("b"), ledger.lacking("a", {0: [[0, 1]]})
+          ((0, 0), (1, 4), (1, 3))
+        """
+        splits = elements = 0
+        for key, split in self.finished.items():
+            count = split.count or 0
+            have = (restored or {}).get(key, []) if restored is not None else None
+            if have is None:
+                have = split.trainers.get(trainer_id, [])
+            held = sum(min(int(b), count) - int(a) for a, b in have if int(a) < count)
+            if held < count:
+                splits, elements = splits + 1, elements + count - held
+        return splits, elements
+
     def awaits(self, client_id: int, task_id: int) -> bool:
         """Whether a split waits for consumer ``client_id`` to close the lost ``task_id``."""
         return any(

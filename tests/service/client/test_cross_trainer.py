@@ -514,3 +514,34 @@ def test_a_trainer_restored_from_before_a_worker_died_gets_the_splits_every_trai
     got = read_concurrently({"restarted": again, "steady": steady}, {})
     assert sorted(before + got["restarted"]) == list(range(300))
     assert sorted(first + got["steady"]) == list(range(300))
+
+
+def test_a_trainer_that_joins_after_the_epoch_ended_is_told_what_it_lacks(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    """Under a fault-tolerant dispatcher the job ends once every trainer reading it received
+    all of its epoch, and its workers let go of the elements. A trainer that joins then, lacking
+    part of the epoch (a new one, or one restored from a position taken mid-epoch), is refused
+    with what it lacks and what to do, in place of an end of input; one restored from the
+    epoch's end lacks nothing and gets its end."""
+    cluster, trainer = _fault_tolerant_trainers(make_cluster, tmp_path)
+    first, second = trainer("first"), trainer("second")
+    early = [int(next(first)) for _ in range(50)]
+    mid_epoch = first.get_state()
+    got = read_concurrently({"first": first, "second": second}, {})
+    assert sorted(early + got["first"]) == sorted(got["second"]) == list(range(300))
+    at_the_end = first.get_state()
+    (job,) = cluster.dispatcher._core.state.jobs.values()
+    deadline = time.monotonic() + 30
+    while not job.finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.finished
+    lacks = r"trainer '{}' joined job 'ft' after its epoch ended.* lacks {} elements"
+    with pytest.raises(FailedPreconditionError, match=lacks.format("late", 300)):
+        next(trainer("late"))
+    restored = trainer("first")
+    with pytest.raises(FailedPreconditionError, match=lacks.format("first", 250)):
+        restored.set_state(mid_epoch)
+    finished = trainer("first")
+    finished.set_state(at_the_end)
+    assert list(finished) == []

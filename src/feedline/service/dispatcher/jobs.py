@@ -117,6 +117,7 @@ class Jobs:
                     request.cross_trainer,
                     request.commits,
                 )
+                self._check_epoch_left(job, request)
             else:
                 job = self._create_job(record, mode, request, position)
             client_id = core.state.new_id()
@@ -131,6 +132,32 @@ class Jobs:
             )
             core.job_idle_since.pop(job.job_id, None)
             return self._join_reply(job, client_id)
+
+    def _check_epoch_left(self, job: JobRecord, request: GetOrCreateJobRequest) -> None:
+        """Refuses a trainer that joins an exactly-once cross-trainer job whose epoch ended
+        (every trainer reading it had all of it, so its workers let go of the elements) while
+        it lacks part of that epoch: it would get an end of input in place of what it lacks.
+
+        Raises:
+          FailedPreconditionError: the trainer lacks elements of the ended epoch.
+        """
+        ledger = self._core.state.ledgers.get(job.job_id)
+        trainer = request.trainer_id
+        if not job.finished or ledger is None or not ledger.per_trainer or trainer is None:
+            return
+        restored = request.trainer_splits
+        splits, elements = ledger.lacking(
+            trainer, None if restored is None else {int(k): r for k, r in restored}
+        )
+        if splits:
+            raise FailedPreconditionError(
+                f"trainer {trainer!r} joined job {job.job_name!r} after its epoch ended: every "
+                f"trainer reading it had received all of it, and its workers let go of the "
+                f"elements, but this trainer lacks {elements} elements of {splits} splits. Read "
+                "the epoch in a job of its own (another job_name), or keep the trainers "
+                "reading until every one has joined (a trainer away for longer than "
+                "client_timeout_ms is not waited for)"
+            )
 
     def _joined_before(self, request_id: str | None) -> tuple[JobRecord, int] | None:
         """The job and the consumer that the join ``request_id`` made, if it was served and
