@@ -557,6 +557,19 @@ class SplitLedger:
             found.append((key, count))
         return found
 
+    def complete_for(self, client_id: int) -> bool:
+        """(``per_trainer``) Whether the trainer of consumer ``client_id`` has every element
+        of every split known: each split's count is known and the trainer received all of it,
+        open (another trainer lacks some) or done. Once every split is out, nothing more comes
+        to it."""
+        trainer = self.trainer_of.get(client_id)
+        if not self.per_trainer or trainer is None:
+            return False
+        return all(
+            split.count is not None and covers(split.trainers.get(trainer, []), split.count)
+            for split in (*self.open.values(), *self.finished.values())
+        )
+
     def lacking(
         self, trainer_id: str, restored: Mapping[int, Sequence[Sequence[int]]] | None = None
     ) -> tuple[int, int]:

@@ -1277,7 +1277,9 @@ class HeartbeatReply:
     done (None in other jobs); in a job acknowledged on commit, ``flush``: the flush round the
     consumer is asked to report everything it received for, its replies in flight included
     (0: none; ``ledger``), and ``awaits_commits``: every split is out, each element committed
-    or held by a consumer, so nothing more comes unless one dies.
+    or held by a consumer, so nothing more comes unless one dies; in an exactly-once
+    cross-trainer job, ``complete``: every split is out and this consumer's trainer received
+    all of each, so nothing more comes to it (its epoch ended, whatever the others still read).
 
     Example:
       >>> HeartbeatReply.from_header({"incarnation": 5, "unchanged": True}).view is None
@@ -1289,6 +1291,7 @@ class HeartbeatReply:
     splits_done: tuple[tuple[int, int], ...] | None = None
     flush: int = 0
     awaits_commits: bool = False
+    complete: bool = False
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> HeartbeatReply:
@@ -1307,6 +1310,7 @@ class HeartbeatReply:
             done,
             field(header, "flush", int, 0),
             field(header, "awaits_commits", bool, False),
+            field(header, "complete", bool, False),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1322,6 +1326,8 @@ class HeartbeatReply:
             header["flush"] = self.flush
         if self.awaits_commits:
             header["awaits_commits"] = True
+        if self.complete:
+            header["complete"] = True
         return header
 
 

@@ -545,3 +545,20 @@ def test_a_trainer_that_joins_after_the_epoch_ended_is_told_what_it_lacks(
     finished = trainer("first")
     finished.set_state(at_the_end)
     assert list(finished) == []
+
+
+def test_under_fault_tolerance_a_fast_trainer_ends_its_epoch_without_waiting_for_a_slow_one(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    """Under a fault-tolerant dispatcher a split stays open until every trainer has all of it
+    (a worker's death could run it again), but a trainer that has every element of the epoch
+    ends its epoch then: a stalled trainer does not hold it back, and reads on after."""
+    cluster, trainer = _fault_tolerant_trainers(make_cluster, tmp_path)
+    fast, stalled = trainer("fast"), trainer("stalled")
+    first = [int(next(stalled)) for _ in range(20)]
+    got = read_concurrently({"fast": fast}, {})  # 60 s at most, else "a trainer hung"
+    assert sorted(got["fast"]) == list(range(300))
+    (job,) = cluster.dispatcher._core.state.jobs.values()
+    assert not job.finished  # the stalled trainer's epoch goes on
+    rest = [int(x) for x in stalled]
+    assert sorted(first + rest) == list(range(300))

@@ -61,6 +61,9 @@ def test_a_heartbeat_reply_carries_the_splits_done_of_exactly_once_jobs() -> Non
     assert json.dumps(reply.to_header()) == json.dumps(header)
     plain = HeartbeatReply.from_header(view)
     assert plain.splits_done is None and "splits_done" not in plain.to_header()
+    assert not plain.complete and "complete" not in plain.to_header()
+    complete = HeartbeatReply.from_header({**header, "complete": True})
+    assert complete.complete and complete.to_header()["complete"] is True
 
 
 def test_a_view_fills_in_what_an_older_dispatcher_left_out() -> None:

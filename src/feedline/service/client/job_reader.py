@@ -156,6 +156,9 @@ class _JobReader:
         params = self._params = dataset._params
         # A trainer of a cross-trainer job keeps its own positions and rejoins its job.
         self.trainer: TrainerPositions | None = None
+        # (an exactly-once cross-trainer job) The dispatcher said this trainer has every
+        # element of the epoch: once it returned them, its epoch ends, whatever the others read.
+        self._epoch_complete = False
         if params.trainer_id is not None:
             restored = resume if isinstance(resume, TrainerPosition) else None
             self.trainer = TrainerPositions(params.trainer_id, restored)
@@ -319,6 +322,8 @@ class _JobReader:
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
                 self._splits.heard(reply.splits_done or ())
+            if self.trainer is not None and reply.complete:
+                self._epoch_complete = True
             if self._commits is not None:
                 self._commits.awaits_commits = reply.awaits_commits
                 if reply.flush:
@@ -512,6 +517,9 @@ class _JobReader:
             ):
                 # The job waits for steps to commit, this one's too: nothing more comes to it
                 # (unless a consumer dies). The step may commit; the reader stays joined.
+                raise StopIteration
+            if self._epoch_complete:  # every element returned, none more to come
+                self.release()
                 raise StopIteration
             if self.queue.closed:  # released before the end: nothing more comes
                 raise FailedPreconditionError(

@@ -120,11 +120,12 @@ class LongPoll:
 
     def _take_report(
         self, client_id: int, job: JobRecord, request: ClientHeartbeatRequest
-    ) -> tuple[tuple[tuple[int, int], ...], int, bool] | None:
+    ) -> tuple[tuple[tuple[int, int], ...], int, bool, bool] | None:
         """Applies what a consumer of an exactly-once job reports (the offsets it received, the
         lost tasks it closed; on commit: the offsets committed, the flush round reported);
         ``(key, count)`` of the splits it reported or holds that are done, the flush round it
-        is asked for and whether the job waits for commits only, or None for other jobs."""
+        is asked for, whether the job waits for commits only, and (a cross-trainer job)
+        whether its trainer has every element of the epoch; or None for other jobs."""
         ledger = self._core.state.ledgers.get(job.job_id)
         if ledger is None:
             return None
@@ -140,11 +141,12 @@ class LongPoll:
         keys = {key for key, _ in (*received, *committed)}
         keys |= {k for k in request.holding if isinstance(k, int)}
         done = tuple(ledger.done_for(client_id, keys))
-        if not ledger.commits:
-            return done, 0, False
         cursor = self._core.state.split_cursors.get((job.job_id, 0))
-        handed_out_all = cursor is not None and SplitCursor.from_json(cursor).done
-        return done, ledger.flush_wanted(client_id), handed_out_all and ledger.awaits_commits()
+        handed_out_all = job.finished or (cursor is not None and SplitCursor.from_json(cursor).done)
+        if not ledger.commits:
+            return done, 0, False, handed_out_all and ledger.complete_for(client_id)
+        awaits = handed_out_all and ledger.awaits_commits()
+        return done, ledger.flush_wanted(client_id), awaits, False
 
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
