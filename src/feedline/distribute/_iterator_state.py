@@ -286,9 +286,9 @@ def local_state(saved: dict[str, Any], layout: InputLayout) -> dict[str, Any]:
     if _same_split(before, layout):
         return saved["workers"][layout.worker_index]
     if saved["global"] is None or layout.sharding not in _RESPLITTABLE:
-        # _shares_only: every worker resumes the shared job
-        # and takes its turn of the steps the workers had read ahead of it (their elements
-        # count as read in the shares), so that each is returned once
+        # _shares_only: every worker resumes the shared job and takes its turn of the steps
+        # the workers had read ahead of it (the shares count their elements as read), so that
+        # each step is returned once
         read_ahead = [step for state in saved["workers"] for step in _read_ahead(state)]
         own = _without_read_ahead(saved["workers"][0])
         mine = read_ahead[layout.worker_index :: layout.num_workers]

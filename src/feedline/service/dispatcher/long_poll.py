@@ -141,10 +141,13 @@ class LongPoll:
         keys = {key for key, _ in (*received, *committed)}
         keys |= {k for k in request.holding if isinstance(k, int)}
         done = tuple(ledger.done_for(client_id, keys))
+        if not ledger.commits and not ledger.per_trainer:
+            return done, 0, False, False
         cursor = self._core.state.split_cursors.get((job.job_id, 0))
-        handed_out_all = job.finished or (cursor is not None and SplitCursor.from_json(cursor).done)
-        if not ledger.commits:
-            return done, 0, False, handed_out_all and ledger.complete_for(client_id)
+        handed_out_all = cursor is not None and SplitCursor.from_json(cursor).done
+        if not ledger.commits:  # a cross-trainer job (its cursor goes when the job ends)
+            complete = (handed_out_all or job.finished) and ledger.complete_for(client_id)
+            return done, 0, False, complete
         awaits = handed_out_all and ledger.awaits_commits()
         return done, ledger.flush_wanted(client_id), awaits, False
 
