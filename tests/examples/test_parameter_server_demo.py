@@ -66,7 +66,8 @@ def test_ctrl_c_stops_the_cluster() -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "feedline.cli", "demo", "--parameter-server",
          "--steps", "100000", "--print-every", "1", "--rows", "20000"],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**_env(), "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
     try:
         assert process.stdout is not None
@@ -77,7 +78,13 @@ def test_ctrl_c_stops_the_cluster() -> None:
                 break
         assert len(_servers_of(banner)) == 4
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=90) == 130
+        try:
+            code = process.wait(timeout=90)
+        except subprocess.TimeoutExpired:  # where it hangs: faulthandler's dump on SIGABRT
+            process.send_signal(signal.SIGABRT)
+            _, errors = process.communicate(timeout=30)
+            raise AssertionError(f"no exit 90 s after Ctrl-C; its threads:\n{errors}") from None
+        assert code == 130
         assert "interrupted: the cluster is stopped" in process.stderr.read()
     finally:
         if process.poll() is None:

@@ -122,16 +122,17 @@ class _Child:
             with contextlib.suppress(ProcessLookupError):
                 self.process.terminate()
 
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``; the exit code."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` s; the exit code. Its output is read on
+        for a second at most (a process it started may hold the pipe open)."""
         if self.process.poll() is None:
             self.terminate()
             try:
-                self.process.wait(STOP_TIMEOUT_S)
+                self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
-        self._reader.join(STOP_TIMEOUT_S)
+        self._reader.join(1.0)
         return self.process.returncode
 
 
@@ -186,15 +187,17 @@ class LocalCluster:
         return self
 
     def stop(self) -> dict[str, int | None]:
-        """Stops every child (the workers, then the ps tasks, each group at once); their exit
-        codes by name. Idempotent."""
+        """Stops every child (the workers, then the ps tasks, each group at once, killed
+        where it has not stopped within ``STOP_TIMEOUT_S``); their exit codes by name.
+        Idempotent."""
         codes = {}
         for job in ("worker", "ps"):
             group = [child for child in self.children if child.name.startswith(job)]
             for child in group:
                 child.terminate()
+            deadline = time.monotonic() + STOP_TIMEOUT_S
             for child in group:
-                codes[child.name] = child.stop()
+                codes[child.name] = child.stop(max(0.0, deadline - time.monotonic()))
         return codes
 
     def __enter__(self) -> LocalCluster:

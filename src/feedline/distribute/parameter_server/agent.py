@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
 from feedline._net.remote_errors import error_from_report
 from feedline.distribute.parameter_server import closures, results
@@ -107,9 +108,11 @@ class WorkerAgent:
         ]
 
     def start(self) -> None:
-        """Starts the lanes."""
+        """Starts the lanes (joined at exit once the coordinator closed, as every thread that
+        calls servers: ``_net.exit``)."""
         for lane in self._lanes:
             lane.start()
+            _exit.join_at_exit(lane)
 
     def close(self) -> None:
         """Ends the lanes and closes the connection to the worker; idempotent."""

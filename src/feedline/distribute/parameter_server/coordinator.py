@@ -106,6 +106,7 @@ class ClusterCoordinator:
         )
         self._monitor.start()
         _exit.register(self, "close", _exit.CONSUMER)
+        _exit.join_at_exit(self._monitor)
 
     # -- the public API ----------------------------------------------------------------------
     def schedule(
