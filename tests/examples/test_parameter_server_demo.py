@@ -59,17 +59,26 @@ def test_demo_trains_on_a_local_cluster_and_stops_it() -> None:
     assert _servers_of(lines[0]) == set()  # every child stopped
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the demo's process, before it starts: SIGINT handled by default and not blocked,
+    whatever this test process has come to (an ignored or blocked SIGINT is inherited across
+    exec, and Python then leaves Ctrl-C ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.timeout(200)
 def test_ctrl_c_stops_the_cluster() -> None:
     """Ctrl-C stops the servers and exits 130 (in ~3.5 s on an idle machine, 6-8 s at a load of
     8). The demo's output is read to its end, as a terminal would: a demo printing into a pipe
     nobody reads blocks in ``print`` once the pipe is full, and a Ctrl-C that the kernel hands
-    to another of its threads cannot interrupt that write (what hung this test in full runs)."""
+    to another of its threads cannot interrupt that write (what hung this test in a full run).
+    And the demo starts with Ctrl-C as a terminal gives it (``_ctrl_c_as_in_a_terminal``)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "feedline.cli", "demo", "--parameter-server",
          "--steps", "100000", "--print-every", "1", "--rows", "20000"],
         env={**_env(), "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=_ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     try:
         assert process.stdout is not None and process.stderr is not None
@@ -87,7 +96,11 @@ def test_ctrl_c_stops_the_cluster() -> None:
             process.send_signal(signal.SIGABRT)
             process.wait(30)
             threads = process.stderr.read()
-            raise AssertionError(f"no exit 60 s after Ctrl-C; its threads:\n{threads}") from None
+            here = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+            raise AssertionError(
+                f"no exit 60 s after Ctrl-C (this process's SIGINT handler and blocked signals: "
+                f"{here}); its threads:\n{threads}"
+            ) from None
         assert code == 130
         assert "interrupted: the cluster is stopped" in process.stderr.read()
     finally:
