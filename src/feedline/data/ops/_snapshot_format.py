@@ -408,6 +408,24 @@ def read_finished(path: str, operation: str) -> Finished:
     return finished
 
 
+def finished_run(path: str, run: str, operation: str) -> Finished | None:
+    """The snapshot at ``path`` once its save of ``run`` finished; None while it runs.
+
+    Raises:
+      DataLossError: ``path`` now holds another snapshot (it was replaced while read).
+    """
+    if not is_finished(path):
+        return None
+    finished = read_finished(path, operation)
+    if finished.run != run:
+        raise DataLossError(
+            f"{operation}: {path} was replaced by another snapshot (run {finished.run}) while "
+            f"it was read (run {run})",
+            filename=path,
+        )
+    return finished
+
+
 # -- writing --------------------------------------------------------------------------------
 
 

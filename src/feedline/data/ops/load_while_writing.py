@@ -20,7 +20,7 @@ from typing import Any
 
 from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops import _snapshot_fs as fs
-from feedline.data.ops._snapshot_format import ChunkCursor, is_finished, read_finished, shard_dir
+from feedline.data.ops._snapshot_format import ChunkCursor, finished_run, shard_dir
 from feedline.data.ops._snapshot_streams import committed_chunks, read_error
 from feedline.errors import DataLossError, FailedPreconditionError
 
@@ -113,14 +113,8 @@ class _LoadWhileWritingIterator(DatasetIterator):
     def _look(self) -> bool:
         """Learns the chunks committed since the last look; True where there are new ones (or
         the save finished)."""
-        if is_finished(self._path):
-            finished = read_finished(self._path, "load")
-            if finished.run != self._run:
-                raise DataLossError(
-                    f"load(wait=True): {self._path} was replaced by another snapshot (run "
-                    f"{finished.run}) while it was read (run {self._run})",
-                    filename=self._path,
-                )
+        finished = finished_run(self._path, self._run, "load(wait=True)")
+        if finished is not None:
             for shard in finished.shards:
                 self._extend(shard.shard, shard.chunks)
             self._final = True

@@ -37,7 +37,7 @@ from feedline import structure
 from feedline.data.ops import _snapshot_fs as fs
 from feedline.data.ops._snapshot_format import (
     Finished,
-    is_finished,
+    finished_run,
     read_chunk,
     read_finished,
     shard_dir,
@@ -220,14 +220,8 @@ class SnapshotPositions:
     def _look(self, stream: int) -> None:
         if self._finished:
             return
-        if is_finished(self._path):
-            finished = read_finished(self._path, "load")
-            if finished.run != self._run:
-                raise DataLossError(
-                    f"{self._path} was replaced by another snapshot (run {finished.run}) while "
-                    f"it was read (run {self._run})",
-                    filename=self._path,
-                )
+        finished = finished_run(self._path, self._run, "load")
+        if finished is not None:
             self._finish(finished)
             return
         known = self._streams[stream]
