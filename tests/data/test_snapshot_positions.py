@@ -74,6 +74,7 @@ def test_a_save_being_written_is_read_as_its_chunks_are_committed(tmp_path: Path
     assert writer.write(iter(Dataset.range(100, 110)))  # takes over, skips the committed 4
     thread.join(30)
     assert not thread.is_alive() and read[0][1] == [102, 103, 104, 105] and read[0][0] > 0.5
+    positions.wait(1, lambda: positions.length(1) is not None)  # its DONE, now written
     assert positions.length(1) == 10 and positions.length(0) is None  # not looked at yet
     assert [int(x) for x in positions.rows(0, 0, 3)] == [0, 1, 2]
     assert positions.total() == 13
