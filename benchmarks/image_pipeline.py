@@ -11,7 +11,13 @@ normalised float32 CHW (ImageNet mean and std) -> batches of 64, with an int64 l
 Ways, each in a fresh child process (so that the memory of one is not the other's), one after
 another in every round so that they see the same machine load:
 
-  feedline-threads    from_tensor_slices((jpegs, labels)).shuffle(n)
+  feedline-recipe     the documented way (docs/data.md): from_tensor_slices((jpegs, labels))
+                      .shuffle(n).map(augment, num_parallel_calls=AUTOTUNE).batch(64)
+                      .map(normalise_batch, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE):
+                      decode, crop and flip per image to uint8, the float arithmetic per batch
+                      (the same float32 operations, so the same bits)
+  feedline-threads    the per-image transform as DataLoader runs it:
+                      from_tensor_slices((jpegs, labels)).shuffle(n)
                       .map(decode_and_augment, num_parallel_calls=AUTOTUNE).batch(64)
                       .prefetch(AUTOTUNE)
   feedline-processes  the same with map(..., use_processes=True)
@@ -20,6 +26,9 @@ another in every round so that they see the same machine load:
                       threads hand each element to batch, which stacks them
   dataloader          DataLoader(<map-style dataset applying decode_and_augment>, batch_size=64,
                       shuffle=True, num_workers=2, persistent_workers=True)
+  dataloader-recipe   (only with --ways) the recipe's two halves in DataLoader: the dataset
+                      returns augment's uint8 image, the collate_fn stacks and normalise_batch-es
+                      in the workers: the like-for-like check of the recipe
 
 Each child takes its first batches as a warm-up (worker start-up is reported apart, as the time
 to the first batch), then counts images for ``--seconds`` over as many epochs as that takes (each
@@ -58,8 +67,8 @@ BATCH = 64
 CROP = 224
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-WAYS = ("feedline-threads", "feedline-processes", "dataloader")
-OTHER_WAYS = ("feedline-unfused",)
+WAYS = ("feedline-recipe", "feedline-threads", "feedline-processes", "dataloader")
+OTHER_WAYS = ("feedline-unfused", "dataloader-recipe")
 GOAL = 1.5
 
 
@@ -122,6 +131,26 @@ def decode_and_augment(data: Any, label: Any) -> tuple[np.ndarray, Any]:
     return normalise(crop_flip(decode(data))), label
 
 
+def augment(data: Any, label: Any) -> tuple[np.ndarray, Any]:
+    """The recipe's per-element half: JPEG bytes to the cropped, flipped 224x224x3 uint8 image."""
+    if isinstance(data, np.ndarray):
+        data = data.item()
+    return np.asarray(crop_flip(decode(data))), label
+
+
+def normalise_batch(images: np.ndarray, labels: Any) -> tuple[np.ndarray, Any]:
+    """The recipe's per-batch half: uint8 NHWC images to normalised float32 NCHW, the same
+    float32 operations as :func:`normalise` (so the same bits), fused into three passes over the
+    batch: the cast, the CHW transpose and the scale in one, then the subtraction and the division.
+    """
+    images = np.asarray(images)
+    out = np.empty((images.shape[0], 3, *images.shape[1:3]), dtype=np.float32)
+    np.multiply(images.transpose(0, 3, 1, 2), np.float32(1 / 255), out=out, casting="unsafe")
+    out -= MEAN[:, None, None]
+    out /= STD[:, None, None]
+    return out, labels
+
+
 class JpegDataset:
     """The DataLoader peer's map-style dataset: the same transform per item."""
 
@@ -136,11 +165,37 @@ class JpegDataset:
         return decode_and_augment(self.jpegs[i], self.labels[i])
 
 
+class JpegCropDataset(JpegDataset):
+    """The same split for the peer: uint8 crops per item, normalised per batch by the collate."""
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, Any]:
+        return augment(self.jpegs[i], self.labels[i])
+
+
+def collate_and_normalise(items: list[tuple[np.ndarray, Any]]) -> tuple[Any, Any]:
+    """DataLoader's collate for :class:`JpegCropDataset`: stack, then :func:`normalise_batch`."""
+    import torch
+
+    images, labels = normalise_batch(np.stack([x for x, _ in items]), [y for _, y in items])
+    return torch.from_numpy(images), torch.as_tensor(np.asarray(labels))
+
+
 # -- one way, in a child process ----------------------------------------------------------------
 
 
 def build(way: str, jpegs: list[bytes], labels: np.ndarray) -> Any:
     """The iterable (one epoch per ``iter``) of a way."""
+    if way == "feedline-recipe":
+        from feedline.data import AUTOTUNE, Dataset
+
+        return (
+            Dataset.from_tensor_slices((jpegs, labels))
+            .shuffle(len(jpegs))
+            .map(augment, num_parallel_calls=AUTOTUNE)
+            .batch(BATCH)
+            .map(normalise_batch, num_parallel_calls=AUTOTUNE)
+            .prefetch(AUTOTUNE)
+        )
     if way.startswith("feedline"):
         from feedline.data import AUTOTUNE, Dataset, Options
 
@@ -162,6 +217,15 @@ def build(way: str, jpegs: list[bytes], labels: np.ndarray) -> Any:
         return dataset
     from torch.utils.data import DataLoader
 
+    if way == "dataloader-recipe":
+        return DataLoader(
+            JpegCropDataset(jpegs, labels),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
+            collate_fn=collate_and_normalise,
+        )
     return DataLoader(
         JpegDataset(jpegs, labels),
         batch_size=BATCH,
