@@ -277,7 +277,111 @@ test_checkpointing = checkpoint_test(
     file=lambda: Dataset.range(8).map(lambda x: (x, {"s": str(x)})).cache(_fresh_file()),
     file_filled=lambda: _SHARED_FILE.map(lambda x, s: (x + 1, s)),
     file_chunks=lambda: _ragged().cache(_fresh_file()),
+    file_filled_shuffled=lambda: _SHARED_FILE.shuffle(10, seed=4).batch(3),
 )
+
+
+def _mixed(n: int) -> Dataset:
+    """``n`` elements of every kind of leaf a file cache keeps: float rows, a 0-d byte string
+    (NULs and empty ones included), a pair of byte strings, an int scalar."""
+    words = [(b"%d\x00" % i) * (i % 4) for i in range(n)]
+    return Dataset.from_tensor_slices(
+        {
+            "x": np.arange(n * 3, dtype=np.float32).reshape(n, 3),
+            "s": np.array(words, dtype=object),
+            "pair": np.array([[w, w[::-1]] for w in words], dtype=object),
+            "y": np.arange(n),
+        }
+    )
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(
+        np.array_equal(a[k], b[k]) and np.shape(a[k]) == np.shape(b[k])
+        and np.asarray(a[k]).dtype == np.asarray(b[k]).dtype and type(a[k]) is type(b[k])
+        for k in a
+    )  # fmt: skip
+
+
+def test_a_complete_file_cache_is_random_access_in_any_pipeline(tmp_path) -> None:
+    prefix = str(tmp_path / "mixed")
+    n = 700  # three chunks of 256 rows
+    in_order = list(_mixed(n).cache(prefix))  # fills the files
+    # Another pipeline over the files (as in another process): its input is never read.
+    calls: list[int] = []
+    reread = _mixed(n).map(lambda e: calls.append(1) or e).cache(prefix)
+    assert reread.element_spec == _mixed(n).element_spec
+    calls.clear()  # learning the map's output spec called it
+    access = reread._random_access()
+    assert access is not None and len(access) == n
+    for i in (0, 1, 255, 256, 511, 512, 699):
+        assert _same(access.get(i), in_order[i]), i
+    picked = [699, 0, 300, 5, 256, 255]
+    gathered = access.gather(np.array(picked))
+    for k, i in enumerate(picked):
+        assert _same({key: gathered[key][k, ...] for key in gathered}, {
+            key: np.asarray(value) for key, value in in_order[i].items()
+        })  # fmt: skip
+    # The fast paths read it by index, with the same results as the same rows in memory.
+    memory = _mixed(n)
+    for make in (
+        lambda ds: ds.batch(64),
+        lambda ds: ds.shuffle(n, seed=3).batch(50),
+        lambda ds: ds.shard(3, 1).batch(7),
+    ):
+        got, want = list(make(reread)), list(make(memory))
+        assert len(got) == len(want)
+        assert all(_same(g, w) for g, w in zip(got, want, strict=True))
+    assert calls == []  # the input of a complete cache is never read
+
+
+def test_rows_of_a_file_cache_in_chunks_of_different_shapes(tmp_path) -> None:
+    prefix = str(tmp_path / "ragged")
+    in_order = [x.tolist() for x in _ragged().cache(prefix)]
+    access = _ragged().cache(prefix)._random_access()
+    assert [access.get(i).tolist() for i in range(6)] == in_order
+    assert access.gather(np.array([4, 2])).tolist() == [[0, 0], [0, 0]]
+    with pytest.raises(InvalidArgumentError, match="cache"):
+        access.gather(np.array([0, 2]))  # rows of 1 and 2: batch's error
+
+
+def test_a_file_cache_is_read_in_order_where_it_cannot_be_by_index(tmp_path) -> None:
+    # Not complete yet: read from the input.
+    prefix = str(tmp_path / "c")
+    ds = Dataset.range(5).cache(prefix)
+    assert ds._random_access() is None
+    assert _ints(ds) == [0, 1, 2, 3, 4]
+    assert ds._random_access() is not None
+    # An index without a chunk table (an earlier version's files): in order.
+    index = tmp_path / "c.index"
+    meta = json.loads(index.read_text())
+    del meta["chunks"]
+    index.write_text(json.dumps(meta))
+    ds = Dataset.range(5).cache(prefix)
+    assert ds._random_access() is None
+    assert _ints(ds.batch(2).unbatch()) == [0, 1, 2, 3, 4]
+    # On a store: a row would be a request.
+    remote = Dataset.range(5).cache("memory://feedline-test-cache/by-index")
+    assert _ints(remote) == [0, 1, 2, 3, 4]
+    assert remote._random_access() is None and _ints(remote) == [0, 1, 2, 3, 4]
+
+
+def test_damaged_files_read_by_index_raise_data_loss(tmp_path) -> None:
+    prefix = str(tmp_path / "cache")
+    list(Dataset.range(600).cache(prefix))
+    data = tmp_path / "cache.data"
+    meta = json.loads((tmp_path / "cache.index").read_text())
+    second = meta["chunks"][1][1]
+    raw = bytearray(data.read_bytes())
+    raw[second : second + 6] = b"garbag"  # the second chunk's record header
+    data.write_bytes(bytes(raw))
+    access = Dataset.range(600).cache(prefix)._random_access()
+    assert int(access.get(3)) == 3  # the first chunk is whole
+    with pytest.raises(DataLossError, match=rf"is damaged at byte {second} \(element 256\)"):
+        access.get(300)
+    data.write_bytes(bytes(raw[:-8]))
+    with pytest.raises(DataLossError, match=r"holds .* bytes, but its index says"):
+        list(Dataset.range(600).cache(prefix).shuffle(600, seed=1))
 
 
 def test_cache_files_of_another_format_are_refused(tmp_path) -> None:

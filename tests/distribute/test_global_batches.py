@@ -105,6 +105,27 @@ def test_rows_by_index_shuffle_each_pass_with_the_seed() -> None:
     assert [_global(again, s, 3) for s in range(6)] == steps
 
 
+def test_a_complete_file_cache_is_read_by_index_in_any_pipeline(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "decoded")
+
+    def decoded() -> Dataset:  # the costly part, cached once
+        return Dataset.range(700).map(lambda x: x * 3)
+
+    with pytest.raises(InvalidArgumentError, match="a complete file cache"):
+        GlobalBatches(decoded().cache(prefix), 32, shuffle_seed=5, epochs=2)
+    list(decoded().cache(prefix))  # the first pass writes the files
+    steps = []
+    for world_size in (1, 2, 3):
+        # A new pipeline over the files each time, as a restarted worker makes it.
+        batches = GlobalBatches(decoded().cache(prefix), 32, shuffle_seed=5, epochs=2)
+        steps.append([_global(batches, s, world_size) for s in range(2 * (700 // 32))])
+    assert steps[0] == steps[1] == steps[2]
+    for epoch in range(2):
+        order = np.random.default_rng([5, epoch]).permutation(700)[: 21 * 32].tolist()
+        read = [x for batch in steps[0][21 * epoch : 21 * (epoch + 1)] for x in batch]
+        assert read == [3 * i for i in order]
+
+
 def test_map_func_runs_on_this_workers_elements_only() -> None:
     mapped: list[int] = []
 

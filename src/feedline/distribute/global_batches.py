@@ -12,7 +12,8 @@ position is the step count, which the group agrees on.
 The sequence is read one of three ways:
 
 * **By index** (a dataset with random access: ``range``, ``from_tensor_slices``, an
-  in-memory ``cache()`` once filled, ...): a worker reads only its own rows, with ``epochs``
+  in-memory ``cache()`` once filled, a ``cache(filename)`` on a local disk once complete, in
+  any process, ...): a worker reads only its own rows, with ``epochs``
   passes and a seeded permutation per epoch (``shuffle_seed``): pass ``e`` is
   ``numpy.random.default_rng([shuffle_seed, e]).permutation(N)``, and a pass's last
   ``N mod G`` elements are dropped, so that no global batch spans two passes.
@@ -133,7 +134,8 @@ class GlobalBatches:
         elif by_index and access is None:
             raise InvalidArgumentError(
                 f"shuffle_seed and epochs need a dataset with random access (a source such as "
-                f"range or from_tensor_slices, or a filled in-memory cache); "
+                f"range or from_tensor_slices, a filled in-memory cache or a complete file cache "
+                f"on a local disk); "
                 f"{type(dataset).__name__} has none: put a seeded shuffle and repeat in the "
                 "dataset instead"
             )

@@ -9,6 +9,12 @@ is written last, so that its presence
 means a complete cache; ``{filename}.lock`` (holding the writer's pid) keeps a second writer out.
 Writers write ``{filename}.data.tmp`` and rename it when the pass completes.
 
+The index also lists where each chunk starts (its first element and its byte offset) and the data's
+size: a complete local cache is then random-access (``FileRows``, the data memory-mapped and each
+chunk's records found from that table), as a filled in-memory cache is, so ``shuffle``, ``batch``,
+``shard`` and ``GlobalBatches`` read it by index in any process. A cache whose index lacks the
+table (written by an earlier version) is read in order only.
+
 ``filename`` may be a URL of the file-system layer (``s3://bucket/cache/train``): the data is
 then one upload to ``{filename}.data``, which the store shows only once the writer closes it,
 and the index one upload after it (no rename, which object stores lack); a pass that stops
@@ -19,8 +25,11 @@ Readers read the data in ranged requests, ahead of the reader in the background.
 
 from __future__ import annotations
 
+import bisect
 import json
+import mmap
 import os
+import threading
 import uuid
 from typing import Any, BinaryIO
 
@@ -51,9 +60,10 @@ class FileStore:
         self._index = filename + ".index"
         self._lock = filename + ".lock"
         self.pending_seed: int | None = None  # see _MemoryStore.remember_seed
+        self._rows: tuple[Any, FileRows] | None = None  # the files' identity, their rows
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "pending_seed": None}  # run state does not travel
+        return {**self.__dict__, "pending_seed": None, "_rows": None}  # run state does not travel
 
     @property
     def _spec(self) -> Any:
@@ -67,11 +77,31 @@ class FileStore:
             self.pending_seed = seed
 
     def random_access(self) -> RandomAccess | None:
-        return None
+        """The rows of a complete local cache by index (``FileRows``), else None: a cache
+        still to fill, one on a store (each row would be a request), or one written without a
+        chunk table. Kept while the files are the same ones."""
+        if self.remote:
+            return None
+        try:
+            index = _snapshot_fs.read_bytes(self._index)
+            stat = os.stat(self._data)
+        except FileNotFoundError:
+            return None
+        key = (index, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        rows = self._rows
+        if rows is None or rows[0] != key:
+            meta = self.read_index(index)
+            if "chunks" not in meta:
+                return None
+            rows = self._rows = (key, FileRows(self._data, meta, self._spec))
+        return rows[1]
 
-    def read_index(self) -> dict[str, Any]:
-        """The index: element count and the seed of the pass that wrote the files."""
-        meta = json.loads(_snapshot_fs.read_bytes(self._index).decode("utf-8"))
+    def read_index(self, index: bytes | None = None) -> dict[str, Any]:
+        """The index (its bytes, else read): element count, the seed of the pass that wrote the
+        files and, where written, the chunk table."""
+        if index is None:
+            index = _snapshot_fs.read_bytes(self._index)
+        meta = json.loads(index.decode("utf-8"))
         if meta.get("format") != _FORMAT:
             raise InvalidArgumentError(
                 f"cache: {self._index} is in format {meta.get('format')!r}, but this version of "
@@ -217,6 +247,7 @@ class _FileWriter:
         self._rows: list[list[np.ndarray]] = []
         self._kind: list[tuple[tuple[int, ...], np.dtype]] = []
         self._bytes = 0
+        self._chunks: list[tuple[int, int]] = []  # (first element, byte offset) of each chunk
 
     def add(self, element: Any) -> None:
         leaves = [np.asarray(a) for a in structure.flatten(element)[0]]
@@ -231,6 +262,7 @@ class _FileWriter:
         self._count += 1
 
     def _flush(self) -> None:
+        self._chunks.append((self._count - len(self._rows), self._file.tell()))
         for column in zip(*self._rows, strict=True):
             stacked = np.stack(column)
             if stacked.dtype == structure.BYTES:
@@ -243,6 +275,7 @@ class _FileWriter:
         store = self._store
         if self._rows:
             self._flush()
+        size = self._file.tell()
         with _fs.translate_errors(self._temp, "cache"):
             self._file.close()
         if not store.remote:
@@ -252,6 +285,8 @@ class _FileWriter:
             "elements": self._count,
             "seed": self._seed,
             "spec": repr(store._spec),
+            "chunks": self._chunks,
+            "bytes": size,
         }
         _snapshot_fs.write_atomic(store._index, json.dumps(meta).encode("utf-8"))
         _snapshot_fs.remove(store._lock)
@@ -300,3 +335,173 @@ def read_bytes_column(file: BinaryIO) -> np.ndarray:
     starts = [0, *ends[:-1]] if ends else []
     out.ravel()[:] = [buffer[a:b] for a, b in zip(starts, ends, strict=True)]
     return out
+
+
+# -- by index -------------------------------------------------------------------------------
+
+
+class FileRows:
+    """The rows of a complete local cache by index (``RandomAccess``): the data file
+    memory-mapped once, each chunk's ``.npy`` records found at first use from the index's chunk
+    table, rows returned as read-only views of the mapping (a row of a byte-string leaf as
+    its ``bytes``), the same values the reader in order gives. The mapping stays valid while
+    the files are replaced: writers never write in place."""
+
+    def __init__(self, path: str, meta: dict[str, Any], spec: Any) -> None:
+        self.path = path
+        self.seed = int(meta["seed"])
+        self._length = int(meta["elements"])
+        self._starts = [int(first) for first, _ in meta["chunks"]]
+        self._offsets = [int(offset) for _, offset in meta["chunks"]]
+        size = int(meta["bytes"])
+        leaves, self._treespec = structure.flatten(spec)
+        self._bytes_leaves = [leaf.dtype == structure.BYTES for leaf in leaves]
+        self._single = self._treespec.num_nodes == 1
+        self._chunks: dict[int, list[Any]] = {}
+        self._lock = threading.Lock()
+        self._map: mmap.mmap | None = None
+        with open(path, "rb") as f:
+            actual = os.fstat(f.fileno()).st_size
+            if actual != size:
+                raise DataLossError(
+                    f"cache: {path} holds {actual} bytes, but its index says {size}; delete "
+                    "the cache files to rebuild them",
+                    filename=path,
+                )
+            if size:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _chunk(self, c: int) -> list[Any]:
+        """The columns of chunk ``c``: an array per numeric leaf, ``_BytesColumn`` per
+        byte-string leaf."""
+        columns = self._chunks.get(c)
+        if columns is None:
+            with self._lock:
+                columns = self._chunks.get(c)
+                if columns is None:
+                    columns = self._chunks[c] = self._parse(c)
+        return columns
+
+    def _parse(self, c: int) -> list[Any]:
+        offset = self._offsets[c]
+        end = self._starts[c + 1] if c + 1 < len(self._starts) else self._length
+        rows = end - self._starts[c]
+        try:
+            columns: list[Any] = []
+            for is_bytes in self._bytes_leaves:
+                first, offset = self._record(offset)
+                if is_bytes:
+                    data, offset = self._record(offset)
+                    columns.append(_BytesColumn(first, data))
+                else:
+                    columns.append(first)
+            if any(len(column) != rows for column in columns):
+                raise ValueError(f"a column does not hold the chunk's {rows} rows")
+        except (ValueError, OSError, EOFError, IndexError, TypeError) as error:
+            raise DataLossError(
+                f"cache: {self.path} is damaged at byte {self._offsets[c]} (element "
+                f"{self._starts[c]}): {error}; delete the cache files to rebuild them",
+                filename=self.path,
+                offset=self._offsets[c],
+            ) from error
+        return columns
+
+    def _record(self, offset: int) -> tuple[np.ndarray, int]:
+        """The ``.npy`` record at ``offset`` as a read-only view, and the offset after it."""
+        mapped = self._map
+        if mapped is None:
+            raise EOFError("the data file is empty")
+        mapped.seek(offset)
+        version = np.lib.format.read_magic(mapped)
+        if version == (1, 0):
+            header = np.lib.format.read_array_header_1_0(mapped)
+        else:
+            header = np.lib.format.read_array_header_2_0(mapped)
+        shape, fortran, dtype = header
+        if dtype.hasobject:
+            raise ValueError("a record holds Python objects")
+        start = mapped.tell()
+        count = int(np.prod(shape, dtype=np.int64))
+        end = start + count * dtype.itemsize
+        if end > len(mapped):
+            raise EOFError(f"a record of {end - start} bytes runs past the end of the file")
+        array = np.frombuffer(mapped, dtype, count, start) if count else np.empty(0, dtype)
+        return array.reshape(shape, order="F" if fortran else "C"), end
+
+    def _place(self, index: int) -> tuple[list[Any], int]:
+        if not 0 <= index < self._length:
+            raise IndexError(f"row {index} of a cache of {self._length} elements")
+        c = bisect.bisect_right(self._starts, index) - 1
+        return self._chunk(c), index - self._starts[c]
+
+    def get(self, index: int) -> Any:
+        columns, i = self._place(int(index))
+        leaves = [structure.row(column, i) if type(column) is np.ndarray else column.row(i)
+                  for column in columns]  # fmt: skip
+        return leaves[0] if self._single else structure.unflatten(self._treespec, leaves)
+
+    def gather(self, indices: np.ndarray) -> Any:
+        """The rows at ``indices`` stacked (read from each chunk they fall in); rows of
+        different shapes are batch's error, as for any elements."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self._length):
+            raise IndexError(f"rows out of a cache of {self._length} elements")
+        chunk_of = np.searchsorted(self._starts, indices, side="right") - 1
+        used = np.unique(chunk_of).tolist()
+        columns = {c: self._chunk(c) for c in used}
+        leaves = []
+        for k, is_bytes in enumerate(self._bytes_leaves):
+            kinds = {(columns[c][k].shape[1:], columns[c][k].dtype) for c in used}
+            if len(kinds) > 1:
+                # Chunks of different row shapes: stacking them is batch's error.
+                return structure.batch_elements([self.get(i) for i in indices.tolist()], "cache")
+            shape, dtype = kinds.pop() if kinds else ((), np.dtype(np.int64))
+            out = np.empty((len(indices), *shape), dtype=object if is_bytes else dtype)
+            for c in used:
+                where = chunk_of == c
+                local = indices[where] - self._starts[c]
+                column = columns[c][k]
+                out[where] = column.rows(local) if is_bytes else column[local]
+            leaves.append(out)
+        return leaves[0] if self._single else structure.unflatten(self._treespec, leaves)
+
+
+class _BytesColumn:
+    """A byte-string column (``write_bytes_column``'s two records) read by row: its lengths
+    and its concatenated bytes, views of the mapping; a row's strings are copied out."""
+
+    def __init__(self, lengths: np.ndarray, data: np.ndarray) -> None:
+        if lengths.dtype != np.int64 or data.dtype != np.uint8 or data.ndim != 1:
+            raise ValueError("a byte-string column is not int64 lengths and uint8 bytes")
+        flat = lengths.reshape(-1)
+        if (flat < 0).any() or int(flat.sum()) != len(data):
+            raise ValueError(
+                f"a byte-string column's lengths add up to {int(flat.sum())}, its bytes to "
+                f"{len(data)}"
+            )
+        self._lengths = flat
+        self._ends = np.cumsum(flat)
+        self._data = data
+        self.shape = lengths.shape
+        self.dtype = structure.BYTES
+        self._per_row = int(np.prod(lengths.shape[1:], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def row(self, i: int) -> np.ndarray:
+        """Row ``i`` as an object array of ``bytes`` (0-d for a column of single strings)."""
+        return self.rows(np.array([i]))[0, ...]
+
+    def rows(self, local: np.ndarray) -> np.ndarray:
+        """Rows ``local`` as an object array of ``bytes``, one row after another."""
+        per_row, data = self._per_row, self._data
+        items = (local[:, None] * per_row + np.arange(per_row)).reshape(-1)
+        ends = self._ends[items].tolist()
+        starts = (self._ends[items] - self._lengths[items]).tolist()
+        out = np.empty((len(local), *self.shape[1:]), dtype=object)
+        out.reshape(-1)[:] = [data[a:b].tobytes() for a, b in zip(starts, ends, strict=True)]
+        return out

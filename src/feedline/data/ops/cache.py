@@ -51,7 +51,9 @@ class CacheDataset(Dataset):
     process, reads them. ``{filename}.lock`` keeps a second writer out: it is an error to
     write the same cache from two iterators at once. ``filename`` may be a URL
     (``s3://bucket/cache/train``): the data is then one upload the store shows once the pass
-    completes, and later passes read it in ranged requests, ahead of the reader.
+    completes, and later passes read it in ranged requests, ahead of the reader. A complete
+    cache on a local disk is random-access too, in any process (the data memory-mapped, its
+    rows read-only views): ``shuffle``, ``shard`` and ``GlobalBatches`` read it by index.
 
     Example:
       >>> from feedline.data import Dataset
