@@ -176,6 +176,14 @@ def test_damaged_files_raise_data_loss(tmp_path) -> None:
     with pytest.raises(DataLossError) as info:
         list(Dataset.range(3).cache(prefix))
     assert info.value.filename == str(data)
+    assert re.search(r"is damaged: it holds \d+ bytes, but its index says", info.value.args[0])
+    # Read in order (an index without the chunk table), the damage is found where it is.
+    index = tmp_path / "cache.index"
+    meta = json.loads(index.read_text())
+    del meta["chunks"]
+    index.write_text(json.dumps(meta))
+    with pytest.raises(DataLossError) as info:
+        list(Dataset.range(3).cache(prefix))
     assert re.search(r"is damaged at byte \d+ \(element 0\)", info.value.args[0])
 
 
@@ -400,5 +408,8 @@ def test_damaged_byte_strings_in_cache_files_are_data_loss(tmp_path) -> None:
     assert [r.item() for r in source.cache(prefix)] == [b"a\x00", b"bc"]
     data = tmp_path / "strings.data"
     data.write_bytes(data.read_bytes()[:-1])  # one byte of the strings is lost
+    index = tmp_path / "strings.index"
+    meta = json.loads(index.read_text())
+    index.write_text(json.dumps({**meta, "bytes": meta["bytes"] - 1}))  # and the index agrees
     with pytest.raises(DataLossError, match="is damaged at byte 0"):
         list(source.cache(prefix))

@@ -37,7 +37,7 @@ import numpy as np
 from fsspec.spec import AbstractBufferedFile
 
 from feedline import _fs, structure
-from feedline.data.dataset import Dataset, RandomAccess
+from feedline.data.dataset import Dataset, RandomAccess, RowCursor
 from feedline.data.ops import _snapshot_fs
 from feedline.data.readers._files import open_remote
 from feedline.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
@@ -46,6 +46,10 @@ _FORMAT = "feedline-cache-2"
 # A chunk holds at most this many elements, and stops growing past this many bytes.
 _CHUNK_ROWS = 256
 _CHUNK_BYTES = 1 << 20
+# Reads by index: rows of at most this many chunks are taken chunk by chunk; spread over more,
+# rows of at most this many bytes are gathered from the mapping's bytes in one indexing.
+_FEW_CHUNKS = 4
+_SMALL_ROW = 512
 
 
 class FileStore:
@@ -76,7 +80,7 @@ class FileStore:
         if self.pending_seed is None and not self.complete():
             self.pending_seed = seed
 
-    def random_access(self) -> RandomAccess | None:
+    def random_access(self) -> FileRows | None:
         """The rows of a complete local cache by index (``FileRows``), else None: a cache
         still to fill, one on a store (each row would be a request), or one written without a
         chunk table. Kept while the files are the same ones."""
@@ -115,7 +119,12 @@ class FileStore:
             )
         return meta
 
-    def open_reader(self, position: int, offset: int, row: int) -> _FileReader:
+    def open_reader(self, position: int, offset: int, row: int) -> _FileReader | _RowsReader:
+        """A reader from element ``position`` (at byte ``offset``, ``row`` into its chunk, as a
+        reader's state says): by index where the files allow it, else in order."""
+        rows = self.random_access()
+        if rows is not None:
+            return _RowsReader(rows, position)
         return _FileReader(self, position, offset, row)
 
     def open_writer(self, seed: int) -> _FileWriter | None:
@@ -225,6 +234,29 @@ class _FileReader:
 
     def close(self) -> None:
         self._file.close()
+
+
+class _RowsReader(RowCursor):
+    """Reads a random-access cache in order, a batch's rows in one gather; its place in the
+    reader's terms too (the offset of the chunk of its position, the row in that chunk)."""
+
+    batched = True
+
+    def __init__(self, rows: FileRows, position: int) -> None:
+        super().__init__(rows, position)
+        self.rows = rows
+        self.seed = rows.seed
+
+    @property
+    def offset(self) -> int:
+        return self.rows.chunk_place(self.position)[0]
+
+    @property
+    def row(self) -> int:
+        return self.rows.chunk_place(self.position)[1]
+
+    def close(self) -> None:
+        return None
 
 
 class _FileWriter:
@@ -358,18 +390,27 @@ class FileRows:
         self._bytes_leaves = [leaf.dtype == structure.BYTES for leaf in leaves]
         self._single = self._treespec.num_nodes == 1
         self._chunks: dict[int, list[Any]] = {}
+        # Per leaf, per chunk once parsed: the kind of its rows (a code for shape and dtype, -1
+        # before), and where a numeric column starts in the mapping.
+        chunks = len(self._starts)
+        self._kind = [np.full(chunks, -1, np.int64) for _ in self._bytes_leaves]
+        self._address = [np.zeros(chunks, np.int64) for _ in self._bytes_leaves]
+        self._kinds: dict[tuple[tuple[int, ...], np.dtype], int] = {}
         self._lock = threading.Lock()
         self._map: mmap.mmap | None = None
         with open(path, "rb") as f:
             actual = os.fstat(f.fileno()).st_size
             if actual != size:
                 raise DataLossError(
-                    f"cache: {path} holds {actual} bytes, but its index says {size}; delete "
-                    "the cache files to rebuild them",
+                    f"cache: {path} is damaged: it holds {actual} bytes, but its index says "
+                    f"{size}; delete the cache files to rebuild them",
                     filename=path,
                 )
             if size:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # The mapping's bytes, where a numeric chunk's rows are found by address.
+        self._flat = None if self._map is None else np.frombuffer(self._map, np.uint8)
+        self._base = 0 if self._flat is None else self._flat.ctypes.data
 
     def __len__(self) -> int:
         return self._length
@@ -382,7 +423,13 @@ class FileRows:
             with self._lock:
                 columns = self._chunks.get(c)
                 if columns is None:
-                    columns = self._chunks[c] = self._parse(c)
+                    columns = self._parse(c)
+                    for k, column in enumerate(columns):
+                        kind = (column.shape[1:], column.dtype)
+                        self._kind[k][c] = self._kinds.setdefault(kind, len(self._kinds))
+                        if type(column) is np.ndarray and column.size:
+                            self._address[k][c] = column.ctypes.data - self._base
+                    self._chunks[c] = columns
         return columns
 
     def _parse(self, c: int) -> list[Any]:
@@ -431,6 +478,14 @@ class FileRows:
         array = np.frombuffer(mapped, dtype, count, start) if count else np.empty(0, dtype)
         return array.reshape(shape, order="F" if fortran else "C"), end
 
+    def chunk_place(self, position: int) -> tuple[int, int]:
+        """The byte offset of the chunk holding element ``position`` and its row there (for
+        the end, the last chunk and its length)."""
+        if not self._starts:
+            return 0, 0
+        c = max(bisect.bisect_right(self._starts, position) - 1, 0)
+        return self._offsets[c], position - self._starts[c]
+
     def _place(self, index: int) -> tuple[list[Any], int]:
         if not 0 <= index < self._length:
             raise IndexError(f"row {index} of a cache of {self._length} elements")
@@ -444,27 +499,40 @@ class FileRows:
         return leaves[0] if self._single else structure.unflatten(self._treespec, leaves)
 
     def gather(self, indices: np.ndarray) -> Any:
-        """The rows at ``indices`` stacked (read from each chunk they fall in); rows of
-        different shapes are batch's error, as for any elements."""
+        """The rows at ``indices`` stacked; rows of different shapes are batch's error, as for
+        any elements. Rows of a few chunks are taken chunk by chunk; rows spread over many (a
+        shuffle's) are taken at once where they are small (their bytes gathered from the
+        mapping in one indexing), else one by one."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < 0 or indices.max() >= self._length):
             raise IndexError(f"rows out of a cache of {self._length} elements")
         chunk_of = np.searchsorted(self._starts, indices, side="right") - 1
-        used = np.unique(chunk_of).tolist()
-        columns = {c: self._chunk(c) for c in used}
+        local = indices - np.asarray(self._starts, dtype=np.int64)[chunk_of]
+        used = np.unique(chunk_of)
+        for c in used[self._kind[0][used] < 0].tolist():
+            self._chunk(c)
+        kinds = list(self._kinds)
         leaves = []
         for k, is_bytes in enumerate(self._bytes_leaves):
-            kinds = {(columns[c][k].shape[1:], columns[c][k].dtype) for c in used}
-            if len(kinds) > 1:
+            codes = np.unique(self._kind[k][used]).tolist()
+            if len(codes) > 1:
                 # Chunks of different row shapes: stacking them is batch's error.
                 return structure.batch_elements([self.get(i) for i in indices.tolist()], "cache")
-            shape, dtype = kinds.pop() if kinds else ((), np.dtype(np.int64))
+            shape, dtype = kinds[codes[0]] if codes else ((), np.dtype(np.int64))
             out = np.empty((len(indices), *shape), dtype=object if is_bytes else dtype)
-            for c in used:
-                where = chunk_of == c
-                local = indices[where] - self._starts[c]
-                column = columns[c][k]
-                out[where] = column.rows(local) if is_bytes else column[local]
+            row_bytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if len(used) <= _FEW_CHUNKS:
+                for c in used.tolist():
+                    column, where = self._chunks[c][k], chunk_of == c
+                    out[where] = column.rows(local[where]) if is_bytes else column[local[where]]
+            elif not is_bytes and 0 < row_bytes <= _SMALL_ROW and self._flat is not None:
+                at = self._address[k][chunk_of] + local * row_bytes
+                raw = self._flat[at[:, None] + np.arange(row_bytes)]
+                out = raw.view(dtype).reshape(out.shape)
+            else:
+                for j, (c, i) in enumerate(zip(chunk_of.tolist(), local.tolist(), strict=True)):
+                    column = self._chunks[c][k]
+                    out[j] = column.row(i) if is_bytes else column[i]
             leaves.append(out)
         return leaves[0] if self._single else structure.unflatten(self._treespec, leaves)
 
