@@ -413,3 +413,22 @@ def test_damaged_byte_strings_in_cache_files_are_data_loss(tmp_path) -> None:
     index.write_text(json.dumps({**meta, "bytes": meta["bytes"] - 1}))  # and the index agrees
     with pytest.raises(DataLossError, match="is damaged at byte 0"):
         list(source.cache(prefix))
+
+
+def test_rows_of_a_file_cache_are_read_from_several_threads(tmp_path) -> None:
+    import concurrent.futures
+
+    prefix = str(tmp_path / "rows")
+    values = np.arange(3000 * 5, dtype=np.float64).reshape(3000, 5)
+    list(Dataset.from_tensor_slices(values).cache(prefix))
+    access = Dataset.from_tensor_slices(values).cache(prefix)._random_access()  # no chunk read
+    orders = [np.random.default_rng(seed).permutation(3000) for seed in range(8)]
+
+    def read(order: np.ndarray) -> bool:
+        return all(
+            np.array_equal(access.gather(order[i : i + 100]), values[order[i : i + 100]])
+            for i in range(0, 3000, 100)
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, orders))

@@ -509,8 +509,9 @@ class FileRows:
         chunk_of = np.searchsorted(self._starts, indices, side="right") - 1
         local = indices - np.asarray(self._starts, dtype=np.int64)[chunk_of]
         used = np.unique(chunk_of)
-        for c in used[self._kind[0][used] < 0].tolist():
-            self._chunk(c)
+        for c in used.tolist():
+            if c not in self._chunks:  # parsed chunks are listed after their kinds are set
+                self._chunk(c)
         kinds = list(self._kinds)
         leaves = []
         for k, is_bytes in enumerate(self._bytes_leaves):
