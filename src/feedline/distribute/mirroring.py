@@ -67,12 +67,14 @@ def _on_parameter(module: torch.nn.Module, name: str, value: Any) -> None:
 
 
 def _check_forward(module: torch.nn.Module, args: Any) -> None:
+    # Most calls are of modules without parameters of their own (activations, pooling,
+    # containers): their dict of parameters is looked at first, before the replica.
+    if not any(p is not None for p in module._parameters.values()):
+        return
     replica = context.current_replica()
     if replica is None or not replica.strategy.mirrors_replicas:
         return
-    if replica.strategy._mirroring.owns_module(module):
-        return
-    if any(True for _ in module.parameters(recurse=False)):
+    if not replica.strategy._mirroring.owns_module(module):
         strategy = replica.strategy
         raise FailedPreconditionError(
             f"{type(module).__name__} has parameters but was not created under the scope of "
