@@ -111,6 +111,30 @@ def test_rows_are_written_into_one_batch_and_handed_out_as_it() -> None:
     it.close()
 
 
+def test_a_dropped_batch_s_memory_is_used_again_and_a_kept_one_never() -> None:
+    """Batches come from the iterator's BufferPool: the memory of one the program dropped is
+    written again; one it keeps (or a view of one) keeps its values."""
+    source = Dataset.range(64).repeat(3)
+    dataset = source.map(lambda i: augment(IMAGES[int(i) % 29], LABELS[int(i) % 29]),
+                         num_parallel_calls=2).batch(8)  # fmt: skip
+    expected = [
+        b[0].copy()
+        for b in Dataset.range(64).repeat(3)
+        .map(lambda i: augment(IMAGES[int(i) % 29], LABELS[int(i) % 29])).batch(8)
+    ]  # fmt: skip
+    it = fused(dataset)
+    kept = next(it)[0]
+    view = next(it)[0][3:5]  # the rest of the second batch is dropped
+    addresses = set()
+    for i, (images, _) in enumerate(it, start=2):
+        assert np.array_equal(images, expected[i])
+        addresses.add(images.ctypes.data)
+    assert np.array_equal(kept, expected[0]) and np.array_equal(view, expected[1][3:5])
+    assert len(addresses) < len(expected) - 2  # dropped batches' memory came back
+    assert kept.ctypes.data not in addresses
+    assert not any(view.ctypes.data - 3 * kept[0].nbytes == a for a in addresses)
+
+
 def test_an_error_names_the_function_and_the_next_batch_starts_after_it() -> None:
     got = outcomes(CASES["error"]())
     assert [kind for kind, _ in got] == ["batch", "batch", "error", "batch", "batch", "batch"]

@@ -37,7 +37,7 @@ import numpy as np
 from fsspec.spec import AbstractBufferedFile
 
 from feedline import _fs, structure
-from feedline.data.dataset import Dataset, RandomAccess, RowCursor
+from feedline.data.dataset import Dataset, RowCursor
 from feedline.data.ops import _snapshot_fs
 from feedline.data.readers._files import open_remote
 from feedline.errors import DataLossError, FailedPreconditionError, InvalidArgumentError

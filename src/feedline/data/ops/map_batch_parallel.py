@@ -11,6 +11,8 @@ consumer's thread: the copy is spread over the threads, one row each as it is co
 * Each batch's input rows are pulled in the consumer's thread and cut into chunks for the pool;
   two batches are in flight, so the threads never wait for the consumer. With ``AUTOTUNE`` the
   level is the CPU budget from the start: the first batch decides whether the fusion pays.
+* A batch's memory comes from a ``BufferPool``: the memory of batches the program has dropped,
+  used again instead of a fresh allocation that page-faults every page of a large batch in.
 * The first result of a batch fixes its layout (structure, and the shape and dtype of every
   leaf); a result of another layout, or of strings or composites, is kept as it is and the
   batch is stacked from its rows as ``batch`` stacks them.
@@ -38,6 +40,7 @@ import numpy as np
 from feedline import structure
 from feedline.data.autotune import cpu_budget
 from feedline.data.dataset import AUTOTUNE, DatasetIterator, IteratorContext
+from feedline.data.ops._buffer_pool import BufferPool
 from feedline.data.ops._functions import Outcome, UserFunction
 from feedline.data.ops._fused import FusedIterator
 from feedline.data.ops.map import _CHUNK_SECONDS, MapDataset
@@ -70,8 +73,9 @@ def parallel_fusable(dataset: BatchDataset, ctx: IteratorContext) -> bool:
 class _Batch:
     """One batch in flight: its rows are written by the pool's threads."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, memory: BufferPool) -> None:
         self.n = n
+        self._memory = memory
         # Per row: None where the result was written into ``buffers``, else its outcome.
         self.outcomes: list[Outcome | None] = [None] * n
         self.treespec: Any = None
@@ -131,7 +135,7 @@ class _Batch:
                 self.writable = False
                 return
             layout.append((leaf.shape, leaf.dtype, isinstance(leaf, np.generic)))
-        self.buffers = [np.empty((self.n, *shape), dtype) for shape, dtype, _ in layout]
+        self.buffers = [self._memory.take((self.n, *shape), dtype) for shape, dtype, _ in layout]
         self.treespec = treespec
         self.leaf_layout = layout
 
@@ -186,6 +190,7 @@ class ParallelMapBatchIterator(FusedIterator):
         requested = self._map._num_parallel_calls
         self._level = cpu_budget(ctx.options) if requested in (None, AUTOTUNE) else requested
         self._pool: ThreadPoolExecutor | None = None
+        self._memory = BufferPool()  # the memory of batches the program dropped
         self._pending: collections.deque[_Batch] = collections.deque()
         self._ready: collections.deque[Outcome] = collections.deque()
         self._input_done = False
@@ -237,7 +242,7 @@ class ParallelMapBatchIterator(FusedIterator):
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._level, thread_name_prefix="feedline-map-batch")
-        batch = _Batch(len(elements))
+        batch = _Batch(len(elements), self._memory)
         batch.input_error = error
         chunk = max(1, min(self._chunk, -(-len(elements) // self._level)))
         for start in range(0, len(elements), chunk):
@@ -302,6 +307,7 @@ class ParallelMapBatchIterator(FusedIterator):
         self._ready = collections.deque(inner["ready"])
 
     def _close_own(self) -> None:
+        self._memory.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._input.close()
