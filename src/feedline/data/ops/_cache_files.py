@@ -350,17 +350,24 @@ def write_bytes_column(file: BinaryIO, column: np.ndarray) -> None:
     np.lib.format.write_array(file, data, allow_pickle=False)
 
 
-def read_bytes_column(file: BinaryIO) -> np.ndarray:
-    """A byte-string column ``write_bytes_column`` wrote: an object array of exact ``bytes``."""
-    lengths = np.lib.format.read_array(file, allow_pickle=False)
-    data = np.lib.format.read_array(file, allow_pickle=False)
+def _check_bytes_column(lengths: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """The lengths of a byte-string column's two records, flat, once they agree with its bytes;
+    ValueError where they do not."""
     if lengths.dtype != np.int64 or data.dtype != np.uint8 or data.ndim != 1:
         raise ValueError("a byte-string column is not int64 lengths and uint8 bytes")
-    flat = lengths.ravel()
+    flat = lengths.reshape(-1)
     if (flat < 0).any() or int(flat.sum()) != len(data):
         raise ValueError(
             f"a byte-string column's lengths add up to {int(flat.sum())}, its bytes to {len(data)}"
         )
+    return flat
+
+
+def read_bytes_column(file: BinaryIO) -> np.ndarray:
+    """A byte-string column ``write_bytes_column`` wrote: an object array of exact ``bytes``."""
+    lengths = np.lib.format.read_array(file, allow_pickle=False)
+    data = np.lib.format.read_array(file, allow_pickle=False)
+    flat = _check_bytes_column(lengths, data)
     ends = np.cumsum(flat).tolist()
     buffer = data.tobytes()
     out = np.empty(lengths.shape, dtype=object)
@@ -543,14 +550,7 @@ class _BytesColumn:
     and its concatenated bytes, views of the mapping; a row's strings are copied out."""
 
     def __init__(self, lengths: np.ndarray, data: np.ndarray) -> None:
-        if lengths.dtype != np.int64 or data.dtype != np.uint8 or data.ndim != 1:
-            raise ValueError("a byte-string column is not int64 lengths and uint8 bytes")
-        flat = lengths.reshape(-1)
-        if (flat < 0).any() or int(flat.sum()) != len(data):
-            raise ValueError(
-                f"a byte-string column's lengths add up to {int(flat.sum())}, its bytes to "
-                f"{len(data)}"
-            )
+        flat = _check_bytes_column(lengths, data)
         self._lengths = flat
         self._ends = np.cumsum(flat)
         self._data = data
