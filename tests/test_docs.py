@@ -28,13 +28,39 @@ def test_doc_snippets_run(path: pathlib.Path, tmp_path: pathlib.Path) -> None:
 MULTI_PROCESS = re.compile(
     r"```python torchrun=(\d+)( max-restarts=\d+)?\n(.*?)```\s*```text\n(.*?)```", re.DOTALL
 )
-MULTI_PROCESS_DOCS = [p for p in DOCS if MULTI_PROCESS.search(p.read_text())]
+
+
+def _process_groups(path: pathlib.Path) -> list[list[int]]:
+    """The multi-process blocks of ``path`` in groups to run in order: a block joins the group
+    of an earlier block that uses one of its /tmp/ folders (a checkpoint it reads); the groups
+    are independent, so each is a test of its own."""
+    groups: list[tuple[set[str], list[int]]] = []
+    for index, (_, _, code, _) in enumerate(MULTI_PROCESS.findall(path.read_text())):
+        folders = {m.split("/")[2] for m in re.findall(r"/tmp/[\w.-]+", code)}
+        group = next((g for g in groups if g[0] & folders), None)
+        if group is None:
+            groups.append((folders, [index]))
+        else:
+            group[0].update(folders)
+            group[1].append(index)
+    return [indices for _, indices in groups]
+
+
+MULTI_PROCESS_GROUPS = [
+    (path, indices)
+    for path in DOCS
+    for indices in _process_groups(path)
+]  # fmt: skip
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("path", MULTI_PROCESS_DOCS, ids=[p.name for p in MULTI_PROCESS_DOCS])
+@pytest.mark.parametrize(
+    ("path", "indices"),
+    MULTI_PROCESS_GROUPS,
+    ids=[f"{p.name}-{'-'.join(map(str, i))}" for p, i in MULTI_PROCESS_GROUPS],
+)
 def test_multi_process_snippets_print_what_the_doc_shows(
-    path: pathlib.Path, tmp_path: pathlib.Path
+    path: pathlib.Path, indices: list[int], tmp_path: pathlib.Path
 ) -> None:
     """Blocks fenced ```python torchrun=N run as N real worker processes; each process's output,
     prefixed "worker RANK: ", must be the ```text block that follows. Blocks fenced ```python
@@ -43,7 +69,8 @@ def test_multi_process_snippets_print_what_the_doc_shows(
     from tests.launcher import Processes, Torchrun, run, torchrun_envs
 
     blocks = MULTI_PROCESS.findall(path.read_text())
-    for index, (count, restarts, code, expected) in enumerate(blocks):
+    for index in indices:
+        count, restarts, code, expected = blocks[index]
         code = code.replace("/tmp/", f"{tmp_path}/")
         if restarts:
             launcher = Torchrun(int(count), max_restarts=int(restarts.split("=")[1]))
