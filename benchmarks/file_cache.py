@@ -5,7 +5,8 @@ Usage (from the repository root)::
 
     PYTHONPATH=src .venv/bin/python benchmarks/file_cache.py [--rows 200000] [--repetitions 3]
 
-The rows: ``--rows`` elements of ``(float32[16], int64)`` (``_common.SEED``), from
+The rows: ``--rows`` elements of ``(float32[--width], int64)`` (``_common.SEED``; 16 values by
+default), from
 ``from_tensor_slices`` through ``cache(filename)``, the first pass (which writes the files) not
 timed. Then each workload is timed over whole passes of a fresh pipeline over the complete cache,
 best of ``--repetitions``:
@@ -42,9 +43,9 @@ WORKLOADS = ("C1", "C2", "C3")
 BATCH = 256
 
 
-def make_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+def make_rows(n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(_common.SEED)
-    return rng.random((n, 16), dtype=np.float32), np.arange(n, dtype=np.int64)
+    return rng.random((n, width), dtype=np.float32), np.arange(n, dtype=np.int64)
 
 
 def workload(name: str, cached: Any, n: int) -> Any:
@@ -67,10 +68,12 @@ def time_passes(make: Callable[[], Any], repetitions: int) -> tuple[float, int]:
     return best, rows
 
 
-def run_feedline(directory: str, n: int, repetitions: int) -> dict[str, dict[str, float]]:
+def run_feedline(
+    directory: str, n: int, width: int, repetitions: int
+) -> dict[str, dict[str, float]]:
     from feedline.data import Dataset
 
-    x, y = make_rows(n)
+    x, y = make_rows(n, width)
     source = Dataset.from_tensor_slices((x, y))
     by_index = os.path.join(directory, "feedline")
     for _ in source.cache(by_index).batch(4096):  # the first pass writes the files
@@ -96,11 +99,11 @@ def run_feedline(directory: str, n: int, repetitions: int) -> dict[str, dict[str
     return results
 
 
-def run_tf(directory: str, n: int, repetitions: int) -> dict[str, dict[str, float]]:
+def run_tf(directory: str, n: int, width: int, repetitions: int) -> dict[str, dict[str, float]]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    x, y = make_rows(n)
+    x, y = make_rows(n, width)
     source = tf.data.Dataset.from_tensor_slices((x, y))
     path = os.path.join(directory, "tf-cache")
     for _ in source.cache(path).batch(4096):
@@ -121,6 +124,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--width", type=int, default=16, help="float32 values per row")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--no-tf", action="store_true")
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -128,19 +132,22 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.peer:
-        print(json.dumps(run_tf(args.dir, args.rows, args.repetitions)))
+        print(json.dumps(run_tf(args.dir, args.rows, args.width, args.repetitions)))
         return
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
-    print(f"load average at start: {load}; {os.cpu_count()} CPUs; {args.rows:,} rows")
+    print(
+        f"load average at start: {load}; {os.cpu_count()} CPUs; {args.rows:,} rows of "
+        f"{args.width} float32"
+    )
     with tempfile.TemporaryDirectory(prefix="feedline-file-cache-") as directory:
-        results = run_feedline(directory, args.rows, args.repetitions)
+        results = run_feedline(directory, args.rows, args.width, args.repetitions)
         peer: dict[str, Any] | str = "skipped (--no-tf)"
         if not args.no_tf:
             peer = _common.run_tf_script(
                 pathlib.Path(__file__).resolve(),
                 ["--peer", "--dir", directory, "--rows", str(args.rows),
-                 "--repetitions", str(args.repetitions)],
+                 "--width", str(args.width), "--repetitions", str(args.repetitions)],
                 "the tf.data file cache",
             )  # fmt: skip
     print("\n| workload | by index (s) | in order (s) | tf.data (s) | in order / by index "
@@ -156,7 +163,8 @@ def main() -> None:
     if isinstance(peer, str):
         print(f"\ntf.data: {peer}")
     _common.write_results(
-        "file_cache", {"rows": args.rows, "load": load, "feedline": results, "tf": peer}
+        "file_cache",
+        {"rows": args.rows, "width": args.width, "load": load, "feedline": results, "tf": peer},
     )
 
 
