@@ -6,10 +6,9 @@ Usage (from the repository root)::
     PYTHONPATH=src .venv/bin/python benchmarks/file_cache.py [--rows 200000] [--repetitions 3]
 
 The rows: ``--rows`` elements of ``(float32[--width], int64)`` (``_common.SEED``; 16 values by
-default), from
-``from_tensor_slices`` through ``cache(filename)``, the first pass (which writes the files) not
-timed. Then each workload is timed over whole passes of a fresh pipeline over the complete cache,
-best of ``--repetitions``:
+default), from ``from_tensor_slices`` through ``cache(filename)``, the first pass (which writes
+the files) not timed. Then each workload is timed over whole passes of a fresh pipeline over
+the complete cache, best of ``--repetitions``:
 
   C1  cache.shuffle(rows, seed=1).batch(256)   a shuffle of the whole cache
   C2  cache.batch(256)                         in order

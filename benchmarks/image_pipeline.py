@@ -217,21 +217,14 @@ def build(way: str, jpegs: list[bytes], labels: np.ndarray) -> Any:
         return dataset
     from torch.utils.data import DataLoader
 
-    if way == "dataloader-recipe":
-        return DataLoader(
-            JpegCropDataset(jpegs, labels),
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=2,
-            persistent_workers=True,
-            collate_fn=collate_and_normalise,
-        )
+    recipe = way == "dataloader-recipe"
     return DataLoader(
-        JpegDataset(jpegs, labels),
+        (JpegCropDataset if recipe else JpegDataset)(jpegs, labels),
         batch_size=BATCH,
         shuffle=True,
         num_workers=2,
         persistent_workers=True,
+        collate_fn=collate_and_normalise if recipe else None,
     )
 
 

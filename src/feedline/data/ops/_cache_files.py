@@ -350,30 +350,12 @@ def write_bytes_column(file: BinaryIO, column: np.ndarray) -> None:
     np.lib.format.write_array(file, data, allow_pickle=False)
 
 
-def _check_bytes_column(lengths: np.ndarray, data: np.ndarray) -> np.ndarray:
-    """The lengths of a byte-string column's two records, flat, once they agree with its bytes;
-    ValueError where they do not."""
-    if lengths.dtype != np.int64 or data.dtype != np.uint8 or data.ndim != 1:
-        raise ValueError("a byte-string column is not int64 lengths and uint8 bytes")
-    flat = lengths.reshape(-1)
-    if (flat < 0).any() or int(flat.sum()) != len(data):
-        raise ValueError(
-            f"a byte-string column's lengths add up to {int(flat.sum())}, its bytes to {len(data)}"
-        )
-    return flat
-
-
 def read_bytes_column(file: BinaryIO) -> np.ndarray:
     """A byte-string column ``write_bytes_column`` wrote: an object array of exact ``bytes``."""
     lengths = np.lib.format.read_array(file, allow_pickle=False)
     data = np.lib.format.read_array(file, allow_pickle=False)
-    flat = _check_bytes_column(lengths, data)
-    ends = np.cumsum(flat).tolist()
-    buffer = data.tobytes()
-    out = np.empty(lengths.shape, dtype=object)
-    starts = [0, *ends[:-1]] if ends else []
-    out.ravel()[:] = [buffer[a:b] for a, b in zip(starts, ends, strict=True)]
-    return out
+    column = _BytesColumn(lengths, data)
+    return column.rows(np.arange(len(column)))
 
 
 # -- by index -------------------------------------------------------------------------------
@@ -547,10 +529,18 @@ class FileRows:
 
 class _BytesColumn:
     """A byte-string column (``write_bytes_column``'s two records) read by row: its lengths
-    and its concatenated bytes, views of the mapping; a row's strings are copied out."""
+    and its concatenated bytes (views of the mapping, for reads by index); a row's strings are
+    copied out. ValueError where the two records do not agree."""
 
     def __init__(self, lengths: np.ndarray, data: np.ndarray) -> None:
-        flat = _check_bytes_column(lengths, data)
+        if lengths.dtype != np.int64 or data.dtype != np.uint8 or data.ndim != 1:
+            raise ValueError("a byte-string column is not int64 lengths and uint8 bytes")
+        flat = lengths.reshape(-1)
+        if (flat < 0).any() or int(flat.sum()) != len(data):
+            raise ValueError(
+                f"a byte-string column's lengths add up to {int(flat.sum())}, its bytes to "
+                f"{len(data)}"
+            )
         self._lengths = flat
         self._ends = np.cumsum(flat)
         self._data = data
