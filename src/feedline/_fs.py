@@ -54,6 +54,7 @@ __all__ = [
     "join",
     "object_tag",
     "object_version",
+    "recording_versions",
     "translate_errors",
     "unstrip",
     "with_storage_options",
@@ -250,11 +251,32 @@ def object_tag(info: Mapping[str, Any]) -> Any:
 
 def object_version(info: Mapping[str, Any]) -> Any:
     """What tells two versions of an object apart, from its ``fs.info``: its ETag or
-    generation, else its size and time."""
+    generation, else its size and time (as one string, so that a version written in a
+    checkpoint's state or a journal reads back equal)."""
     tag = object_tag(info)
     if tag is not None:
         return tag
-    return (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
+    when = info.get("mtime") or info.get("LastModified") or info.get("created")
+    return f"{info.get('size')}@{when}"
+
+
+# While ``recording_versions`` runs, the version of each object a ``RemoteReader`` opens.
+_OPENED: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "feedline_opened_versions", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_versions() -> Iterator[dict[str, Any]]:
+    """Inside the block (in this thread), each ``RemoteReader`` opened records the version it
+    reads (``object_version``) in the dict given, under its URL: what a reader that opens a
+    file holds it to when the file is read again (a checkpoint's position, a split run again)."""
+    seen: dict[str, Any] = {}
+    token = _OPENED.set(seen)
+    try:
+        yield seen
+    finally:
+        _OPENED.reset(token)
 
 
 class _RangedFile:
@@ -614,12 +636,16 @@ class RemoteReader:
         if listed_version is not None and self._version != listed_version:
             self.close()
             raise DataLossError(
-                f"{operation}: {url!r} changed since it was listed (version "
-                f"{listed_version!r} when listed, now {self._version!r}); the objects of a "
-                "listing must stay as they are while it is read: list them again",
+                f"{operation}: {url!r} changed since it was listed or first read (version "
+                f"{listed_version!r} then, now {self._version!r}); a pipeline holds each "
+                "object to the version its listing found or it first read (a checkpoint's "
+                "position, a split run again): list the objects again, or read from the start",
                 filename=url,
                 offset=position,
             )
+        opened = _OPENED.get()
+        if opened is not None:
+            opened.setdefault(url, self._version)
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""

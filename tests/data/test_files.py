@@ -214,8 +214,27 @@ def test_missing_and_changed_objects() -> None:
     _put("shrinks.txt", b"one\n")
     restored = iter(TextLineDataset(url))
     with pytest.raises(DataLossError, match="fewer than the saved position"):
-        restored.set_state(state)
+        # A state saved before versions were kept: only the size can tell.
+        restored.set_state({**state, "versions": [None]})
         next(restored)
+
+
+def test_a_saved_position_holds_the_object_to_the_version_read() -> None:
+    # The object is replaced by one of the same size: the rest of it read from the saved
+    # position would be another version's lines after the first version's.
+    url = _put("replaced.txt", b"one\ntwo\nthree\n")
+    it = iter(TextLineDataset(url))
+    assert [next(it).item(), next(it).item()] == [b"one", b"two"]
+    state = it.get_state()
+    restored = iter(TextLineDataset(url))
+    restored.set_state(state)  # the same version: the rest of it
+    assert [x.item() for x in restored] == [b"three"]
+    _put("replaced.txt", b"uno\ndos\ntres!\n")
+    again = iter(TextLineDataset(url))
+    with pytest.raises(DataLossError, match=r"replaced\.txt' changed since it was listed or first"):
+        again.set_state(state)
+        next(again)
+    assert [x.item() for x in TextLineDataset(url)] == [b"uno", b"dos", b"tres!"]
 
 
 def test_schemes_without_a_back_end() -> None:

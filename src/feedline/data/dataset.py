@@ -67,15 +67,21 @@ class IteratorContext:
         pipeline: a reader that opens one of them reads that version or raises
         ``DataLossError``, so that a file read again (a split run again after a worker was
         lost) is never another version. Filled by the listings' iterators.
+      pin_version: where the pipeline runs one split of a fault-tolerant job (a service
+        worker's ``SplitRunner``), called as ``pin_version(url, version)`` when a reader first
+        opens an object that no listing pinned, before any of its elements leaves: it returns
+        the version the split is held to (the first run's, where the split runs again), and
+        another one is ``DataLossError``.
     """
 
     options: Options
     seed: int = 0
     listed_versions: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    pin_version: Callable[[str, Any], Any] | None = dataclasses.field(default=None, compare=False)
 
     def child(self, index: int) -> IteratorContext:
         """The context of the ``index``-th pass that an iterator makes over its input."""
-        return IteratorContext(self.options, mix_seed(self.seed, index), self.listed_versions)
+        return dataclasses.replace(self, seed=mix_seed(self.seed, index))
 
     @property
     def deterministic(self) -> bool:

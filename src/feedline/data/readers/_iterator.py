@@ -32,6 +32,7 @@ from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.data.ops._background import END, ERROR, Producer
 from feedline.data.readers._blocks import Block, RecordError
 from feedline.data.readers._files import decode_name
+from feedline.errors import DataLossError
 
 _BLOCKS_AHEAD = 2
 
@@ -44,25 +45,32 @@ class FileReader(Protocol):
 
 class _Slot:
     """One file being read: its reader (on a thread when ``threaded``) and the current block.
-    ``listed_versions`` are the pipeline's (``IteratorContext.listed_versions``): a file listed
-    there is opened as that version or not at all."""
+
+    ``version`` is the version of the object being read (``_fs.object_version``; None for a
+    local file): the one a listing of the pipeline found (``IteratorContext.listed_versions``),
+    the one a saved state or a reopening names, or else the one first read, which the
+    pipeline's ``pin_version`` (a split of a fault-tolerant job) is told about before any item
+    of the file is handed out. The iterator's state saves it, so that a file read again from a
+    position is that version or a ``DataLossError``, never a mix of two."""
 
     __slots__ = (
         "block",
+        "ctx",
         "dataset",
         "index",
-        "listed_versions",
         "name",
         "position",
         "producer",
         "reader",
         "size",
         "threaded",
+        "version",
     )
 
-    def __init__(self, listed_versions: dict[str, Any]) -> None:
-        self.listed_versions = listed_versions
+    def __init__(self, ctx: IteratorContext) -> None:
+        self.ctx = ctx
         self.name: str | None = None
+        self.version: Any = None
         self.position = 0
         self.reader: FileReader | None = None
         self.producer: Producer | None = None
@@ -79,11 +87,18 @@ class _Slot:
         position: int,
         threaded: bool,
         early: _EarlyOpen | None = None,
+        version: Any = None,
     ) -> None:
-        """Opens ``name`` at ``position`` (taking the reader ``early`` opened, where it did)."""
-        reader = early.take(name, position) if early is not None else None
-        if reader is None:
-            reader = dataset._open_file(name, position, self.listed_versions.get(name))
+        """Opens ``name`` at ``position`` (taking the reader ``early`` opened, where it did), as
+        ``version`` where given, else as the version the pipeline listed, if any."""
+        if version is None:
+            version = self.ctx.listed_versions.get(name)
+        opened = early.take(name, position, version) if early is not None else None
+        if opened is None:
+            opened = open_file(dataset, name, position, version)
+        reader, self.version = opened
+        if version is None and self.version is not None and self.ctx.pin_version is not None:
+            self._pin(reader, name, position)
         self.reader = reader
         self.dataset, self.threaded = dataset, threaded
         self.name = name
@@ -91,9 +106,25 @@ class _Slot:
         self.block = None
         self.index = self.size = 0
         if threaded:
-            reader = self.reader
             self.producer = Producer(
                 lambda: _pull_block(reader), lambda: _BLOCKS_AHEAD, name="feedline-file-reader"
+            )
+
+    def _pin(self, reader: FileReader, name: str, position: int) -> None:
+        """Tells ``pin_version`` the version first read; another one held is a DataLossError."""
+        try:
+            held = self.ctx.pin_version(name, self.version)  # type: ignore[misc]
+        except BaseException:
+            reader.close()
+            raise
+        if held != self.version:
+            reader.close()
+            raise DataLossError(
+                f"{name!r} changed since this split was first read (version {held!r} then, "
+                f"now {self.version!r}); a split run again reads the objects as its first run "
+                "did: the job cannot deliver the rest of this split",
+                filename=name,
+                offset=position,
             )
 
     def consumed_position(self) -> int:
@@ -115,9 +146,15 @@ class _Slot:
                 block = self.reader.read_block()  # type: ignore[union-attr]
         except RecordError as bad:
             # One bad record: the file goes on after it, read afresh from there.
-            name = self.name
+            name, version = self.name, self.version
             self.close()
-            self.open(self.dataset, name, bad.position, self.threaded)  # type: ignore[arg-type]
+            self.open(
+                self.dataset,
+                name,  # type: ignore[arg-type]
+                bad.position,
+                self.threaded,
+                version=version,
+            )
             raise bad.error from None
         except BaseException:
             self.close()
@@ -135,9 +172,19 @@ class _Slot:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
-        self.name = None
+        self.name = self.version = None
         self.block = None
         self.index = self.size = 0
+
+
+def open_file(dataset: Any, name: str, position: int, version: Any) -> tuple[FileReader, Any]:
+    """``dataset._open_file(name, position, version)`` and the version it opened: ``version``
+    where given, else the one first read (None for a local file)."""
+    if version is not None or _fs.is_local(name):
+        return dataset._open_file(name, position, version), version
+    with _fs.recording_versions() as seen:
+        reader = dataset._open_file(name, position, None)
+    return reader, seen.get(name)
 
 
 def _pull_block(reader: FileReader) -> Block:
@@ -163,28 +210,29 @@ class _EarlyOpen:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._reader: FileReader | None = None
+        self._version: Any = None
         self._error: BaseException | None = None
         self._abandoned = False
         threading.Thread(target=self._run, name="feedline-early-open", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            reader = self._dataset._open_file(self.name, 0, self._listed_version)
+            reader, version = open_file(self._dataset, self.name, 0, self._listed_version)
         except BaseException as error:  # raised by ``take``, where the file is opened
             self._error = error
             self._done.set()
             return
         with self._lock:
-            self._reader = reader
+            self._reader, self._version = reader, version
             abandoned = self._abandoned
             self._done.set()
         if abandoned:
             reader.close()
 
-    def take(self, name: str, position: int) -> FileReader | None:
-        """The reader opened early, if it is of ``name`` at ``position``; None otherwise (and
-        whatever was opened early is closed)."""
-        if name != self.name or position != 0:
+    def take(self, name: str, position: int, version: Any) -> tuple[FileReader, Any] | None:
+        """The reader opened early and its version, if it is of ``name`` at ``position`` and
+        ``version`` (where given); None otherwise (and whatever was opened early is closed)."""
+        if name != self.name or position != 0 or version != self._listed_version:
             self.close()
             return None
         while not self._done.wait(self._WAIT):  # bounded by the open's retries and timeouts
@@ -193,7 +241,7 @@ class _EarlyOpen:
             error, self._error = self._error, None
             raise error.with_traceback(error.__traceback__)
         reader, self._reader = self._reader, None
-        return reader
+        return reader, self._version  # type: ignore[return-value]
 
     def close(self) -> None:
         with self._lock:
@@ -261,7 +309,7 @@ class FilesIterator(DatasetIterator):
         super().__init__(dataset, ctx)
         self._names = _Names(dataset, ctx)
         self._names_done = False
-        self._slots = [_Slot(ctx.listed_versions) for _ in range(cycle_length)]
+        self._slots = [_Slot(ctx) for _ in range(cycle_length)]
         self._threaded = cycle_length > 1
         self._cycle = 0
         self._early: _EarlyOpen | None = None
@@ -370,6 +418,7 @@ class FilesIterator(DatasetIterator):
             "cycle": self._cycle,
             "files": [slot.name or "" for slot in self._slots],
             "positions": [slot.consumed_position() if slot.name else 0 for slot in self._slots],
+            "versions": [slot.version if slot.name else None for slot in self._slots],
         }
 
     def _take_early(self) -> _EarlyOpen | None:
@@ -387,14 +436,18 @@ class FilesIterator(DatasetIterator):
         self._names_done = bool(state["names_done"])
         self._cycle = int(state["cycle"])
         files, positions = list(state["files"]), list(state["positions"])
+        # A state saved before versions were kept holds no file to one.
+        versions = list(state.get("versions") or [None] * len(files))
         if len(files) != len(self._slots):
             raise TypeError(
                 f"the state reads {len(files)} files at once, this iterator reads "
                 f"{len(self._slots)}"
             )
-        for slot, name, position in zip(self._slots, files, positions, strict=True):
+        for slot, name, position, version in zip(
+            self._slots, files, positions, versions, strict=True
+        ):
             if name:
-                slot.open(self._dataset, name, int(position), self._threaded)
+                slot.open(self._dataset, name, int(position), self._threaded, version=version)
 
     def _close(self) -> None:
         early = self._take_early()
