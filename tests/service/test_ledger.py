@@ -88,6 +88,30 @@ def test_a_lost_workers_splits_are_replayed_only_after_every_consumer_closed_it(
     assert ledger.holds(2) == [0, 4]
 
 
+def test_a_split_keeps_the_first_version_pinned_through_a_replay_and_the_journal() -> None:
+    state = st.DispatcherState(incarnation=5)
+    state.apply(st.RegisterWorker("w:1"))
+    job_id = _exactly_once_job(state)
+    task_id = state.new_id()
+    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
+    client_id = state.new_id()
+    state.apply(st.AcquireClient(client_id, job_id))
+    cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
+    state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
+    pin = st.PinSplitVersion(job_id, 0, "s3://b/a", '"e1"')
+    state.apply(st.update_from_json(json.loads(json.dumps(st.update_to_json(pin)))))
+    state.apply(st.PinSplitVersion(job_id, 0, "s3://b/a", '"e2"'))  # the first one stays
+    state.apply(st.PinSplitVersion(job_id, 6, "s3://b/z", '"e3"'))  # not open: nothing
+    ledger = state.ledgers[job_id]
+    assert (ledger.pinned(0, "s3://b/a"), ledger.pinned(0, "s3://b/b")) == ('"e1"', None)
+    assert ledger.pinned(6, "s3://b/z") is None
+    state.apply(st.RemoveWorker("w:1"))
+    state.apply(st.ReportSplits(job_id, client_id, [], [task_id]))
+    copy = st.state_from_json(json.loads(json.dumps(st.state_to_json(state))))
+    assert copy.ledgers[job_id].replay == [0]
+    assert copy.ledgers[job_id].open[0].versions == {"s3://b/a": '"e1"'}
+
+
 def test_a_consumer_that_leaves_is_not_waited_for() -> None:
     ledger = SplitLedger()
     ledger.grant(0, task_id=1)

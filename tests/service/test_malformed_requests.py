@@ -86,6 +86,12 @@ def _job_request(c: _Cluster, **change: Any) -> dict[str, Any]:
     return {**header, **change}
 
 
+def _pin(cluster: Any, **change: Any) -> dict[str, Any]:
+    """A PinSplitVersion request of the cluster's task, with ``change``."""
+    header = {"job_id": cluster.job_id, "task_id": cluster.task_id, "key": 0, "url": "s3://b/k"}
+    return {**header, "version": "e", **change}
+
+
 _D, _W = DISPATCHER_SERVICE, WORKER_SERVICE
 _WORKER = {"address": "x:1"}
 
@@ -104,6 +110,9 @@ CASES: list[tuple[str, str, Any, str]] = [
     (_D, "WorkerHeartbeat", lambda c: {"address": "x:1\n"}, "address"),
     (_D, "WorkerHeartbeat", lambda c: {**_WORKER, "failed_tasks": [{"task_id": True}]}, "failed"),
     (_D, "GetSplit", lambda c: {"job_id": c.job_id, "repetition": _HUGE}, "repetition"),
+    (_D, "PinSplitVersion", lambda c: _pin(c, version=1.5), "version"),
+    (_D, "PinSplitVersion", lambda c: _pin(c, url="s3://b/\x00"), "url"),
+    (_D, "PinSplitVersion", lambda c: _pin(c, key="0"), "key"),
     (_D, "ReleaseClient", lambda c: {"client_id": [c.client_id]}, "client_id"),
     (_W, "GetElements", lambda c: {"task_id": c.task_id, "wait_ms": _HUGE}, "wait_ms"),
     (_W, "GetElements", lambda c: {"task_id": _HUGE}, "task_id"),

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from feedline.data import Dataset, TFRecordDataset
-from feedline.io import TFRecordWriter
+from feedline.io import TFRecordWriter, gfile
 from feedline.service import ShardingPolicy, distribute
 from feedline.service.splits import SplitCursor, split_plan
 from tests.service.procs import ServiceProcesses
@@ -68,7 +68,12 @@ def stop_once_at(record: bytes, marker: str, x: Any) -> Any:
     return x
 
 
-def pipeline(prefix: str, stop: Callable[[Any], Any]) -> Dataset:
+def pipeline(prefix: str, stop: Callable[[Any], Any], listed: bool = True) -> Dataset:
+    """The objects ``prefix/part-*.tfrecord`` two at a time: listed (``list_files``), or
+    named one by one (``TFRecordDataset`` of their URLs, which no listing pins)."""
+    if not listed:
+        urls = sorted(gfile.glob(f"{prefix}/part-*.tfrecord"))
+        return TFRecordDataset(urls, num_parallel_reads=2).map(stop)
     files = Dataset.list_files(f"{prefix}/part-*.tfrecord", shuffle=False)
     return files.interleave(TFRecordDataset, cycle_length=2).map(stop)
 
@@ -131,16 +136,18 @@ def test_a_worker_killed_mid_object_loses_and_repeats_no_record(
     assert sorted(got) == sorted(records)
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "named"])
 def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
-    s3_bucket: str, tmp_path: Path
+    s3_bucket: str, tmp_path: Path, listed: bool
 ) -> None:
     """The worker reading object 1 stops in its middle; the object is replaced in the store,
     then the worker is killed. The split runs again on the other worker, which finds another
-    version than the listing's: the consumer gets a DataLossError naming the object, never the
-    new version's records after the old one's."""
+    version than the one the first run read (the listing's, or for objects named one by one the
+    one the first run pinned at the dispatcher): the consumer gets a DataLossError naming the
+    object, never the new version's records after the old one's."""
     from feedline.errors import DataLossError
 
-    prefix = f"{s3_bucket}/replaced"
+    prefix = f"{s3_bucket}/replaced-{'listed' if listed else 'named'}"
     files, per_file = 4, 6
     write_objects(prefix, files, per_file, 0)
     chosen_object, chosen = 1, 3
@@ -152,7 +159,9 @@ def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
     with ServiceProcesses() as cluster:
         cluster.start_dispatcher(*_dispatcher_args(tmp_path))
         names = [cluster.start_worker() for _ in range(2)]
-        dataset = pipeline(prefix, stop).apply(distribute(ShardingPolicy.DYNAMIC, cluster.target))
+        dataset = pipeline(prefix, stop, listed).apply(
+            distribute(ShardingPolicy.DYNAMIC, cluster.target)
+        )
         iterator = iter(dataset)
         got, raised, reader, victim = _read_until_a_worker_stops(cluster, iterator, names, marker)
         wait_until(lambda: set(before) <= set(got) or bool(raised), 60, "records 0-2 of object 1")
@@ -168,7 +177,7 @@ def test_an_object_replaced_before_its_split_runs_again_is_data_loss(
 
     assert not hung, f"the consumer hung ({len(got)} records read)"
     assert [type(error) for error in raised] == [DataLossError], raised
-    assert url in str(raised[0]) and "changed since it was listed" in str(raised[0])
+    assert url in str(raised[0]) and "changed since it was listed or first read" in str(raised[0])
     assert not [r for r in got if r.startswith(b"new")], "records of the new version delivered"
 
 

@@ -236,6 +236,8 @@ class OpenSplit:
         flushed, what is neither committed nor held goes back (``flush_wanted``).
       flush_at: the flush round its repair waits for, 0 while none started.
       flushing: the consumers that must flush (round ``flush_at``) before its repair.
+      versions: the version of each object (by URL) its first run opened: a run again reads
+        those (``pin``).
     """
 
     holder: int | None
@@ -249,6 +251,7 @@ class OpenSplit:
     repair: bool = False
     flush_at: int = 0
     flushing: list[int] = dataclasses.field(default_factory=list)
+    versions: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -347,6 +350,19 @@ class SplitLedger:
             split.count = count
             self._settle(key)
             self._repair(key)
+
+    def pinned(self, key: int, url: str) -> Any:
+        """The version of object ``url`` that split ``key`` is held to, None if none is (or
+        the split is not open)."""
+        split = self._reported(key)
+        return None if split is None else split.versions.get(url)
+
+    def pin(self, key: int, url: str, version: Any) -> None:
+        """A run of split ``key`` opened object ``url`` as ``version``: a run again reads that
+        one (the first pinned stays)."""
+        split = self._reported(key)
+        if split is not None:
+            split.versions.setdefault(url, version)
 
     def receive(
         self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None

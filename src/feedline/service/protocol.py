@@ -47,6 +47,7 @@ __all__ = [
     "JobView",
     "JoinReply",
     "LoadReply",
+    "PinSplitVersionRequest",
     "RegisterDatasetReply",
     "RegisterDatasetRequest",
     "ReleaseClientRequest",
@@ -738,6 +739,65 @@ class GetSplitRequest:
         return header
 
 
+#: The longest object URL and version a split's pin takes.
+_MAX_URL_CHARS = 4096
+_MAX_VERSION_CHARS = 1024
+
+
+def _version(value: Any, what: str) -> str | int:
+    """An object's version (``_fs.object_version``): printable text or an int64."""
+    if isinstance(value, str):
+        return _text(value, what, _MAX_VERSION_CHARS)
+    if type(value) is int and is_int64(value):
+        return value
+    raise InvalidArgumentError(
+        f"malformed message: {what} must be an object's version (text or an int), "
+        f"got {value!r:.100}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PinSplitVersionRequest:
+    """PinSplitVersion: a task of an exactly-once job opened object ``url`` of split ``key``
+    as ``version``, before handing out any element of it. The dispatcher keeps the first
+    version pinned for each object of a split (journaled), so that the split run again after
+    its worker was lost reads the same one (``GetSplitReply.versions``); its reply,
+    ``{"version": ...}``, is the version the split is held to.
+
+    Attributes:
+      job_id: the job.
+      task_id: the task running the split.
+      key: the split's key.
+      url: the object, as the pipeline names it.
+      version: the version the task opened.
+    """
+
+    job_id: int
+    task_id: int
+    key: int
+    url: str
+    version: str | int
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or mistyped.
+        """
+        return cls(
+            field(header, "job_id", int),
+            field(header, "task_id", int),
+            field(header, "key", int),
+            _text(field(header, "url", str), "url", _MAX_URL_CHARS),
+            _version(header.get("version"), "version"),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return dataclasses.asdict(self)
+
+
 # -- messages to a worker -----------------------------------------------------------------------
 # What a worker reads: the GetElements request of a consumer, and the dispatcher's replies to
 # its WorkerHeartbeat and GetSplit (its task definitions among them).
@@ -1016,12 +1076,15 @@ class GetSplitReply:
       skip: in an exactly-once job, the offsets of the split its consumers received already
         (``[start, end)`` ranges), which the task does not hand out again.
       wait: an exactly-once job's other splits are not done: one may come back; ask again.
+      versions: in an exactly-once job, the version of each object (by URL) that an earlier
+        run of the split opened (``PinSplitVersionRequest``): the task reads those or none.
     """
 
     split: tuple[int, ...] | None
     key: int | None = None
     skip: tuple[tuple[int, int], ...] = ()
     wait: bool = False
+    versions: Mapping[str, str | int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> GetSplitReply:
@@ -1047,6 +1110,10 @@ class GetSplitReply:
             key=field(header, "key", (int, type(None)), None),
             skip=tuple((start, end) for start, end in skip),
             wait=field(header, "wait", bool, False),
+            versions={
+                _text(str(url), "url", _MAX_URL_CHARS): _version(version, "version")
+                for url, version in field(header, "versions", dict, {}).items()
+            },
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1056,6 +1123,8 @@ class GetSplitReply:
             header.update(key=self.key, skip=[list(r) for r in self.skip])
         if self.wait:
             header["wait"] = True
+        if self.versions:
+            header["versions"] = dict(self.versions)
         return header
 
 

@@ -24,6 +24,7 @@ from feedline.service.protocol import (
     ClientHeartbeatRequest,
     GetOrCreateJobRequest,
     GetSplitRequest,
+    PinSplitVersionRequest,
     RegisterDatasetRequest,
     ReleaseClientRequest,
     WorkerHeartbeatRequest,
@@ -257,6 +258,35 @@ def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None
     assert split(4) is None
     # A caller without a task number gets the next split of another repetition.
     assert parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 1))["split"] == [0]
+
+
+def test_a_split_is_held_to_the_first_version_pinned_for_each_object(tmp_path: Any) -> None:
+    parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    dataset_id = parts.register(units=4)
+    parts.heartbeat("w1")
+    job = parts.join(dataset_id, mode=DYNAMIC)
+    (task,) = job["tasks"]
+    parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 0, task[0], 0))
+
+    def pin(url: str, version: Any, key: int = 0, task_id: int = task[0]) -> Any:
+        request = PinSplitVersionRequest(job["job_id"], task_id, key, url, version)
+        return parts.call(parts.splits.pin_split_version, request)["version"]
+
+    assert pin("s3://b/a", '"e1"') == '"e1"'
+    assert pin("s3://b/a", '"e2"') == '"e1"'  # a run again that opened another version
+    assert pin("s3://b/b", 7) == 7
+    assert pin("s3://b/c", "x", key=3) == "x"  # a split not handed out holds none
+    with pytest.raises(errors.InvalidArgumentError, match="is not a task of job"):
+        pin("s3://b/a", '"e1"', task_id=task[0] + 99)
+    plain = make_parts()
+    plain_dataset = plain.register(units=4)
+    plain.heartbeat("w1")
+    plain_job = plain.join(plain_dataset, mode=DYNAMIC)
+    request = PinSplitVersionRequest(
+        plain_job["job_id"], plain_job["tasks"][0][0], 0, "s3://b/a", "e"
+    )
+    with pytest.raises(errors.FailedPreconditionError, match="not hand out its splits exactly"):
+        plain.call(plain.splits.pin_split_version, request)
 
 
 def test_an_anonymous_job_is_collected_when_its_consumer_is_done() -> None:

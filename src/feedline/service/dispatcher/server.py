@@ -24,7 +24,7 @@ and owns the lifecycle.
 RPCs (each a frame of ``feedline._net.wire``; their requests are the dataclasses of
 ``protocol``, their handlers RegisterDataset, GetDatasetDef and GetElementSpec in ``datasets``,
 GetOrCreateJob and ReleaseClient in ``jobs``, ClientHeartbeat in ``long_poll``, WorkerHeartbeat
-in ``workers``, GetSplit in ``split_handout``):
+in ``workers``, GetSplit and PinSplitVersion in ``split_handout``):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
@@ -51,7 +51,11 @@ WorkerHeartbeat     a worker's liveness, its finished and failed tasks, whether 
                     served (``task_stats``), for the status page (``status.page``)
 GetSplit            the next split of a DYNAMIC job's repetition, or none; a task that asks
                     again with the same ``request`` number gets the same split (its reply was
-                    lost), so that a dispatcher killed mid-reply skips nothing
+                    lost), so that a dispatcher killed mid-reply skips nothing; in an
+                    exactly-once job, a split run again comes with the object versions its
+                    first run opened
+PinSplitVersion     (exactly-once jobs) a task opened an object of a split as a version -> the
+                    version the split is held to (the first pinned)
 GetLoad             the workers the running jobs need (``demand``), each worker with its load
                     and whether it may drain, each running job's load (``protocol.LoadReply``):
                     what ``feedline autoscale`` and ``feedline diagnose`` read
@@ -195,6 +199,7 @@ class DispatchServer:
             "ReleaseClient": self._jobs.release_client,
             "WorkerHeartbeat": self._workers.worker_heartbeat,
             "GetSplit": self._split_handout.get_split,
+            "PinSplitVersion": self._split_handout.pin_split_version,
             "GetLoad": self._get_load,
             "Snapshot": self._snapshots.snapshot,
             "GetSnapshotStream": self._snapshots.get_snapshot_stream,

@@ -4,7 +4,10 @@
 (``splits``). A task that asks again with the same ``request`` number gets the same split (its
 reply was lost), so that a dispatcher killed mid-reply skips nothing. Exactly-once jobs
 (``ledger``) hand out the splits of lost workers again first, with the offsets already delivered
-to skip, and end a repetition only once every split is done.
+to skip, and end a repetition only once every split is done; a run of one of their splits tells
+the dispatcher the version of each object it opens (PinSplitVersion), and a run again gets those
+versions with the split, so that it reads the objects the first run read or raises
+``DataLossError``, never the rest of another version.
 
 A GetSplit costs O(1) under the dispatcher's lock whatever the number of units: the cursor
 only moves there (``SplitCursor.take``), and the split's units are computed after the lock is
@@ -24,11 +27,17 @@ from feedline.service.dispatcher.state import (
     HandOutSplits,
     JobRecord,
     MoveSplitCursor,
+    PinSplitVersion,
     ReplaySplit,
     TaskRecord,
 )
 from feedline.service.ledger import SplitLedger
-from feedline.service.protocol import GetSplitReply, GetSplitRequest, incarnation_of
+from feedline.service.protocol import (
+    GetSplitReply,
+    GetSplitRequest,
+    PinSplitVersionRequest,
+    incarnation_of,
+)
 from feedline.service.splits import SplitCursor, SplitPlan
 
 __all__ = ["SplitHandout"]
@@ -55,6 +64,32 @@ class SplitHandout:
         cursor, (start, stop), fields = outcome
         units = tuple(int(i) for i in cursor.units(start, stop))
         return GetSplitReply(units, **fields).to_header(), ()
+
+    def pin_split_version(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+        """PinSplitVersion: ``{"version": ...}``, the version of the object that the split is
+        held to: the one pinned first (this one if none was). A split that is done or not
+        known holds none: the version given comes back."""
+        request = PinSplitVersionRequest.from_header(header)
+        core = self._core
+        with core.lock:
+            task = core.state.tasks.get(request.task_id)
+            if task is None or task.job_id != request.job_id:
+                raise InvalidArgumentError(
+                    f"task {request.task_id} is not a task of job {request.job_id}"
+                )
+            ledger = core.state.ledgers.get(request.job_id)
+            if ledger is None:
+                raise FailedPreconditionError(
+                    f"job {request.job_id} does not hand out its splits exactly once: its "
+                    "splits are not run again, and pin no object versions"
+                )
+            held = ledger.pinned(request.key, request.url)
+            if held is None:
+                core.apply(
+                    PinSplitVersion(request.job_id, request.key, request.url, request.version)
+                )
+                held = ledger.pinned(request.key, request.url)
+        return {"version": request.version if held is None else held}, ()
 
     def _hand_out(
         self, request: GetSplitRequest
@@ -174,7 +209,11 @@ class SplitHandout:
             return GetSplitReply(None, wait=True)
         # A split done meanwhile (only a retry can ask for one) is skipped whole.
         skip = ledger.skip_of(key) if key in ledger.open else [[0, 1 << 62]]
-        fields = {"key": key, "skip": tuple((start, end) for start, end in skip)}
+        fields = {
+            "key": key,
+            "skip": tuple((start, end) for start, end in skip),
+            "versions": dict(ledger.open[key].versions) if key in ledger.open else {},
+        }
         taken = dataclasses.replace(cursor, position=key).take()
         return cursor, taken or (key, key), fields
 

@@ -292,6 +292,17 @@ class CountSplit:
 
 
 @dataclasses.dataclass(frozen=True)
+class PinSplitVersion:
+    """A run of split ``key`` of exactly-once job ``job_id`` opened object ``url`` as
+    ``version``: a run of it again reads that version."""
+
+    job_id: int
+    key: int
+    url: str
+    version: str | int
+
+
+@dataclasses.dataclass(frozen=True)
 class HandOutSplits:
     """Task ``task_id`` of exactly-once job ``job_id`` handed every element of the splits
     ``keys`` to consumers."""
@@ -415,6 +426,7 @@ Update = (
     | MoveSplitCursor
     | ReplaySplit
     | CountSplit
+    | PinSplitVersion
     | HandOutSplits
     | ReportSplits
     | ResumeSplits
@@ -583,6 +595,8 @@ class DispatcherState:
                 }
             case CountSplit(job_id, key, count):
                 self.ledgers[job_id].count(key, count)
+            case PinSplitVersion(job_id, key, url, version):
+                self.ledgers[job_id].pin(key, url, version)
             case HandOutSplits(job_id, task_id, keys):
                 for handed_out in keys:
                     self.ledgers[job_id].handed_out(handed_out, task_id)

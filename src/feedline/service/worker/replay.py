@@ -23,11 +23,16 @@ cannot be checked: keep them deterministic  the functions given to ``map`` & co.
 ==========================================  =================================================
 
 Apply those refused operations after ``distribute``, on the consumer, instead.
+
+The objects a split reads from a store are held to one version across its runs: a listing in
+the pipeline pins those it found (``list_files``), and a run tells the dispatcher the version
+of each other object it opens before any element of it leaves (``pin``); a run again reads
+those versions, or raises ``DataLossError`` where an object was replaced in between.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline.data.dataset import Dataset, IteratorContext, mix_seed, walk
@@ -105,10 +110,20 @@ class SplitRunner:
             self._dataset = wrap(self._dataset)
         self._options = self._dataset.options()
 
-    def run(self, key: int, units: Sequence[int]) -> Iterator[Any]:
-        """The elements of split ``key`` (its source units ``units``), in order."""
+    def run(
+        self,
+        key: int,
+        units: Sequence[int],
+        versions: Mapping[str, Any] | None = None,
+        pin: Callable[[str, Any], Any] | None = None,
+    ) -> Iterator[Any]:
+        """The elements of split ``key`` (its source units ``units``), in order: reading the
+        objects of a store as ``versions`` (by URL, what an earlier run of the split opened),
+        and telling ``pin`` (``IteratorContext.pin_version``) the version of each other object
+        it opens, before any element of it."""
         self._provider.units = list(units)
-        iterator = self._dataset._iterator(IteratorContext(self._options, mix_seed(key)))
+        ctx = IteratorContext(self._options, mix_seed(key), dict(versions or {}), pin_version=pin)
+        iterator = self._dataset._iterator(ctx)
         try:
             yield from iterator
         finally:

@@ -11,6 +11,7 @@ split's count and when it has handed all of it out.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -27,6 +28,7 @@ from feedline.service.protocol import (
     GetElementsRequest,
     GetSplitReply,
     GetSplitRequest,
+    PinSplitVersionRequest,
     TaskDef,
     TaskLoad,
 )
@@ -103,6 +105,17 @@ class _DispatcherSplits:
             )
             self._requests += 1
         return GetSplitReply.from_header(reply)
+
+    def pin(self, key: int, url: str, version: Any) -> Any:
+        """Tells the dispatcher that this task's run of split ``key`` opened ``url`` as
+        ``version``; the version the split is held to (``PinSplitVersionRequest``)."""
+        request = PinSplitVersionRequest(self._job_id, self._task_id, key, url, version)
+        reply, _ = self._host.call_dispatcher(
+            "PinSplitVersion",
+            request.to_header(),
+            f"pinning the version of {url!r} for split {key} of job {self._job_id}",
+        )
+        return reply.get("version")
 
 
 def task_dataset(
@@ -348,7 +361,8 @@ class Task:
                 )
             skip = [list(r) for r in grant.skip]  # ledger ranges: lists, as the ledger's
             count = 0
-            for offset, element in enumerate(runner.run(key, units)):
+            pin = functools.partial(self._splits.pin, key)
+            for offset, element in enumerate(runner.run(key, units, grant.versions, pin)):
                 count = offset + 1
                 if contains(skip, offset):
                     self._buffer.made_not_kept()  # made all the same: the worker's rate
