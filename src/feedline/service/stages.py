@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
+from time import perf_counter
 from typing import Any
 
 from feedline.data.dataset import (
@@ -36,20 +36,26 @@ _local = threading.local()
 
 
 class StageClock:
-    """Seconds spent in each stage, by name; thread-safe."""
+    """Seconds spent in each stage, by name; thread-safe.
+
+    Each iterator of a stage adds to an account of its own (``account``: one writer, so no
+    lock on the way of every element); ``seconds`` sums the accounts of each name."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds: dict[str, float] = collections.defaultdict(float)
+        self._accounts: dict[str, list[list[float]]] = collections.defaultdict(list)
 
-    def add(self, name: str, seconds: float) -> None:
+    def account(self, name: str) -> list[float]:
+        """A new account of stage ``name``: ``[seconds]``, which one thread adds to."""
+        cell = [0.0]
         with self._lock:
-            self._seconds[name] += seconds
+            self._accounts[name].append(cell)
+        return cell
 
     def seconds(self) -> dict[str, float]:
         """Seconds per stage so far (a copy)."""
         with self._lock:
-            return dict(self._seconds)
+            return {name: sum(cell[0] for cell in cells) for name, cells in self._accounts.items()}
 
 
 def stage_kind(name: str) -> str:
@@ -129,19 +135,22 @@ class _TimedIterator(DatasetIterator):
     def __init__(self, dataset: _TimedDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
-        self._name = dataset._name
-        self._clock = dataset._clock
+        self._account = dataset._clock.account(dataset._name)
 
     def _next(self) -> Any:
-        outer = getattr(_local, "inner", 0.0)
-        _local.inner = 0.0
-        started = time.perf_counter()
+        # ``_local.inner``: the time the stages below this one spent, in this thread.
+        local = _local
+        outer = getattr(local, "inner", 0.0)
+        local.inner = 0.0
+        started = perf_counter()
         try:
             return self._input._next()
         finally:
-            elapsed = time.perf_counter() - started
-            self._clock.add(self._name, max(0.0, elapsed - _local.inner))
-            _local.inner = outer + elapsed
+            elapsed = perf_counter() - started
+            own = elapsed - local.inner
+            if own > 0.0:
+                self._account[0] += own
+            local.inner = outer + elapsed
 
     def _get_state(self) -> dict[str, Any]:
         return {"input": self._input.get_state()}

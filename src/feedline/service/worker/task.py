@@ -303,10 +303,12 @@ class Task:
             if definition.skip:  # a consumer resumed the job: it had these from this stream
                 shaped = shaped.skip(definition.skip)
             iterator = iter(timed(shaped, self._stages))
+            # A DYNAMIC task's input ends when the worker drains (it asks for no more splits).
+            stops_draining = definition.mode != ShardingPolicy.DYNAMIC
             for index, element in enumerate(raw_elements(iterator)):
                 if not self._put(element, index, expected, None):
                     return
-                if self._buffer.draining and definition.mode != ShardingPolicy.DYNAMIC:
+                if stops_draining and self._buffer.draining:
                     drained = True
                     return
         except BaseException as error:
@@ -335,7 +337,8 @@ class Task:
                 f"dataset's element_spec has the structure {expected}; every element "
                 "must have the structure of the element_spec"
             )
-        return self._buffer.put(leaves, sum(leaf.nbytes for leaf in leaves), tag)
+        size = leaves[0].nbytes if len(leaves) == 1 else sum(leaf.nbytes for leaf in leaves)
+        return self._buffer.put(leaves, size, tag)
 
     def _produce_splits(self, dataset: Dataset, expected: Any) -> None:
         """An exactly-once task's input: each split the dispatcher grants, run on its own and
