@@ -95,6 +95,59 @@ def test_only_touched_rows_travel(ps_spec, sparse: bool) -> None:
     assert torch.allclose(after[7], before[7] - 2.0)  # row 7 counted twice in the bag
 
 
+@pytest.mark.parametrize("module", ["EmbeddingBag-sum", "EmbeddingBag-mean", "Embedding"])
+def test_a_dense_table_gradient_is_built_from_its_touched_rows(ps_spec, module: str) -> None:
+    # A row module made with sparse=False (torch's default) has a dense .grad with the values
+    # torch's dense backward gives, built from the rows the step touched: its backward runs
+    # sparse, and the table of the last step's gradient is used again where nothing holds it.
+    strategy = chief_strategy(ps_spec)
+
+    def make() -> torch.nn.Module:
+        if module == "Embedding":
+            return torch.nn.Embedding(1000, 8)
+        return torch.nn.EmbeddingBag(1000, 8, mode=module.split("-")[1])
+
+    with strategy.scope():
+        table = make()
+    local = make()
+    local.load_state_dict(table.state_dict())
+    batches = [torch.tensor([[3, 7, 7]]), torch.tensor([[5, 9, 3]]), torch.tensor([[1, 2, 2]])]
+    grads = []
+    for ids in batches:
+        table.weight.grad = local.weight.grad = None  # as zero_grad() does
+        strategy.run(lambda ids=ids: table(ids).square().sum().backward())
+        local(ids).square().sum().backward()
+        grad = table.weight.grad
+        assert grad is not None and not grad.is_sparse and table.sparse is False
+        torch.testing.assert_close(grad, local.weight.grad)
+        grads.append(grad.data_ptr())
+        if len(grads) == 2:
+            kept = grad  # held by the user: the next step's gradient is another table
+        del grad
+    assert grads[1] == grads[0]  # nothing held the first: its table written again
+    assert grads[2] != grads[1]
+    torch.testing.assert_close(
+        kept,
+        local.weight.grad.new_zeros(1000, 8).index_put_(
+            (torch.tensor([5, 9, 3]),), kept[[5, 9, 3]]
+        ),
+    )  # the second step's rows only
+    view = table.weight.grad[1:3]  # a view holds the third table too
+    del kept
+    table.weight.grad = None
+    strategy.run(lambda: table(torch.tensor([[4, 4, 6]])).square().sum().backward())
+    assert table.weight.grad.data_ptr() != grads[2] and view.abs().sum() > 0
+
+
+def test_a_max_bag_keeps_torchs_dense_backward(ps_spec) -> None:
+    strategy = chief_strategy(ps_spec)
+    with strategy.scope():
+        table = torch.nn.EmbeddingBag(100, 4, mode="max")
+    strategy.run(lambda: table(torch.tensor([[3, 7]])).sum().backward())
+    assert not table.weight.grad.is_sparse and table.sparse is False
+    assert not getattr(table.weight, "_feedline_densifies", False)
+
+
 def _on_ps(ps_spec, param: PSParameter) -> torch.Tensor:
     """``param``'s value as its ps holds it now (a call of its own, past the runtime)."""
     ((ps, name, _, _),) = param.spec.shards()

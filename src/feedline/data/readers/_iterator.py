@@ -95,7 +95,7 @@ class _Slot:
             version = self.ctx.listed_versions.get(name)
         opened = early.take(name, position, version) if early is not None else None
         if opened is None:
-            opened = open_file(dataset, name, position, version)
+            opened = _open_versioned(dataset, name, position, version)
         reader, self.version = opened
         if version is None and self.version is not None and self.ctx.pin_version is not None:
             self._pin(reader, name, position)
@@ -177,7 +177,7 @@ class _Slot:
         self.index = self.size = 0
 
 
-def open_file(dataset: Any, name: str, position: int, version: Any) -> tuple[FileReader, Any]:
+def _open_versioned(dataset: Any, name: str, position: int, version: Any) -> tuple[FileReader, Any]:
     """``dataset._open_file(name, position, version)`` and the version it opened: ``version``
     where given, else the one first read (None for a local file)."""
     if version is not None or _fs.is_local(name):
@@ -217,7 +217,7 @@ class _EarlyOpen:
 
     def _run(self) -> None:
         try:
-            reader, version = open_file(self._dataset, self.name, 0, self._listed_version)
+            reader, version = _open_versioned(self._dataset, self.name, 0, self._listed_version)
         except BaseException as error:  # raised by ``take``, where the file is opened
             self._error = error
             self._done.set()

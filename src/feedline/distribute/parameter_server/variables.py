@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -257,6 +258,8 @@ def _before_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
     if _in_step():
         runtime.note_read(p for p in ps if not p.spec.rows)
     if isinstance(weight, PSParameter) and weight.spec.rows:
+        if not module.sparse and torch.is_grad_enabled() and _sparse_backward_works(module):
+            _backward_sparse_once(module, weight)
         if args and isinstance(args[0], torch.Tensor):
             ids = torch.unique(args[0].detach().reshape(-1).to("cpu", torch.int64))
             runtime.pull_rows(weight, ids[ids >= 0], with_stale=torch.is_grad_enabled())
@@ -269,6 +272,77 @@ def _before_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         runtime.pull_stale()
     else:
         runtime.pull(ps)
+
+
+# -- the gradient of a table held on the ps, dense as its module says, built from its rows ------
+#
+# A row module (``nn.Embedding``, ``nn.EmbeddingBag``) made with ``sparse=False`` (torch's
+# default) gets a dense gradient: torch's backward fills a new table-sized tensor of zeros each
+# step (25.6 MB for 200,000 x 32) to write the few rows a batch touched, and only those rows
+# are pushed. Its forward in a step runs as if ``sparse=True`` (a gradient of the touched rows
+# only); once torch has accumulated that sparse gradient, it becomes the dense ``.grad`` the
+# module promises, in a table of the parameter's kept from its last gradient with only the rows
+# written then cleared again, where nothing else holds or changed it (else a new one). So
+# ``.grad`` is what it was, values included, for a few rows' work.
+
+
+def _sparse_backward_works(module: torch.nn.Module) -> bool:
+    """Whether torch's backward of ``module`` can give a sparse gradient (not for ``max``)."""
+    return getattr(module, "mode", "sum") != "max"
+
+
+def _backward_sparse_once(module: torch.nn.Module, weight: PSParameter) -> None:
+    """This forward of ``module`` gives ``weight`` a sparse gradient, made dense once
+    accumulated (``_densify``)."""
+    if not getattr(weight, "_feedline_densifies", False):
+        weight.register_post_accumulate_grad_hook(_densify)
+        weight._feedline_densifies = True  # type: ignore[attr-defined]
+    if not getattr(module, "_feedline_sparse_forward", False):
+        module.register_forward_hook(_dense_again, always_call=True)
+        module._feedline_sparse_forward = True  # type: ignore[assignment]
+    module.sparse = True  # type: ignore[assignment]
+    module._feedline_was_dense = True  # type: ignore[assignment]
+
+
+def _dense_again(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    """After the forward: the module is ``sparse=False`` again, as its user made it."""
+    if getattr(module, "_feedline_was_dense", False):
+        module.sparse = False  # type: ignore[assignment]
+        module._feedline_was_dense = False  # type: ignore[assignment]
+
+
+def _densify(param: torch.Tensor) -> None:
+    """``param.grad``, if torch accumulated a sparse one into none, as the dense gradient: the
+    table kept from the parameter's last one (its written rows cleared) where nothing else holds
+    it and no one changed it since, else new zeros; the sparse gradient's rows added."""
+    grad = param.grad
+    if grad is None or not grad.is_sparse:
+        return
+    grad = grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()
+    table = None
+    kept = getattr(param, "_feedline_grad_table", None)
+    if kept is not None:
+        old, old_rows, version = kept
+        if old._version == version and _held_only_here(old):
+            table = old.index_fill_(0, old_rows, 0)
+        del old, kept
+    if table is None:
+        table = torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
+    table.index_copy_(0, rows, values.to(table.dtype))
+    param._feedline_grad_table = (table, rows, table._version)  # type: ignore[attr-defined]
+    param.grad = table
+
+
+def _held_only_here(table: torch.Tensor) -> bool:
+    """Whether nothing but the caller's ``kept`` entry holds ``table``: no other Python name
+    (``kept``, the caller's local and getrefcount's argument are three), and no view or alias
+    of its memory (torch's count of the storage's holders: the tensor and the storage object
+    asked for here)."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:  # a torch without it: never written again
+        return False
+    return sys.getrefcount(table) <= 4 and use_count(table.untyped_storage()._cdata) <= 2
 
 
 def _own_ps(module: torch.nn.Module) -> list[PSParameter]:
