@@ -8,6 +8,8 @@ max_shards=2))`` and a ``ClusterCoordinator``, then the demo's model in tf-keras
 strategy's scope: ``Embedding(200_000, 32)`` (N(0, 1), as torch's ``EmbeddingBag``; a
 ``ShardedVariable`` of 2 shards, one per ps) + the mean over the bag of 4 ids + ``Dense(1)``, and
 Adagrad with torch's settings (lr 0.5, accumulators from 0, epsilon 1e-10; its state on the ps).
+With ``--model torch-defaults``, the sum over the bag and plain SGD (lr 0.05): what feedline's
+side writes as ``EmbeddingBag(mode="sum")`` with torch's defaults (a dense gradient) and SGD.
 
 The data are the feedline demo's (``parameter_server_demo._synthetic_batch``, re-created here in
 NumPy: the same seeds, ids, labels). A ``tf.numpy_function`` cannot run on a remote worker (its
@@ -50,6 +52,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 ROWS, DIM, BATCH, BAG, LR = 200_000, 32, 256, 4, 0.5
+SGD_LR = 0.05  # --model torch-defaults
 CHILDREN: list[subprocess.Popen] = []
 
 
@@ -192,13 +195,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dense = keras.layers.Dense(1)
         embedding.build((None, BAG))
         dense.build((None, DIM))
-        optimizer = keras.optimizers.Adagrad(
-            learning_rate=LR, initial_accumulator_value=0.0, epsilon=1e-10
-        )
+        if args.model == "torch-defaults":  # the sum over the bag, plain SGD
+            optimizer = keras.optimizers.SGD(learning_rate=SGD_LR)
+        else:
+            optimizer = keras.optimizers.Adagrad(
+                learning_rate=LR, initial_accumulator_value=0.0, epsilon=1e-10
+            )
     variables = embedding.trainable_variables + dense.trainable_variables
     shards = {v.name: list(v.shape) for v in variables}  # the embedding: one entry per shard
 
     ids, labels = stream(args.warmup + args.steps)
+    combine = tf.reduce_sum if args.model == "torch-defaults" else tf.reduce_mean
 
     def dataset_fn() -> Any:
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().prefetch(2)
@@ -209,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def train_step(iterator: Any) -> Any:
         def replica_fn(ids: Any, labels: Any) -> Any:
             with tf.GradientTape() as tape:
-                bags = tf.reduce_mean(embedding(ids), axis=1)  # mean over the bag
+                bags = combine(embedding(ids), axis=1)  # over the bag
                 prediction = tf.squeeze(dense(bags), axis=1)
                 loss = tf.reduce_mean(tf.square(prediction - labels))
             grads = tape.gradient(loss, variables)
@@ -290,6 +297,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=300, help="seconds for the whole run")
     parser.add_argument("--closures", type=int, default=0, help="measure closure dispatch")
     parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--model", choices=("demo", "torch-defaults"), default="demo")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ARGS = args = parser.parse_args()
     if args.serve:

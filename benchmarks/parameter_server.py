@@ -8,7 +8,10 @@ Three parts, in one run:
 
 1. **Scaling.** The demo's model (``feedline demo --parameter-server``: ``EmbeddingBag(200_000,
    32, mode="mean", sparse=True)`` split over 2 ps by ``MinSizePartitioner(max_shards=2)``, then
-   ``Linear(32, 1)``, Adagrad, batches of 256 synthetic examples of 4 ids each) trained through
+   ``Linear(32, 1)``, Adagrad, batches of 256 synthetic examples of 4 ids each; with
+   ``--model torch-defaults``, ``EmbeddingBag(200_000, 32, mode="sum")`` as torch makes it by
+   default, ``sparse=False``, and plain SGD lr 0.05, the peer summing over the bag with SGD
+   too) trained through
    ``ClusterCoordinator.schedule`` on a local cluster (``LocalCluster``: this benchmark's child
    is the chief; the workers and the 2 ps are ``feedline server`` processes on 127.0.0.1) with
    1 and with 2 workers. Each worker reads the batches of its stream of the demo's
@@ -84,9 +87,14 @@ def premade_dataset_fn(rows: int, batch_size: int, count: int) -> Any:
 
 
 def child_steps_per_second(
-    workers: int, warmup: int, steps: int, generated: bool = False
+    workers: int,
+    warmup: int,
+    steps: int,
+    generated: bool = False,
+    torch_defaults: bool = False,
 ) -> dict[str, Any]:
-    """In a child: the demo's model on a fresh local cluster of ``workers`` workers and 2 ps;
+    """In a child: the demo's model (with ``torch_defaults``, as written with torch's
+    defaults: ``demo.build_model``) on a fresh local cluster of ``workers`` workers and 2 ps;
     steps per second over ``steps`` steps after ``warmup``. The batches are made up front (as
     the TensorFlow peer's are), or with ``generated`` by the demo's ``dataset_fn`` step by
     step."""
@@ -104,7 +112,10 @@ def child_steps_per_second(
             variable_partitioner=MinSizePartitioner(max_shards=2),
             connect_timeout=30,
         )
-        model, optimizer = demo.build_model(strategy, 200_000, 32)
+        if torch_defaults:
+            model, optimizer = demo.build_model(strategy, 200_000, 32, 0.05, torch_defaults=True)
+        else:
+            model, optimizer = demo.build_model(strategy, 200_000, 32)
         coordinator = fdist.coordinator.ClusterCoordinator(
             strategy, function_timeout=60.0, worker_timeout=60.0
         )
@@ -167,7 +178,7 @@ def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """Runs ``child_steps_per_second`` in a fresh interpreter, with a timeout."""
     return _child(
         [sys.executable, __file__, "--child-workers", str(workers), "--warmup",
-         str(args.warmup), "--steps", str(args.steps),
+         str(args.warmup), "--steps", str(args.steps), "--model", args.model,
          *(["--generated-input"] if args.generated_input else [])],
         args, f"the {workers}-worker child",
     )  # fmt: skip
@@ -176,7 +187,8 @@ def steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
 def tf_steps_per_second(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """The TensorFlow peer (``_tf_ps_peer.py``): the same model and data on a TensorFlow
     cluster of ``workers`` workers and 2 ps; its JSON line."""
-    return _tf_child(workers, ["--warmup", str(args.warmup), "--steps", str(args.steps)], args)
+    flags = ["--warmup", str(args.warmup), "--steps", str(args.steps), "--model", args.model]
+    return _tf_child(workers, flags, args)
 
 
 def _tf_note(args: argparse.Namespace) -> str | None:
@@ -402,6 +414,13 @@ def main() -> int:
         help="measure dispatch instead: N tiny functions scheduled, then join (closures/s)",
     )
     parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument(
+        "--model",
+        choices=("demo", "torch-defaults"),
+        default="demo",
+        help="the demo's model (sparse EmbeddingBag, mean, Adagrad), or the same written with "
+        "torch's defaults (EmbeddingBag(mode='sum'), a dense gradient, plain SGD lr 0.05)",
+    )
     parser.add_argument("--child-workers", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_workers is not None and args.closures:
@@ -412,7 +431,11 @@ def main() -> int:
         return 0
     if args.child_workers is not None:
         result = child_steps_per_second(
-            args.child_workers, args.warmup, args.steps, args.generated_input
+            args.child_workers,
+            args.warmup,
+            args.steps,
+            args.generated_input,
+            args.model == "torch-defaults",
         )
         print(json.dumps(result))
         return 0

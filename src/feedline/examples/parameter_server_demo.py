@@ -208,16 +208,27 @@ class LocalCluster:
 
 
 def build_model(
-    strategy: fdist.ParameterServerStrategy, rows: int, dim: int, lr: float = 0.5
+    strategy: fdist.ParameterServerStrategy,
+    rows: int,
+    dim: int,
+    lr: float = 0.5,
+    torch_defaults: bool = False,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """``EmbeddingBag(rows, dim, sparse=True)`` + ``Linear(dim, 1)`` and Adagrad, under the
-    strategy's scope (so their values and Adagrad's state live on the ps)."""
+    """``EmbeddingBag(rows, dim, mode="mean", sparse=True)`` + ``Linear(dim, 1)`` and Adagrad,
+    under the strategy's scope (so their values and Adagrad's state live on the ps). With
+    ``torch_defaults``, the model as PyTorch users write it by default:
+    ``EmbeddingBag(rows, dim, mode="sum")`` (a dense gradient) and plain SGD."""
     torch.manual_seed(0)
     with strategy.scope():
-        model = torch.nn.Sequential(
-            torch.nn.EmbeddingBag(rows, dim, mode="mean", sparse=True), torch.nn.Linear(dim, 1)
-        )
-        optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
+        if torch_defaults:
+            table = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+        else:
+            table = torch.nn.EmbeddingBag(rows, dim, mode="mean", sparse=True)
+        model = torch.nn.Sequential(table, torch.nn.Linear(dim, 1))
+        if torch_defaults:
+            optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        else:
+            optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
     return model, optimizer
 
 
