@@ -240,16 +240,19 @@ def is_transient(error: BaseException) -> bool:
 _TAGS = ("ETag", "etag", "generation", "version_id", "VersionId")
 
 
-def object_tag(info: Mapping[str, Any]) -> Any:
+def object_tag(info: Mapping[str, Any]) -> str | int | None:
     """The object's ETag or generation in its ``info`` (a listing's entry, or ``fs.info``),
-    which a listing and a read of one version give alike; None where the store has none."""
+    which a listing and a read of one version give alike; None where the store has none. Text
+    or an int (anything else as text), so that it travels in a checkpoint and a journal and
+    reads back equal."""
     for key in _TAGS:
-        if info.get(key):
-            return info[key]
+        tag = info.get(key)
+        if tag:
+            return tag if isinstance(tag, str) or type(tag) is int else str(tag)
     return None
 
 
-def object_version(info: Mapping[str, Any]) -> Any:
+def object_version(info: Mapping[str, Any]) -> str | int:
     """What tells two versions of an object apart, from its ``fs.info``: its ETag or
     generation, else its size and time (as one string, so that a version written in a
     checkpoint's state or a journal reads back equal)."""
