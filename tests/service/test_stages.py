@@ -55,3 +55,20 @@ def test_a_generator_is_a_source() -> None:
     seconds = profile(dataset.map(lambda x: x), 10)
     slowest = max(seconds, key=seconds.__getitem__)
     assert source_stage(slowest) and stage_kind(slowest) == "generator", seconds
+
+
+def test_a_closed_iterators_time_stays_counted_and_its_account_goes() -> None:
+    # A task of an exactly-once job makes an iterator per split: their accounts must not pile up.
+    clock = StageClock()
+    dataset = timed(Dataset.range(4).map(slow), clock)
+    for _ in range(30):
+        iterator = iter(dataset)
+        assert [int(x) for x in iterator] == [0, 1, 2, 3]
+        iterator.close()
+    seconds = clock.seconds()
+    assert seconds["map#0"] >= 30 * 4 * 0.005 * 0.9, seconds
+    assert not any(clock._open.values())  # every account folded into its stage's total
+    open_one = iter(dataset)
+    next(open_one)
+    assert clock.seconds()["map#0"] > seconds["map#0"]  # an open account counts too
+    open_one.close()

@@ -39,23 +39,39 @@ class StageClock:
     """Seconds spent in each stage, by name; thread-safe.
 
     Each iterator of a stage adds to an account of its own (``account``: one writer, so no
-    lock on the way of every element); ``seconds`` sums the accounts of each name."""
+    lock on the way of every element), which ``close`` folds into the stage's total when the
+    iterator is done (a task of an exactly-once job makes an iterator per split); ``seconds``
+    sums the totals and the open accounts of each name."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._accounts: dict[str, list[list[float]]] = collections.defaultdict(list)
+        self._open: dict[str, list[list[float]]] = collections.defaultdict(list)
+        self._closed: dict[str, float] = collections.defaultdict(float)
 
     def account(self, name: str) -> list[float]:
         """A new account of stage ``name``: ``[seconds]``, which one thread adds to."""
         cell = [0.0]
         with self._lock:
-            self._accounts[name].append(cell)
+            self._open[name].append(cell)
         return cell
+
+    def close(self, name: str, cell: list[float]) -> None:
+        """The account ``cell`` of stage ``name`` gets no more time: its seconds join the
+        stage's total."""
+        with self._lock:
+            cells = self._open[name]
+            if any(c is cell for c in cells):
+                cells.remove(cell)
+                self._closed[name] += cell[0]
 
     def seconds(self) -> dict[str, float]:
         """Seconds per stage so far (a copy)."""
         with self._lock:
-            return {name: sum(cell[0] for cell in cells) for name, cells in self._accounts.items()}
+            names = set(self._open) | set(self._closed)
+            return {
+                name: self._closed.get(name, 0.0) + sum(c[0] for c in self._open.get(name, ()))
+                for name in names
+            }
 
 
 def stage_kind(name: str) -> str:
@@ -135,7 +151,8 @@ class _TimedIterator(DatasetIterator):
     def __init__(self, dataset: _TimedDataset, ctx: IteratorContext) -> None:
         super().__init__(dataset, ctx)
         self._input = dataset._inputs[0]._iterator(ctx)
-        self._account = dataset._clock.account(dataset._name)
+        self._clock, self._name = dataset._clock, dataset._name
+        self._account = self._clock.account(self._name)
 
     def _next(self) -> Any:
         # ``_local.inner``: the time the stages below this one spent, in this thread.
@@ -157,3 +174,7 @@ class _TimedIterator(DatasetIterator):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._input.set_state(state["input"])
+
+    def _close(self) -> None:
+        self._input.close()
+        self._clock.close(self._name, self._account)
