@@ -81,7 +81,9 @@ class IteratorContext:
 
     def child(self, index: int) -> IteratorContext:
         """The context of the ``index``-th pass that an iterator makes over its input."""
-        return dataclasses.replace(self, seed=mix_seed(self.seed, index))
+        return IteratorContext(
+            self.options, mix_seed(self.seed, index), self.listed_versions, self.pin_version
+        )
 
     @property
     def deterministic(self) -> bool:
