@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from feedline.data import Dataset, TensorSpec, TextLineDataset
+from feedline.data.dataset import IteratorContext
 from feedline.data.readers import ListFilesDataset
 from feedline.errors import InvalidArgumentError, NotFoundError
+from feedline.io import gfile
 from tests.data.checkpoint_utils import checkpoint_test
 
 _DIR = tempfile.mkdtemp(prefix="feedline-test-list-files-")
@@ -144,3 +146,17 @@ def test_patterns_and_names_as_object_arrays_of_bytes_or_str() -> None:
     assert batch.dtype == object and all(type(n) is bytes for n in batch.tolist())
     # Batches of names (object arrays of bytes) name files for the readers too.
     assert TextLineDataset(batch)._filenames == tuple(os.fsdecode(n) for n in batch.tolist())
+
+
+def test_a_listing_does_not_replace_the_versions_a_pipeline_holds(s3_bucket: str) -> None:
+    # A split run again holds its first run's versions; a listing made since (a restarted
+    # program lists again) fills in the others only.
+    urls = [f"{s3_bucket}/held/{name}.txt" for name in ("a", "b")]
+    for url in urls:
+        gfile.GFile(url, "wb").write(b"x\n")
+    listing = Dataset.list_files(f"{s3_bucket}/held/*.txt", shuffle=False)
+    ctx = IteratorContext(listing.options(), 0, {urls[0]: '"first-run"'})
+    iterator = listing._iterator(ctx)
+    assert ctx.listed_versions[urls[0]] == '"first-run"'
+    assert ctx.listed_versions[urls[1]] not in (None, '"first-run"')  # the listing's ETag
+    iterator.close()

@@ -113,6 +113,7 @@ CASES: list[tuple[str, str, Any, str]] = [
     (_D, "PinSplitVersion", lambda c: _pin(c, version=1.5), "version"),
     (_D, "PinSplitVersion", lambda c: _pin(c, url="s3://b/\x00"), "url"),
     (_D, "PinSplitVersion", lambda c: _pin(c, key="0"), "key"),
+    (_D, "SplitVersions", lambda c: {"client_id": c.client_id, "keys": ["0"]}, "keys"),
     (_D, "ReleaseClient", lambda c: {"client_id": [c.client_id]}, "client_id"),
     (_W, "GetElements", lambda c: {"task_id": c.task_id, "wait_ms": _HUGE}, "wait_ms"),
     (_W, "GetElements", lambda c: {"task_id": _HUGE}, "task_id"),

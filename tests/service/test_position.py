@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ import pytest
 
 from feedline import _cluster_shares as cluster_shares
 from feedline import errors, service
-from feedline.data import Dataset
+from feedline.data import Dataset, TextLineDataset
+from feedline.io import gfile
 from feedline.service import position as _position
 from feedline.service.dispatcher import state as st
 from feedline.service.position import JobPosition, TaskPosition, resume_skips
@@ -155,7 +157,8 @@ def test_state_counts_returned_elements_per_worker(make_cluster: Any) -> None:
 _RESTORE_SCRIPT = """
 import json, sys
 from feedline import service
-from feedline.data import Dataset
+from feedline.data import Dataset, TextLineDataset
+from feedline.io import gfile
 from feedline.train import Checkpoint
 target, path = sys.argv[1], sys.argv[2]
 dataset = Dataset.range(10).apply(
@@ -280,6 +283,49 @@ def test_a_dynamic_position_saved_again_after_a_restore_keeps_what_came_before(
     part3 = [int(x) for x in third]
     third.close()
     assert sorted(part1 + part2 + part3) == list(range(300))
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["named", "listed"])
+def test_a_resumed_split_reads_its_objects_as_its_first_run_did(
+    make_cluster: Any, tmp_path: Path, listed: bool
+) -> None:
+    """The position holds the versions of the objects its half-read splits read: resumed after
+    one was replaced (as long as before: only its version tells), the rest of that split is a
+    DataLossError naming it, not the new version's lines after the old one's, whether the
+    objects are named one by one or listed again by the restarted program."""
+    cluster = make_cluster(1, work_dir=str(tmp_path / "work"), fault_tolerant_mode=True)
+    root = f"memory://feedline-resume-{uuid.uuid4().hex}"
+    urls = [f"{root}/{name}.txt" for name in ("a", "b")]
+    for url in urls:
+        gfile.GFile(url, "wb").write(
+            b"".join(b"%s-%d\n" % (url[-5:-4].encode(), i) for i in range(6))
+        )
+
+    def make() -> Dataset:
+        files: Any = Dataset.list_files(f"{root}/*.txt", shuffle=False) if listed else urls
+        return TextLineDataset(files).apply(
+            service.distribute(
+                "distributed_epoch", cluster.target, job_name=f"versions-{listed}",
+                max_outstanding_requests=_OUTSTANDING,
+            )
+        )  # fmt: skip
+
+    first = iter(make())
+    before = [next(first).item() for _ in range(2)]
+    state = first.get_state()
+    first.close()
+    (key, held), *_ = state["versions"]  # the half-read split holds its object's version
+    assert key == state["partial"][0][0] and list(held) == [urls[0]] and before[0] == b"a-0"
+    time.sleep(0.01)
+    gfile.GFile(urls[0], "wb").write(b"".join(b"A-%d\n" % i for i in range(6)))
+    second = iter(make())
+    second.set_state(state)
+    got: list[bytes] = []
+    with pytest.raises(errors.DataLossError, match=r"a\.txt' changed since it was listed or"):
+        for x in second:
+            got.append(x.item())
+    second.close()
+    assert not [line for line in got if line.startswith(b"A-")], got
 
 
 def test_round_robin_cannot_be_checkpointed(make_cluster: Any) -> None:

@@ -618,14 +618,23 @@ class SplitLedger:
             for split in self.open.values()
         )
 
-    def resume(self, done: Mapping[int, int], partial: Mapping[int, Ranges]) -> None:
+    def resume(
+        self,
+        done: Mapping[int, int],
+        partial: Mapping[int, Ranges],
+        versions: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> None:
         """Seeds a new job with a consumer's saved position: ``done`` splits (key -> count)
         are not handed out, ``partial`` ones (key -> offsets returned) are handed out first,
-        skipping those offsets."""
+        skipping those offsets, and reading the objects as ``versions`` (key -> URL ->
+        version) where the position holds them (``pin``)."""
         self.done.update(done)
+        versions = versions or {}
         for key, ranges in partial.items():
             if key not in self.done:
-                self.open[key] = OpenSplit(None, delivered=add_ranges([], ranges))
+                self.open[key] = OpenSplit(
+                    None, delivered=add_ranges([], ranges), versions=dict(versions.get(key, {}))
+                )
                 self._release(key)
 
     def known(self, key: int) -> bool:

@@ -194,11 +194,15 @@ class SplitPosition:
         a key means), None if no split had been handed out.
       done: the splits whose elements were all returned: key -> element count.
       partial: the other splits returned from: key -> the offsets returned, as ranges.
+      versions: of the ``partial`` splits, the version of each object of a store they read
+        (key -> URL -> version): their rest, in the resumed job, is read from those versions
+        or is a ``DataLossError``, never from another version after the offsets returned.
     """
 
     cursor: dict[str, Any] | None
     done: dict[int, int]
     partial: dict[int, list[list[int]]]
+    versions: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def union(cls, positions: list[SplitPosition]) -> SplitPosition:
@@ -209,18 +213,22 @@ class SplitPosition:
           >>> a = SplitPosition(None, {0: 4}, {4: [[0, 2]]})
           >>> b = SplitPosition(None, {}, {4: [[2, 3]], 0: [[1, 2]], 8: [[0, 1]]})
           >>> SplitPosition.union([a, b])
-          SplitPosition(cursor=None, done={0: 4}, partial={4: [[0, 3]], 8: [[0, 1]]})
+          SplitPosition(cursor=None, done={0: 4}, partial={4: [[0, 3]], 8: [[0, 1]]}, versions={})
         """
         cursor = next((p.cursor for p in positions if p.cursor is not None), None)
         done: dict[int, int] = {}
         for position in positions:
             done.update(position.done)
         partial: dict[int, list[list[int]]] = {}
+        versions: dict[int, dict[str, Any]] = {}
         for position in positions:
             for key, ranges in position.partial.items():
                 if key not in done:
                     partial[key] = add_ranges(partial.get(key, []), ranges)
-        return cls(cursor, done, dict(sorted(partial.items())))
+            for key, held in position.versions.items():
+                if key not in done:
+                    versions.setdefault(key, {}).update(held)
+        return cls(cursor, done, dict(sorted(partial.items())), dict(sorted(versions.items())))
 
     def to_state(self) -> dict[str, Any]:
         """The iterator state (a picklable dict, also JSON)."""
@@ -230,6 +238,11 @@ class SplitPosition:
             "cursor": self.cursor,
             "done": [[key, count] for key, count in sorted(self.done.items())],
             "partial": [[key, ranges] for key, ranges in sorted(self.partial.items())],
+            **(
+                {"versions": [[key, held] for key, held in sorted(self.versions.items())]}
+                if self.versions
+                else {}
+            ),
         }
 
     @classmethod
@@ -249,6 +262,10 @@ class SplitPosition:
             partial = {
                 int(key): [[int(a), int(b)] for a, b in ranges] for key, ranges in state["partial"]
             }
+            versions = {
+                int(key): {str(url): _version(v) for url, v in dict(held).items()}
+                for key, held in state.get("versions", ())
+            }
         except (KeyError, TypeError, ValueError) as error:
             raise InvalidArgumentError(
                 f"malformed data service iterator state: {error!r}"
@@ -257,7 +274,14 @@ class SplitPosition:
             a < 0 or b < a for ranges in partial.values() for a, b in ranges
         ):
             raise InvalidArgumentError(f"negative counts in a data service iterator state: {state}")
-        return cls(cursor, done, partial)
+        return cls(cursor, done, partial, versions)
+
+
+def _version(value: Any) -> str | int:
+    """An object's version as a saved state holds it: text or an int."""
+    if isinstance(value, str) or type(value) is int:
+        return value
+    raise ValueError(f"an object's version is text or an int, got {value!r:.100}")
 
 
 def position_from_state(state: Any, mode: int) -> JobPosition | SplitPosition:

@@ -51,6 +51,7 @@ __all__ = [
     "RegisterDatasetReply",
     "RegisterDatasetRequest",
     "ReleaseClientRequest",
+    "SplitVersionsRequest",
     "StreamView",
     "TaskDef",
     "TaskLoad",
@@ -62,6 +63,7 @@ __all__ = [
     "local_worker_addresses",
     "new_incarnation",
     "register_local_worker",
+    "split_versions_from_reply",
     "unregister_local_worker",
 ]
 
@@ -154,6 +156,23 @@ def _text(value: str, name: str, max_chars: int) -> str:
             f"characters, got {value!r:.100}"
         )
     return value
+
+
+#: The longest object URL and version a split's pin takes.
+_MAX_URL_CHARS = 4096
+_MAX_VERSION_CHARS = 1024
+
+
+def _version(value: Any, what: str) -> str | int:
+    """An object's version (``_fs.object_version``): printable text or an int64."""
+    if isinstance(value, str):
+        return _text(value, what, _MAX_VERSION_CHARS)
+    if type(value) is int and is_int64(value):
+        return value
+    raise InvalidArgumentError(
+        f"malformed message: {what} must be an object's version (text or an int), "
+        f"got {value!r:.100}"
+    )
 
 
 _MAX_REQUEST_ID_CHARS = 64
@@ -506,6 +525,54 @@ class ReleaseClientRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class SplitVersionsRequest:
+    """SplitVersions: consumer ``client_id`` of an exactly-once job saves its position, and asks
+    for the object versions that the splits ``keys`` (those it returned part of) are held to
+    (``PinSplitVersionRequest``). The reply, ``{"versions": [[key, {url: version}], ...]}``
+    (``split_versions_from_reply``), names the splits that hold any."""
+
+    client_id: int
+    keys: tuple[int, ...]
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: ``client_id`` or ``keys`` is missing or mistyped.
+        """
+        return cls(field(header, "client_id", int), _ints(header, "keys"))
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return {"client_id": self.client_id, "keys": list(self.keys)}
+
+
+def split_versions_from_reply(header: dict[str, Any]) -> dict[int, dict[str, str | int]]:
+    """The versions of a SplitVersions reply: split key -> URL -> version.
+
+    Raises:
+      InvalidArgumentError: a malformed reply.
+    """
+    rows = field(header, "versions", list, [])
+    versions: dict[int, dict[str, str | int]] = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is int):
+            raise InvalidArgumentError(
+                f"malformed reply: versions is a list of [split key, {{url: version}}], got "
+                f"{row!r:.100}"
+            )
+        held = row[1] if isinstance(row[1], dict) else None
+        if held is None:
+            raise InvalidArgumentError(f"malformed reply: {row!r:.100} holds no versions")
+        versions[row[0]] = {
+            _text(str(url), "url", _MAX_URL_CHARS): _version(v, "version")
+            for url, v in held.items()
+        }
+    return versions
+
+
+@dataclasses.dataclass(frozen=True)
 class ClientHeartbeatRequest:
     """ClientHeartbeat: a consumer asks for its job's view once it differs from ``version``.
 
@@ -737,23 +804,6 @@ class GetSplitRequest:
         if self.handed_out:
             header["handed_out"] = list(self.handed_out)
         return header
-
-
-#: The longest object URL and version a split's pin takes.
-_MAX_URL_CHARS = 4096
-_MAX_VERSION_CHARS = 1024
-
-
-def _version(value: Any, what: str) -> str | int:
-    """An object's version (``_fs.object_version``): printable text or an int64."""
-    if isinstance(value, str):
-        return _text(value, what, _MAX_VERSION_CHARS)
-    if type(value) is int and is_int64(value):
-        return value
-    raise InvalidArgumentError(
-        f"malformed message: {what} must be an object's version (text or an int), "
-        f"got {value!r:.100}"
-    )
 
 
 @dataclasses.dataclass(frozen=True)

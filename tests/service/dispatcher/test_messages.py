@@ -12,8 +12,11 @@ from feedline.service.protocol import (
     ClientHeartbeatRequest,
     GetOrCreateJobRequest,
     GetSplitRequest,
+    PinSplitVersionRequest,
     RegisterDatasetRequest,
+    SplitVersionsRequest,
     WorkerHeartbeatRequest,
+    split_versions_from_reply,
 )
 
 # Headers as the worker and client send them now.
@@ -52,6 +55,7 @@ CLIENT_HEARTBEAT = {
     "closed": [],
 }
 GET_SPLIT = {"job_id": 4, "task_id": 6, "request": 2, "repetition": 0}
+PIN = {"job_id": 3, "task_id": 7, "key": 1, "url": "s3://b/k", "version": '"e1"'}
 
 
 @pytest.mark.parametrize(
@@ -73,6 +77,9 @@ GET_SPLIT = {"job_id": 4, "task_id": 6, "request": 2, "repetition": 0}
         (ClientHeartbeatRequest, {"client_id": 5, "version": -1, "wait_ms": 0}),
         (GetSplitRequest, GET_SPLIT),
         (GetSplitRequest, {**GET_SPLIT, "finished": [3, 40], "handed_out": [1, 2]}),
+        (PinSplitVersionRequest, PIN),
+        (PinSplitVersionRequest, {**PIN, "version": 12}),
+        (SplitVersionsRequest, {"client_id": 5, "keys": [0, 8]}),
     ],
 )
 def test_a_header_reads_back_to_itself(kind: Any, header: dict[str, Any]) -> None:
@@ -104,8 +111,21 @@ def test_fields_are_typed() -> None:
         (GetSplitRequest, {**GET_SPLIT, "finished": ["a", 1]}, "finished must be"),
         (GetSplitRequest, {**GET_SPLIT, "handed_out": [True]}, "handed_out must be"),
         (ClientHeartbeatRequest, {"client_id": "5"}, "field 'client_id' must be"),
+        (PinSplitVersionRequest, {**PIN, "version": None}, "object's version"),
+        (PinSplitVersionRequest, {**PIN, "version": 1.5}, "object's version"),
+        (PinSplitVersionRequest, {**PIN, "url": "a\nb"}, "url must be printable"),
+        (SplitVersionsRequest, {"client_id": 5, "keys": ["0"]}, "keys"),
     ],
 )
 def test_a_malformed_header_is_refused(kind: Any, header: dict[str, Any], message: str) -> None:
     with pytest.raises(errors.InvalidArgumentError, match=message):
         kind.from_header(header)
+
+
+def test_a_split_versions_reply_reads_back_and_refuses_wrong_types() -> None:
+    reply = {"versions": [[0, {"s3://b/a": '"e1"', "s3://b/b": 7}]]}
+    assert split_versions_from_reply(reply) == {0: {"s3://b/a": '"e1"', "s3://b/b": 7}}
+    assert split_versions_from_reply({}) == {}
+    for bad in ([["0", {}]], [[0, ["s3://b/a"]]], [[0, {"s3://b/a": 1.5}]]):
+        with pytest.raises(errors.InvalidArgumentError, match="malformed"):
+            split_versions_from_reply({"versions": bad})

@@ -14,7 +14,6 @@ from feedline.service.protocol import (
     DatasetDefReply,
     GetElementsRequest,
     GetSplitReply,
-    PinSplitVersionRequest,
     TaskDef,
     WorkerHeartbeatReply,
 )
@@ -56,8 +55,6 @@ TASK = {
         (GetSplitReply, {"split": None, "wait": True}),
         (GetSplitReply, {"split": [1], "key": 1, "skip": [[0, 3]]}),
         (GetSplitReply, {"split": [1], "key": 1, "skip": [], "versions": {"s3://b/k": '"e1"'}}),
-        (PinSplitVersionRequest, {"job_id": 3, "task_id": 7, "key": 1, "url": "s3://b/k",
-                                  "version": 12}),
     ],
 )  # fmt: skip
 def test_a_header_comes_back_as_it_was_sent(kind: Any, header: dict[str, Any]) -> None:
@@ -91,16 +88,6 @@ def test_what_a_worker_reads_of_them() -> None:
         (GetSplitReply, {"split": [1], "key": 1, "skip": [[0]]}, "ranges"),
         (GetSplitReply, {"split": [1], "versions": {"s3://b/k": 1.5}}, "object's version"),
         (GetSplitReply, {"split": [1], "versions": ["s3://b/k"]}, "field 'versions' must be"),
-        (
-            PinSplitVersionRequest,
-            {"job_id": 3, "task_id": 7, "key": 1, "url": "s3://b/k", "version": None},
-            "object's version",
-        ),
-        (
-            PinSplitVersionRequest,
-            {"job_id": 3, "task_id": 7, "key": 1, "url": "a\nb", "version": "e"},
-            "url must be printable",
-        ),
     ],
 )
 def test_a_malformed_header_is_an_invalid_argument(

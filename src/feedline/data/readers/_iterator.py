@@ -48,9 +48,9 @@ class _Slot:
 
     ``version`` is the version of the object being read (``_fs.object_version``; None for a
     local file): the one a listing of the pipeline found (``IteratorContext.listed_versions``),
-    the one a saved state or a reopening names, or else the one first read, which the
-    pipeline's ``pin_version`` (a split of a fault-tolerant job) is told about before any item
-    of the file is handed out. The iterator's state saves it, so that a file read again from a
+    the one a saved state or a reopening names, or else the one first read. The pipeline's
+    ``pin_version`` (a split of a fault-tolerant job) is told about it before any item of the
+    file is handed out. The iterator's state saves it, so that a file read again from a
     position is that version or a ``DataLossError``, never a mix of two."""
 
     __slots__ = (
@@ -97,7 +97,7 @@ class _Slot:
         if opened is None:
             opened = _open_versioned(dataset, name, position, version)
         reader, self.version = opened
-        if version is None and self.version is not None and self.ctx.pin_version is not None:
+        if self.version is not None and self.ctx.pin_version is not None:
             self._pin(reader, name, position)
         self.reader = reader
         self.dataset, self.threaded = dataset, threaded
@@ -111,7 +111,7 @@ class _Slot:
             )
 
     def _pin(self, reader: FileReader, name: str, position: int) -> None:
-        """Tells ``pin_version`` the version first read; another one held is a DataLossError."""
+        """Tells ``pin_version`` the version opened; another one held is a DataLossError."""
         try:
             held = self.ctx.pin_version(name, self.version)  # type: ignore[misc]
         except BaseException:

@@ -99,8 +99,14 @@ class ListFilesDataset(Dataset):
         return clone
 
     def pin_versions(self, ctx: IteratorContext) -> None:
-        """Tells the readers of ``ctx``'s pipeline the versions this listing found."""
-        ctx.listed_versions.update(self._versions)
+        """Tells the readers of ``ctx``'s pipeline the versions this listing found, where the
+        pipeline holds none already (a split run again holds its first run's versions, which a
+        listing made since does not replace)."""
+        held = ctx.listed_versions
+        if not held:
+            held.update(self._versions)
+            return
+        held.update((n, v) for n, v in self._versions.items() if n not in held)
 
     def pass_seed(self, ctx: IteratorContext) -> int:
         """The shuffle seed of one pass: fixed by ``seed`` and the pass, or fresh without one."""

@@ -54,8 +54,10 @@ from feedline.service.protocol import (
     JobView,
     JoinReply,
     ReleaseClientRequest,
+    SplitVersionsRequest,
     StreamView,
     local_worker_addresses,
+    split_versions_from_reply,
 )
 from feedline.service.shm import ConsumerChannels
 
@@ -355,6 +357,29 @@ class _JobReader:
             )
         return HeartbeatReply.from_header(header)
 
+    def _split_versions(self, partial: dict[int, Any]) -> dict[int, dict[str, str | int]]:
+        """The object versions the ``partial`` splits are held to, as the dispatcher says
+        (they go with the position, so that the job it resumes in reads their rest from the
+        same versions)."""
+        if not partial:
+            return {}
+        request = SplitVersionsRequest(self._client_id, tuple(sorted(partial)))
+        try:
+            header, _ = call_within(
+                self._timeout_s,
+                lambda timeout: self._dispatcher.call(
+                    "SplitVersions", request.to_header(), timeout=timeout
+                ),
+                attempt_s=RPC_TIMEOUT_S,
+            )
+        except FeedlineError as error:
+            raise FailedPreconditionError(
+                f"cannot save the position of the consumer of job {self._job_id}: the "
+                f"dispatcher at {self._params.address} did not say which object versions its "
+                f"splits read ({error})"
+            ) from error
+        return split_versions_from_reply(header)
+
     def _view_in(self, reply: HeartbeatReply) -> JobView:
         """The job's view that ``reply`` gives: its own, or where it says that this consumer's
         is current (``unchanged``), the newest this consumer has."""
@@ -637,7 +662,7 @@ class _JobReader:
             )
         if self._splits is not None:
             done, partial = self._splits.position()
-            return SplitPosition(cursor, done, partial)
+            return SplitPosition(cursor, done, partial, self._split_versions(partial))
         tasks = []
         num_workers = 0
         for task_id, address in self.queue.tasks():

@@ -293,6 +293,7 @@ class Jobs:
                     position.cursor,
                     [[key, count] for key, count in position.done.items()],
                     [[key, ranges] for key, ranges in position.partial.items()],
+                    [[key, held] for key, held in position.versions.items()],
                 )
             )
         for index, address in enumerate(addresses):

@@ -36,6 +36,7 @@ from feedline.service.protocol import (
     GetSplitReply,
     GetSplitRequest,
     PinSplitVersionRequest,
+    SplitVersionsRequest,
     incarnation_of,
 )
 from feedline.service.splits import SplitCursor, SplitPlan
@@ -90,6 +91,21 @@ class SplitHandout:
                 )
                 held = ledger.pinned(request.key, request.url)
         return {"version": request.version if held is None else held}, ()
+
+    def split_versions(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+        """SplitVersions: the object versions that the splits a consumer names are held to,
+        ``{"versions": [[key, {url: version}], ...]}`` (the splits that hold any)."""
+        request = SplitVersionsRequest.from_header(header)
+        core = self._core
+        with core.lock:
+            job = core.consumer(request.client_id)
+            ledger = core.state.ledgers.get(job.job_id)
+            rows = []
+            for key in request.keys if ledger is not None else ():
+                split = ledger.open.get(key) or ledger.finished.get(key)  # type: ignore[union-attr]
+                if split is not None and split.versions:
+                    rows.append([key, dict(split.versions)])
+        return {"versions": rows}, ()
 
     def _hand_out(
         self, request: GetSplitRequest

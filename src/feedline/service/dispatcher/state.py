@@ -331,12 +331,14 @@ class ReportSplits:
 class ResumeSplits:
     """Exactly-once job ``job_id`` resumes a consumer's saved position: splits of ``cursor``'s
     geometry (None: the job's own), ``done`` (``[[key, count], ...]``) are not handed out,
-    ``partial`` ones (``[[key, ranges], ...]``) are handed out first, skipping those offsets."""
+    ``partial`` ones (``[[key, ranges], ...]``) are handed out first, skipping those offsets,
+    and read the objects as ``versions`` (``[[key, {url: version}], ...]``)."""
 
     job_id: int
     cursor: dict[str, Any] | None
     done: list[list[int]]
     partial: list[list[Any]]
+    versions: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -609,11 +611,13 @@ class DispatcherState:
                 ledger.closed(client_id, closed)
                 if flushed:
                     ledger.flushed(client_id, flushed)
-            case ResumeSplits(job_id, cursor, done, partial):
+            case ResumeSplits(job_id, cursor, done, partial, versions):
                 if cursor is not None:
                     self.split_cursors[(job_id, 0)] = {**cursor, "position": 0}
                 self.ledgers[job_id].resume(
-                    {int(k): int(c) for k, c in done}, {int(k): r for k, r in partial}
+                    {int(k): int(c) for k, c in done},
+                    {int(k): r for k, r in partial},
+                    {int(k): held for k, held in versions},
                 )
             case RemoveJob(job_id):
                 self._remove_job(job_id)
