@@ -101,10 +101,11 @@ class SplitHandout:
             job = core.consumer(request.client_id)
             ledger = core.state.ledgers.get(job.job_id)
             rows = []
-            for key in request.keys if ledger is not None else ():
-                split = ledger.open.get(key) or ledger.finished.get(key)  # type: ignore[union-attr]
-                if split is not None and split.versions:
-                    rows.append([key, dict(split.versions)])
+            if ledger is not None:
+                for key in request.keys:
+                    split = ledger.open.get(key) or ledger.finished.get(key)
+                    if split is not None and split.versions:
+                        rows.append([key, dict(split.versions)])
         return {"versions": rows}, ()
 
     def _hand_out(
