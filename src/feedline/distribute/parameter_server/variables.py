@@ -335,10 +335,10 @@ def _densify(param: torch.Tensor) -> None:
 
 
 def _held_only_here(table: torch.Tensor) -> bool:
-    """Whether nothing but the caller's ``kept`` entry holds ``table``: no other Python name
-    (``kept``, the caller's local and getrefcount's argument are three), and no view or alias
-    of its memory (torch's count of the storage's holders: the tensor and the storage object
-    asked for here)."""
+    """Whether nothing but the parameter's kept entry holds ``table``: no other Python
+    reference (the entry, the caller's local, this function's argument and getrefcount's are
+    four), and no view or alias of its memory (torch's count of the storage's holders: the
+    tensor and the storage object asked for here)."""
     use_count = getattr(torch._C, "_storage_Use_Count", None)
     if use_count is None:  # a torch without it: never written again
         return False
