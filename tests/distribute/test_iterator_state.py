@@ -154,3 +154,20 @@ def test_a_shared_job_with_batches_cut_ahead_resumes_only_on_the_same_split() ->
     form = _iterator_state.gather(state, InputLayout("whole", 1), lambda local: [state])
     assert _iterator_state.restorable(form, InputLayout("off", 2, 0)) is not None
     assert _iterator_state.restorable(form, InputLayout("whole", 1, 0)) is None
+
+
+def test_a_shared_jobs_positions_that_differ_in_more_than_their_shares_say_where() -> None:
+    states = [_shared(0, [[2, 3]]), _shared(1, [[6, 7]])]
+    states[1]["steps"]["buffer"][-1] = ("error", "boom")  # worker 1's input had failed
+    form = _iterator_state.gather(states[0], InputLayout("off", 2), lambda local: states)
+    problem = _iterator_state.restorable(form, InputLayout("off", 3, 0))
+    assert problem is not None and (
+        "(the workers read a shared job, but workers 0 and 1 differ at steps/buffer/0/0)" in problem
+    ), problem
+    cut = _shared(0, [])
+    cut["steps"]["input"]["batches"] = [np.arange(4)]
+    form = _iterator_state.gather(cut, InputLayout("off", 2), lambda local: [cut, _shared(1, [])])
+    problem = _iterator_state.restorable(form, InputLayout("off", 3, 0))
+    assert problem is not None and "worker 0 holds global batches cut ahead" in problem, problem
+    plain = _iterator_state.restorable(saved("files", 2), InputLayout("files", 3, 2))
+    assert plain is not None and "shared job" not in plain

@@ -215,6 +215,9 @@ def restorable(saved: Any, layout: InputLayout) -> str | None:
             f"input {_DESCRIPTIONS.get(before.sharding, before.sharding)} resumes only on the "
             f"same {before.shape()}"
         )
+        unshared = _unshared(saved["workers"])
+        if unshared is not None:
+            rule += f" (the workers read a shared job, but {unshared})"
     else:
         rule = (
             "a global position is re-split only over input read whole or sharded by DATA, and "
@@ -243,6 +246,42 @@ def _shares_only(states: list[Any]) -> bool:
         pickle.dumps(cluster_shares.without_shares(_without_read_ahead(state))) for state in states
     ]
     return all(b == blanked[0] for b in blanked)
+
+
+def _unshared(states: list[Any]) -> str | None:
+    """Where the workers' positions hold shares of a job but differ in more than those and
+    the steps they read ahead of it (what keeps ``_shares_only`` from holding), in words."""
+    if not cluster_shares.share_paths(states[0]):
+        return None
+    for index, state in enumerate(states):
+        if _cut_ahead(state):
+            return f"worker {index} holds global batches cut ahead of its steps"
+    blanked = [cluster_shares.without_shares(_without_read_ahead(state)) for state in states]
+    for index, state in enumerate(blanked[1:], start=1):
+        path = _first_difference(blanked[0], state)
+        if path is not None:
+            where = "/".join(str(key) for key in path) or "the top"
+            return f"workers 0 and {index} differ at {where}"
+    return None
+
+
+def _first_difference(a: Any, b: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """The first key path where ``a`` and ``b`` (nested dicts and lists) differ, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b:
+                return (*path, key)
+            found = _first_difference(a[key], b[key], (*path, key))
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            found = _first_difference(x, y, (*path, i))
+            if found is not None:
+                return found
+        return None if len(a) == len(b) else (*path, min(len(a), len(b)))
+    return None if pickle.dumps(a) == pickle.dumps(b) else path
 
 
 def _cut_ahead(state: dict[str, Any]) -> bool:
