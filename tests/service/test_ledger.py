@@ -89,15 +89,7 @@ def test_a_lost_workers_splits_are_replayed_only_after_every_consumer_closed_it(
 
 
 def test_a_split_keeps_the_first_version_pinned_through_a_replay_and_the_journal() -> None:
-    state = st.DispatcherState(incarnation=5)
-    state.apply(st.RegisterWorker("w:1"))
-    job_id = _exactly_once_job(state)
-    task_id = state.new_id()
-    state.apply(st.CreateTask(task_id, job_id, "w:1", 0, 1))
-    client_id = state.new_id()
-    state.apply(st.AcquireClient(client_id, job_id))
-    cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
-    state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
+    state, job_id, task_id, client_id = _split_handed_out()
     pin = st.PinSplitVersion(job_id, 0, "s3://b/a", '"e1"')
     state.apply(st.update_from_json(json.loads(json.dumps(st.update_to_json(pin)))))
     state.apply(st.PinSplitVersion(job_id, 0, "s3://b/a", '"e2"'))  # the first one stays
@@ -151,7 +143,9 @@ def _exactly_once_job(state: st.DispatcherState) -> int:
     return job_id
 
 
-def test_the_ledger_follows_the_state_updates_and_survives_a_snapshot() -> None:
+def _split_handed_out() -> tuple[st.DispatcherState, int, int, int]:
+    """A dispatcher's state with an exactly-once job, its task on worker ``w:1``, a consumer,
+    and split 0 handed out to the task: (state, job, task, consumer)."""
     state = st.DispatcherState(incarnation=5)
     state.apply(st.RegisterWorker("w:1"))
     job_id = _exactly_once_job(state)
@@ -160,8 +154,12 @@ def test_the_ledger_follows_the_state_updates_and_survives_a_snapshot() -> None:
     client_id = state.new_id()
     state.apply(st.AcquireClient(client_id, job_id))
     cursor = {"num_units": 10, "split_size": 2, "position": 0, "seed": None}
-    moved = dict(cursor, position=2)
-    state.apply(st.MoveSplitCursor(job_id, 0, moved, task_id, 0, cursor))
+    state.apply(st.MoveSplitCursor(job_id, 0, dict(cursor, position=2), task_id, 0, cursor))
+    return state, job_id, task_id, client_id
+
+
+def test_the_ledger_follows_the_state_updates_and_survives_a_snapshot() -> None:
+    state, job_id, task_id, client_id = _split_handed_out()
     assert state.ledgers[job_id].holds(task_id) == [0]
     state.apply(st.ReportSplits(job_id, client_id, [[0, [[0, 1]]]], []))
     state.apply(st.RemoveWorker("w:1"))  # the task is lost: split 0 waits for the consumer

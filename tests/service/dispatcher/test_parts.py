@@ -84,6 +84,15 @@ class Parts:
         request = GetOrCreateJobRequest(dataset_id, mode, job_name, 0, None, "AUTO")
         return self.call(self.jobs.get_or_create_job, request)
 
+    def dynamic_job(self) -> tuple[dict[str, Any], int]:
+        """A DYNAMIC job of a dataset of 4 units on worker ``w1``: the join's reply and the id
+        of its one task."""
+        dataset_id = self.register(units=4)
+        self.heartbeat("w1")
+        job = self.join(dataset_id, mode=DYNAMIC)
+        ((task_id, *_),) = job["tasks"]
+        return job, task_id
+
 
 def make_parts(**config: Any) -> Parts:
     clock = FakeClock()
@@ -225,14 +234,11 @@ def test_an_exactly_once_jobs_view_follows_its_split_cursor(tmp_path: Any) -> No
     # A split handed out moves no version, but the view's split cursor: the view kept is not
     # reused past it.
     parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
-    dataset_id = parts.register(units=4)
-    parts.heartbeat("w1")
-    job = parts.join(dataset_id, mode=DYNAMIC)
-    (task,) = job["tasks"]
+    job, task_id = parts.dynamic_job()
     request = ClientHeartbeatRequest(job["client_id"], job["version"], wait_ms=0)
     before = parts.call(parts.long_poll.client_heartbeat, request)
     assert before["exactly_once"] is True
-    split = GetSplitRequest(job["job_id"], 0, task_id=task[0], request=0)
+    split = GetSplitRequest(job["job_id"], 0, task_id=task_id, request=0)
     parts.call(parts.splits.get_split, split)
     after = parts.call(parts.long_poll.client_heartbeat, request)
     assert after["version"] == before["version"]
@@ -242,13 +248,10 @@ def test_an_exactly_once_jobs_view_follows_its_split_cursor(tmp_path: Any) -> No
 
 def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None:
     parts = make_parts()
-    dataset_id = parts.register(units=4)
-    parts.heartbeat("w1")
-    job = parts.join(dataset_id, mode=DYNAMIC)
-    (task,) = job["tasks"]
+    job, task_id = parts.dynamic_job()
 
     def split(request: int) -> Any:
-        asked = GetSplitRequest(job["job_id"], 0, task_id=task[0], request=request)
+        asked = GetSplitRequest(job["job_id"], 0, task_id=task_id, request=request)
         return parts.call(parts.splits.get_split, asked)["split"]
 
     assert split(0) == [0]
@@ -262,13 +265,10 @@ def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None
 
 def test_a_split_is_held_to_the_first_version_pinned_for_each_object(tmp_path: Any) -> None:
     parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
-    dataset_id = parts.register(units=4)
-    parts.heartbeat("w1")
-    job = parts.join(dataset_id, mode=DYNAMIC)
-    (task,) = job["tasks"]
-    parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 0, task[0], 0))
+    job, task = parts.dynamic_job()
+    parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 0, task, 0))
 
-    def pin(url: str, version: Any, key: int = 0, task_id: int = task[0]) -> Any:
+    def pin(url: str, version: Any, key: int = 0, task_id: int = task) -> Any:
         request = PinSplitVersionRequest(job["job_id"], task_id, key, url, version)
         return parts.call(parts.splits.pin_split_version, request)["version"]
 
@@ -277,14 +277,10 @@ def test_a_split_is_held_to_the_first_version_pinned_for_each_object(tmp_path: A
     assert pin("s3://b/b", 7) == 7
     assert pin("s3://b/c", "x", key=3) == "x"  # a split not handed out holds none
     with pytest.raises(errors.InvalidArgumentError, match="is not a task of job"):
-        pin("s3://b/a", '"e1"', task_id=task[0] + 99)
+        pin("s3://b/a", '"e1"', task_id=task + 99)
     plain = make_parts()
-    plain_dataset = plain.register(units=4)
-    plain.heartbeat("w1")
-    plain_job = plain.join(plain_dataset, mode=DYNAMIC)
-    request = PinSplitVersionRequest(
-        plain_job["job_id"], plain_job["tasks"][0][0], 0, "s3://b/a", "e"
-    )
+    plain_job, plain_task = plain.dynamic_job()
+    request = PinSplitVersionRequest(plain_job["job_id"], plain_task, 0, "s3://b/a", "e")
     with pytest.raises(errors.FailedPreconditionError, match="not hand out its splits exactly"):
         plain.call(plain.splits.pin_split_version, request)
 
