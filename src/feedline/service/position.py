@@ -39,6 +39,7 @@ from typing import Any
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.ledger import add_ranges
+from feedline.service.protocol import object_versions
 
 __all__ = [
     "JobPosition",
@@ -263,7 +264,7 @@ class SplitPosition:
                 int(key): [[int(a), int(b)] for a, b in ranges] for key, ranges in state["partial"]
             }
             versions = {
-                int(key): {str(url): _version(v) for url, v in dict(held).items()}
+                int(key): object_versions(held, "a saved position's versions")
                 for key, held in state.get("versions", ())
             }
         except (KeyError, TypeError, ValueError) as error:
@@ -275,13 +276,6 @@ class SplitPosition:
         ):
             raise InvalidArgumentError(f"negative counts in a data service iterator state: {state}")
         return cls(cursor, done, partial, versions)
-
-
-def _version(value: Any) -> str | int:
-    """An object's version as a saved state holds it: text or an int."""
-    if isinstance(value, str) or type(value) is int:
-        return value
-    raise ValueError(f"an object's version is text or an int, got {value!r:.100}")
 
 
 def position_from_state(state: Any, mode: int) -> JobPosition | SplitPosition:

@@ -62,6 +62,7 @@ __all__ = [
     "incarnation_of",
     "local_worker_addresses",
     "new_incarnation",
+    "object_versions",
     "register_local_worker",
     "split_versions_from_reply",
     "unregister_local_worker",
@@ -173,6 +174,23 @@ def _version(value: Any, what: str) -> str | int:
         f"malformed message: {what} must be an object's version (text or an int), "
         f"got {value!r:.100}"
     )
+
+
+def object_versions(value: Any, what: str = "versions") -> dict[str, str | int]:
+    """``value`` as the versions of objects of a store, URL -> version (text or an int64), as
+    messages and saved positions carry them.
+
+    Raises:
+      InvalidArgumentError: ``value`` is not such a mapping.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(
+            f"malformed message: {what} must map object URLs to versions, got {value!r:.100}"
+        )
+    return {
+        _text(str(url), "url", _MAX_URL_CHARS): _version(version, "version")
+        for url, version in value.items()
+    }
 
 
 _MAX_REQUEST_ID_CHARS = 64
@@ -554,21 +572,14 @@ def split_versions_from_reply(header: dict[str, Any]) -> dict[int, dict[str, str
     Raises:
       InvalidArgumentError: a malformed reply.
     """
-    rows = field(header, "versions", list, [])
     versions: dict[int, dict[str, str | int]] = {}
-    for row in rows:
+    for row in field(header, "versions", list, []):
         if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is int):
             raise InvalidArgumentError(
                 f"malformed reply: versions is a list of [split key, {{url: version}}], got "
                 f"{row!r:.100}"
             )
-        held = row[1] if isinstance(row[1], dict) else None
-        if held is None:
-            raise InvalidArgumentError(f"malformed reply: {row!r:.100} holds no versions")
-        versions[row[0]] = {
-            _text(str(url), "url", _MAX_URL_CHARS): _version(v, "version")
-            for url, v in held.items()
-        }
+        versions[row[0]] = object_versions(row[1], f"the versions of split {row[0]}")
     return versions
 
 
@@ -1160,10 +1171,7 @@ class GetSplitReply:
             key=field(header, "key", (int, type(None)), None),
             skip=tuple((start, end) for start, end in skip),
             wait=field(header, "wait", bool, False),
-            versions={
-                _text(str(url), "url", _MAX_URL_CHARS): _version(version, "version")
-                for url, version in field(header, "versions", dict, {}).items()
-            },
+            versions=object_versions(field(header, "versions", dict, {})),
         )
 
     def to_header(self) -> dict[str, Any]:
