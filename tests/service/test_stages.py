@@ -72,3 +72,11 @@ def test_a_closed_iterators_time_stays_counted_and_its_account_goes() -> None:
     next(open_one)
     assert clock.seconds()["map#0"] > seconds["map#0"]  # an open account counts too
     open_one.close()
+
+
+def test_closing_one_account_leaves_another_of_the_same_seconds_open() -> None:
+    clock = StageClock()
+    first, second = clock.account("map#0"), clock.account("map#0")  # both [0.0]
+    clock.close("map#0", second)
+    first[0] += 2.0
+    assert clock.seconds() == {"map#0": 2.0}

@@ -60,9 +60,11 @@ class StageClock:
         stage's total."""
         with self._lock:
             cells = self._open[name]
-            if any(c is cell for c in cells):
-                cells.remove(cell)
-                self._closed[name] += cell[0]
+            for index, open_cell in enumerate(cells):
+                if open_cell is cell:  # by identity: two accounts may hold the same seconds
+                    del cells[index]
+                    self._closed[name] += cell[0]
+                    return
 
     def seconds(self) -> dict[str, float]:
         """Seconds per stage so far (a copy)."""
