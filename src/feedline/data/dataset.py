@@ -68,10 +68,10 @@ class IteratorContext:
         ``DataLossError``, so that a file read again (a split run again after a worker was
         lost) is never another version. Filled by the listings' iterators.
       pin_version: where the pipeline runs one split of a fault-tolerant job (a service
-        worker's ``SplitRunner``), called as ``pin_version(url, version)`` when a reader first
-        opens an object that no listing pinned, before any of its elements leaves: it returns
-        the version the split is held to (the first run's, where the split runs again), and
-        another one is ``DataLossError``.
+        worker's ``SplitRunner``), called as ``pin_version(url, version)`` each time a reader
+        opens an object of a store, before any of its elements leaves: it returns the version
+        the split is held to (the first run's, where the split runs again), and another one is
+        ``DataLossError``.
     """
 
     options: Options

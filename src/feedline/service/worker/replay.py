@@ -24,10 +24,10 @@ cannot be checked: keep them deterministic  the functions given to ``map`` & co.
 
 Apply those refused operations after ``distribute``, on the consumer, instead.
 
-The objects a split reads from a store are held to one version across its runs: a listing in
-the pipeline pins those it found (``list_files``), and a run tells the dispatcher the version
-of each other object it opens before any element of it leaves (``pin``); a run again reads
-those versions, or raises ``DataLossError`` where an object was replaced in between.
+The objects a split reads from a store are held to one version across its runs: a run tells
+the dispatcher the version of each object it opens before any element of it leaves (``pin``),
+and a run again reads those versions (before those of a listing in the pipeline, made since),
+or raises ``DataLossError`` where an object was replaced in between.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class SplitRunner:
     ) -> Iterator[Any]:
         """The elements of split ``key`` (its source units ``units``), in order: reading the
         objects of a store as ``versions`` (by URL, what an earlier run of the split opened),
-        and telling ``pin`` (``IteratorContext.pin_version``) the version of each other object
-        it opens, before any element of it."""
+        and telling ``pin`` (``IteratorContext.pin_version``) the version of each object it
+        opens, before any element of it."""
         self._provider.units = list(units)
         ctx = IteratorContext(self._options, mix_seed(key), dict(versions or {}), pin_version=pin)
         iterator = self._dataset._iterator(ctx)
