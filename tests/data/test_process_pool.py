@@ -130,13 +130,21 @@ def test_nondeterministic_yields_every_element() -> None:
     assert sorted(out) == [i * i + 1 for i in range(50)]
 
 
+def _live_worker_pids() -> set[int]:
+    """The processes of every worker set this process has (in use or cached)."""
+    return {pid for workers in list(_process_pool._LIVE) for pid in workers.pids}
+
+
 def test_runs_in_two_other_processes_reused_across_iterators() -> None:
     dataset = _process_map(_pid, 50)
     first = {int(pid) for _, pid in dataset}
+    live = _live_worker_pids()
     second = {int(pid) for _, pid in dataset}
     assert os.getpid() not in first
     assert 1 <= len(first) <= 2
-    assert first == second, "the second iterator should reuse the cached workers"
+    # Either iterator may give all its chunks to one of the two processes, so the sets of pids
+    # seen may differ; what shows reuse is that the second ran in processes that existed.
+    assert first <= live and second <= live, "the second iterator should reuse the cached workers"
 
 
 def test_big_arrays_round_trip_through_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
