@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -33,6 +34,15 @@ def example(index):
     """One synthetic example: features and a target the model can learn."""
     x = np.random.default_rng(int(index)).standard_normal(FEATURES).astype(np.float32)
     return {"index": index, "x": x, "y": np.float32(x.sum())}
+
+
+def released(tensor, timeout=10.0):
+    """Waits until gloo's worker thread has let go of ``tensor``, which it does just after the
+    collective returns. It needs the interpreter to let go of a tensor made in Python: one that
+    ends first aborts the process ("terminate called without an active exception")."""
+    deadline = time.monotonic() + timeout
+    while tensor._use_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def main():
@@ -75,6 +85,7 @@ def main():
     sys.stdout.flush()
     totals = torch.tensor([examples, index_sum], dtype=torch.float64)
     dist.all_reduce(totals)
+    released(totals)
     if rank == 0:
         print(f"trained on {int(totals[0])} examples, last loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()

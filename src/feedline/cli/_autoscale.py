@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import signal
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from collections.abc import Callable
 
 from feedline._net import rpc as _rpc
 from feedline._net.security import TlsConfig
+from feedline.cli._signals import SignalWatch
 from feedline.errors import InvalidArgumentError, UnavailableError
 from feedline.service.autoscaler import Autoscaler, Policy, ScalingBackend
 from feedline.service.diagnosis import Diagnosis, render
@@ -105,17 +105,15 @@ def autoscale(
     else:
         scaler = KubernetesWorkers(deployment, namespace or default_namespace())
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         print(
             f"feedline autoscale: {backend} workers for {dispatcher}, "
             f"{min_workers} to {max_workers}",
             flush=True,
         )
-        Autoscaler(load, scaler, policy, interval_s=max(0.05, interval)).run(stop)
+        with SignalWatch(lambda _: stop.set()):
+            Autoscaler(load, scaler, policy, interval_s=max(0.05, interval)).run(stop)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         scaler.close()
         close()
     return 0

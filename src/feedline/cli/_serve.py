@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import TextIO
 
+from feedline.cli._signals import SignalWatch
 from feedline.errors import FeedlineError
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 FAILED = 2
 #: Seconds between two looks at a running server.
 _POLL_SECONDS = 0.2
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _no_failure() -> str | None:
@@ -76,17 +75,13 @@ def serve(
     stop = threading.Event()
     started: list[Served | BaseException] = []
 
-    def on_signal(*_: object) -> None:
-        if stop.is_set() and started and isinstance(started[0], Served):
+    def on_signal(count: int) -> None:
+        if count > 1 and started and isinstance(started[0], Served):
             started[0].interrupt()  # a second signal
         stop.set()
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in _SIGNALS}
-    try:
+    with SignalWatch(on_signal):  # called in-process (tests), the caller gets its handlers back
         return _run(make, started, stop, expected, errors, command)
-    finally:  # called in-process (tests), the caller gets its handlers back
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _run(

@@ -181,6 +181,11 @@ class LocalWorkers:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait(5.0)
+                logger.warning(
+                    "autoscale: worker %s did not end its drain in time and was killed: %s",
+                    worker.address or f"pid {worker.process.pid}",
+                    " | ".join(worker.output[-3:]),
+                )
             worker.reader.join(5.0)
             if worker.process.stdout is not None:
                 worker.process.stdout.close()

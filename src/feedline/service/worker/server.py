@@ -286,7 +286,7 @@ class WorkerServer:
         self._dispatcher.close()
 
     def cancel_drain(self) -> None:
-        """Ends a drain in progress (``stop(drain_seconds=...)``) now; safe in a signal handler."""
+        """Ends a drain in progress (``stop(drain_seconds=...)``) now; safe from any thread."""
         self._drain_cancelled.set()
 
     @property
@@ -363,8 +363,15 @@ class WorkerServer:
                 "worker %s: drain ended with %d elements not handed out", self._address, held
             )
         self._left.set()  # no heartbeat after this one registers the worker again
-        with contextlib.suppress(FeedlineError):  # the dispatcher forgets this worker now
+        try:  # the dispatcher forgets this worker now
             self._heartbeat(wait_s=0.0, timeout=2.0, leaving=True)
+        except FeedlineError as error:
+            logger.warning(
+                "worker %s: the dispatcher could not be told it leaves (%s); it keeps the "
+                "worker until worker_timeout_ms passes",
+                self._address,
+                error,
+            )
 
     # -- the dispatcher ---------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
