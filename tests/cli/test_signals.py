@@ -69,3 +69,15 @@ def test_signals_never_deadlock_a_main_thread_waiting_on_the_event_they_set() ->
     assert done.returncode == 0, done.stderr[-3000:]
     received = int(done.stdout.split()[-1])
     assert 1 <= received <= 300, done.stdout
+
+
+def test_a_forked_child_s_signal_is_its_own() -> None:
+    calls: list[int] = []
+    with SignalWatch(calls.append, [SIGNAL]):
+        pid = os.fork()
+        if pid == 0:  # the child: SIGUSR1's default action ends it
+            os.kill(os.getpid(), SIGNAL)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == SIGNAL
+    assert calls == []

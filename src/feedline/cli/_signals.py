@@ -25,6 +25,7 @@ class SignalWatch:
     """Calls ``on_signal(count)`` on its own thread for each of ``signals`` the process gets
     while the ``with`` block runs (``count``: 1 for the first, 2 for the second...). Entered on
     the main thread (only it may set signal handlers); the previous handlers come back on exit.
+    A child forked meanwhile keeps the default action (its signals are not this process's).
     """
 
     def __init__(
@@ -35,10 +36,12 @@ class SignalWatch:
         self._previous: dict[int, object] = {}
         self._read_fd = self._write_fd = -1
         self._thread: threading.Thread | None = None
+        self._pid = 0
         #: The signals received so far.
         self.count = 0
 
     def __enter__(self) -> SignalWatch:
+        self._pid = os.getpid()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a handler never waits on a full pipe
         self._thread = threading.Thread(target=self._watch, name="feedline-signals", daemon=True)
@@ -60,6 +63,10 @@ class SignalWatch:
         os.close(self._read_fd)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a forked child's signal: as if no handler were set
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         with contextlib.suppress(BlockingIOError):  # a full pipe already holds signals to read
             os.write(self._write_fd, bytes([signum]))
 
