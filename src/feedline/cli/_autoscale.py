@@ -106,12 +106,12 @@ def autoscale(
         scaler = KubernetesWorkers(deployment, namespace or default_namespace())
     stop = threading.Event()
     try:
-        print(
-            f"feedline autoscale: {backend} workers for {dispatcher}, "
-            f"{min_workers} to {max_workers}",
-            flush=True,
-        )
-        with SignalWatch(lambda _: stop.set()):
+        with SignalWatch(lambda _: stop.set()):  # before the banner, which says it runs
+            print(
+                f"feedline autoscale: {backend} workers for {dispatcher}, "
+                f"{min_workers} to {max_workers}",
+                flush=True,
+            )
             Autoscaler(load, scaler, policy, interval_s=max(0.05, interval)).run(stop)
     finally:
         scaler.close()
