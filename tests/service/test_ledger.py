@@ -343,6 +343,29 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     assert ledger.done_for(5, [0, 4]) == [(4, 4)]
 
 
+
+
+def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() -> None:
+    """A lost task's split waits to be handed out again for a trainer that lacks it; that
+    trainer leaves (its consumer is replaced by a restored one) and the split is done for the
+    one left. No worker made it since: when the trainer comes back, it is open again."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    ledger.grant(0, task_id=7)
+    ledger.count(0, 4)
+    ledger.receive(0, [[0, 4]], client_id=1)
+    ledger.receive(0, [[0, 3]], client_id=2)
+    ledger.holder_lost(7, consumers=[1, 2])
+    assert ledger.replay == [0]
+    ledger.client_gone(2)  # b goes before a worker takes the replay: a has all of it
+    assert ledger.done == {0: 4} and not ledger.replay
+    ledger.joined(3, "b", restored={})
+    assert ledger.replay == [0] and ledger.done == {}
+    assert ledger.open[0].holder is None and ledger.open[0].lost_holder == 7
+    ledger.regrant(0, task_id=8)
+    ledger.receive(0, [[0, 4]], client_id=3)
+    assert ledger.settled and ledger.done == {0: 4}
 def _cross_trainer_job() -> tuple[st.DispatcherState, int, int]:
     """A dispatcher state with a fault-tolerant cross-trainer job and its task on worker w:1:
     the state, the job's id and the task's."""

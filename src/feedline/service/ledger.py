@@ -60,7 +60,8 @@ joins once it is done reads it from its worker's cache, and if that worker is lo
 trainer received all of it, the split is open again and handed out again like the others. The
 ledger keeps the lost tasks (``lost``), so that a trainer that joins after the worker was lost
 gets those splits too: when it joins, each done split of a lost task that it lacks is open
-again. A trainer restored from a checkpoint joins with the offsets its position says it
+again (so is one that became done while it waited to be handed out again, as the only trainer
+lacking it had left: no worker made it since). A trainer restored from a checkpoint joins with the offsets its position says it
 returned (``restored``), which replace what the ledger had counted for it (it may have
 received more before it was killed): a done split of a lost task that it lacks since is open
 again for it as well.
@@ -312,16 +313,19 @@ class SplitLedger:
         self._reopen_lacking()
 
     def _reopen_lacking(self) -> None:
-        """(``per_trainer``) Opens again each done split of a lost task that a trainer reading
-        the job has not received all of: it is handed out again, whole."""
+        """(``per_trainer``) Opens again each done split that no live task holds (its task is
+        lost, or it became done while it waited to be handed out again) and that a trainer
+        reading the job has not received all of: it is handed out again, whole."""
         reading = self.reading()
         for key, split in list(self.finished.items()):
-            if split.holder in self.lost and not all(
+            if (split.holder is None or split.holder in self.lost) and not all(
                 covers(split.trainers.get(t, []), split.count or 0) for t in reading
             ):
                 del self.finished[key], self.done[key]
                 self.open[key] = split
-                split.holder, split.lost_holder, split.awaiting = None, split.holder, []
+                if split.holder is not None:
+                    split.lost_holder = split.holder
+                split.holder, split.awaiting = None, []
                 split.handed_out = False
                 self._release(key)
 
