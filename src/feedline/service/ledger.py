@@ -61,10 +61,10 @@ trainer received all of it, the split is open again and handed out again like th
 ledger keeps the lost tasks (``lost``), so that a trainer that joins after the worker was lost
 gets those splits too: when it joins, each done split of a lost task that it lacks is open
 again (so is one that became done while it waited to be handed out again, as the only trainer
-lacking it had left: no worker made it since). A trainer restored from a checkpoint joins with the offsets its position says it
-returned (``restored``), which replace what the ledger had counted for it (it may have
-received more before it was killed): a done split of a lost task that it lacks since is open
-again for it as well.
+lacking it had left: no worker made it since). A trainer restored from a checkpoint joins
+with the offsets its position says it returned (``restored``), which replace what the ledger
+had counted for it (it may have received more before it was killed): a done split of a lost
+task that it lacks since is open again for it as well.
 
   >>> ledger = SplitLedger(per_trainer=True)
   >>> ledger.joined(1, "a"); ledger.joined(2, "b")
