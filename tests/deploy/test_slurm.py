@@ -226,12 +226,15 @@ def test_the_sbatch_script_runs_on_a_local_slurm_cluster(slurm: LocalSlurm, tmp_
         "FEEDLINE_RDZV_PORT": str(rdzv),
     }
     output = tmp_path / "job.out"
-    try:
-        done = subprocess.run(
-            ["sbatch", "--wait", "--nodes=4", "--time=10", f"--output={output}", str(SCRIPT)],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
+    # Submitted, then watched with scontrol: `sbatch --wait` looks at the job only after 2, 10
+    # and 42 s, which would hold this test half a minute past the job's end.
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=4", "--time=10", f"--output={output}", str(SCRIPT)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job = _wait_for_job(slurm, submitted.stdout.strip().split(";")[0], timeout=240)
+    if job is None:
         queue = subprocess.run(
             ["squeue", "-a", "-o", "%i %T %r %N"], env=slurm.env, capture_output=True, text=True,
             timeout=30,
@@ -239,9 +242,9 @@ def test_the_sbatch_script_runs_on_a_local_slurm_cluster(slurm: LocalSlurm, tmp_
         raise AssertionError(
             f"the job did not end in time:\n{queue.stdout}{queue.stderr}\n"
             f"{_job_logs(output, work)}\n{slurm.logs()}"
-        ) from None
+        )
     text = output.read_text() if output.exists() else ""
-    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{_job_logs(output, work)}"
+    assert job == ("COMPLETED", "0:0"), f"{job}\n{_job_logs(output, work)}"
     # The two trainer processes share the job's output file, so their lines may interleave.
     ranks = [json.loads(found) for found in re.findall(r'\{"rank": [^{}]*\}', text)]
     assert sorted(r["rank"] for r in ranks) == [0, 1], text
@@ -253,6 +256,30 @@ def test_the_sbatch_script_runs_on_a_local_slurm_cluster(slurm: LocalSlurm, tmp_
     assert (work / "dispatcher").is_dir()  # its journal
     # Once the trainers ended, the workers were stopped with SIGTERM and drained.
     assert (work / "logs" / "dispatcher.log").read_text().count("removed: it left") == 2
+
+
+def _wait_for_job(slurm: LocalSlurm, job_id: str, timeout: float) -> tuple[str, str] | None:
+    """The state and exit code of Slurm job ``job_id`` once it ended, None if it did not
+    within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], env=slurm.env, capture_output=True,
+            text=True, timeout=30,
+        )  # fmt: skip
+        state = re.search(r"\bJobState=(\S+)", shown.stdout)
+        code = re.search(r"\bExitCode=(\S+)", shown.stdout)
+        if state and code and state[1] not in _UNDER_WAY:
+            return state[1], code[1]
+        time.sleep(0.5)
+    return None
+
+
+#: The states of a job that has not ended yet.
+_UNDER_WAY = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+    "SIGNALING", "STAGE_OUT",
+}  # fmt: skip
 
 
 def _job_logs(output: Path, work: Path) -> str:
