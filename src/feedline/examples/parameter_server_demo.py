@@ -327,6 +327,20 @@ def train(cluster: LocalCluster, settings: DemoSettings, say: Callable[[str], No
     coordinator = fdist.coordinator.ClusterCoordinator(
         strategy, function_timeout=60.0, worker_timeout=60.0
     )
+    try:
+        return _run_steps(coordinator, model, optimizer, settings, say)
+    finally:  # no call is left in flight: the servers stop at once
+        coordinator.close()
+
+
+def _run_steps(
+    coordinator: fdist.coordinator.ClusterCoordinator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    settings: DemoSettings,
+    say: Callable[[str], None],
+) -> float:
+    """The training loop of ``train``; the steps per second."""
     iterator = iter(
         coordinator.create_per_worker_dataset(dataset_fn(settings.rows, settings.batch_size))
     )
