@@ -22,7 +22,9 @@ dispatcher-restart      the dispatcher is killed (SIGKILL) and started again on 
                         in a fault-tolerant mode, on its work dir) at once
 both-kill-9             a worker and the dispatcher are killed together; the dispatcher is
                         started again as above
-map-raises              the map function starts raising on the workers
+map-raises              the map function raises on the workers, from the element at the fault
+                        fraction on (whenever a worker reaches it: workers run ahead of the
+                        consumers; the fault's time is that of the first raise)
 consumer-kill           one of the two consumers is killed (SIGKILL)
 ======================  ====================================================================
 
@@ -151,6 +153,7 @@ from feedline.service import distribute
 from tests.launcher import report
 
 target, trigger = os.environ["FEEDLINE_TARGET"], os.environ["TRIGGER"]
+raise_from = int(os.environ["RAISE_FROM"])
 elements, delay = int(os.environ["ELEMENTS"]), float(os.environ["DELAY"])
 options = Options()
 options.experimental_distribute.service_timeout_ms = int(os.environ["TIMEOUT_MS"])
@@ -158,17 +161,27 @@ options.experimental_distribute.service_timeout_ms = int(os.environ["TIMEOUT_MS"
 
 def tagged(tag, check):
     def fn(x):
-        if check and os.path.exists(trigger):
+        if check and x >= raise_from:
+            try:  # the first raise says when the fault came
+                with open(trigger, "x") as mark:
+                    mark.write(repr(time.time()))
+            except FileExistsError:
+                pass
             raise RuntimeError("the map function raises (injected)")
         time.sleep(delay)
         return x + tag
     return fn
 
 
-def joined_together():
-    # Waits (at most 60 s) until every consumer has its first element: each reads on from the
-    # same moment, so that no consumer reads the whole epoch before another arrives.
+def joined():
     open(os.environ["OUT"] + ".joined", "w").close()
+
+
+def joined_together():
+    # Waits (at most 60 s) until every consumer has its first element (or its error): each
+    # reads on from the same moment, so that no consumer reads the whole epoch before another
+    # arrives.
+    joined()
     deadline = time.time() + 60
     while time.time() < deadline and not all(
         os.path.exists(path + ".joined") for path in os.environ["ALL_OUTS"].split(",")
@@ -186,6 +199,8 @@ def read(dataset, out, barrier=False):
                 barrier = False
     except Exception as error:
         outcome, message, error_at = type(error).__name__, str(error)[:300], time.time()
+        if barrier:  # no element came: the others need not wait for this one
+            joined()
     return outcome, message, error_at
 
 
@@ -282,7 +297,8 @@ def run_scenario(
         dispatcher_args += ("--worker-timeout-ms", timeout, "--client-timeout-ms", timeout)
     if mode.fault_tolerant:
         dispatcher_args += ("--work-dir", str(workdir / "dispatcher"), "--fault-tolerant")
-    trigger = workdir / "raise-now"
+    trigger = workdir / "raised-at"
+    raise_from = round(elements * fault_fraction) if scenario == "map-raises" else elements
     outs = {name: workdir / f"{name}.txt" for name in ("first", "second")}
     env = {
         "ELEMENTS": str(elements),
@@ -291,6 +307,7 @@ def run_scenario(
         "FOLLOW_UP": str(FOLLOW_UP_ELEMENTS),
         "FOLLOW_UP_TAG": str(FOLLOW_UP_TAG),
         "TRIGGER": str(trigger),
+        "RAISE_FROM": str(raise_from),
         "TIMEOUT_MS": str(timeout_ms),
         "OUTSTANDING": str(OUTSTANDING),
         "ALL_OUTS": ",".join(str(path) for path in outs.values()),
@@ -304,7 +321,11 @@ def run_scenario(
             timeout=hang_seconds + 180,
         )
         started = time.monotonic()
-        _wait_for_progress(outs, max(1, round(elements * fault_fraction)), consumers, timeout=120)
+        # The map raises from element raise_from on, wherever a worker reaches it: a consumer
+        # may see the error before it read anything.
+        if scenario != "map-raises":
+            count = max(1, round(elements * fault_fraction))
+            _wait_for_progress(outs, count, consumers, timeout=120)
         fault_at = time.time()
         if scenario == "worker-kill-9":
             cluster.send(workers[0], signal.SIGKILL)
@@ -317,7 +338,7 @@ def run_scenario(
             cluster.wait_exit(dispatcher, timeout=30)
             cluster.start_dispatcher(*dispatcher_args)
         elif scenario == "map-raises":
-            trigger.touch()
+            pass  # the map raises by itself (trigger: when it first did)
         elif scenario == "consumer-kill":
             consumers.send("second", signal.SIGKILL)
         elif scenario != "baseline":
@@ -325,6 +346,8 @@ def run_scenario(
         hung = _wait_or_hang(consumers, hang_seconds)
         epoch_seconds = time.monotonic() - started
         results = consumers.wait()
+        if trigger.exists():
+            fault_at = float(trigger.read_text() or fault_at)
     row = _measure(scenario, mode, elements, outs, results, hung, fault_at, epoch_seconds)
     row.fault_fraction = fault_fraction
     return row
