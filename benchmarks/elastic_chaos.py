@@ -23,7 +23,9 @@ All trainers stop together once every one's input ended (a ``SUM`` of flags each
 
 The driver makes, at seeded random moments of the round's progress, the membership changes
 trainers 2 -> 3 -> 1 -> 2 (start, kill, kill, start) and service workers 2 -> 3 -> 1 (start,
-kill, kill). At the end it counts, over the union of the ``C`` lines:
+kill, kill); a trainer change waits for the group to re-form after the last one (a joiner in
+the group, the others in a group without the victim), so that each is a change of its own.
+At the end it counts, over the union of the ``C`` lines:
 
 * **lost**: elements of ``range(N)`` in no ``C`` line, less those in the ``P`` line a killed
   trainer left last (the kill came between ``commit`` and its ``C`` line: committed, unlogged);
@@ -261,6 +263,17 @@ def _committed(logs: list[Path]) -> int:
     return sum(len(ids) for path in logs for kind, ids in _read_log(path) if kind == "C")
 
 
+def _generation(logs: list[Path]) -> int:
+    """The newest generation of the group that a trainer logged joining (its ``G`` lines)."""
+    newest = -1
+    for path in logs:
+        for line in _text(path).split("\n"):
+            if line.startswith("G "):
+                with contextlib.suppress(json.JSONDecodeError, IndexError):  # a cut line
+                    newest = max(newest, int(json.loads(line[2:])[0]))
+    return newest
+
+
 def _wait(what: str, ready: Any, limit: float) -> None:
     end = time.monotonic() + limit
     while not ready():
@@ -378,8 +391,20 @@ def run_round(
                             break
                     elif alive_trainers():
                         victim = rng.choice(alive_trainers())
+                        generation = _generation(logs)
                         trainers[victim].send(victim, signal.SIGKILL)
                         trainers[victim].wait_exit(victim, timeout=30)
+                        try:  # the next change once the others re-formed (or ended)
+                            _wait(
+                                "the group without the victim",
+                                lambda generation=generation: (
+                                    _generation(logs) > generation or not alive_trainers()
+                                ),
+                                deadline - time.monotonic(),
+                            )
+                        except TimeoutError:
+                            row.hung = True
+                            break
                     row.trainer_changes += 1
                 else:
                     if action == "start":
