@@ -343,8 +343,6 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     assert ledger.done_for(5, [0, 4]) == [(4, 4)]
 
 
-
-
 def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() -> None:
     """A lost task's split waits to be handed out again for a trainer that lacks it; that
     trainer leaves (its consumer is replaced by a restored one) and the split is done for the
@@ -366,6 +364,8 @@ def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() 
     ledger.regrant(0, task_id=8)
     ledger.receive(0, [[0, 4]], client_id=3)
     assert ledger.settled and ledger.done == {0: 4}
+
+
 def _cross_trainer_job() -> tuple[st.DispatcherState, int, int]:
     """A dispatcher state with a fault-tolerant cross-trainer job and its task on worker w:1:
     the state, the job's id and the task's."""
