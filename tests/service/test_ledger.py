@@ -230,17 +230,25 @@ def test_a_cross_trainer_split_is_done_once_every_trainer_reading_the_job_has_it
     assert copy == ledger
 
 
-def test_a_lost_workers_cross_trainer_splits_are_replayed_at_once_and_whole() -> None:
-    """A trainer drops what it has of a replayed split itself: nothing is skipped for it and
-    no trainer is waited for."""
+def _split_of_a_lost_task(b_has: int) -> SplitLedger:
+    """A cross-trainer ledger: trainers a (consumer 1) and b (consumer 2), split 0 of 4
+    elements made by task 7, which is lost once a received all of it and b its first
+    ``b_has``."""
     ledger = SplitLedger(per_trainer=True)
     ledger.joined(1, "a")
     ledger.joined(2, "b")
     ledger.grant(0, task_id=7)
     ledger.count(0, 4)
     ledger.receive(0, [[0, 4]], client_id=1)
-    ledger.receive(0, [[0, 2]], client_id=2)
+    ledger.receive(0, [[0, b_has]], client_id=2)
     ledger.holder_lost(7, consumers=[1, 2])
+    return ledger
+
+
+def test_a_lost_workers_cross_trainer_splits_are_replayed_at_once_and_whole() -> None:
+    """A trainer drops what it has of a replayed split itself: nothing is skipped for it and
+    no trainer is waited for."""
+    ledger = _split_of_a_lost_task(b_has=2)
     assert ledger.replay == [0] and ledger.open[0].awaiting == []
     ledger.regrant(0, task_id=8)
     assert ledger.open[0].delivered == []  # the replay skips nothing
@@ -347,14 +355,7 @@ def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() 
     """A lost task's split waits to be handed out again for a trainer that lacks it; that
     trainer leaves (its consumer is replaced by a restored one) and the split is done for the
     one left. No worker made it since: when the trainer comes back, it is open again."""
-    ledger = SplitLedger(per_trainer=True)
-    ledger.joined(1, "a")
-    ledger.joined(2, "b")
-    ledger.grant(0, task_id=7)
-    ledger.count(0, 4)
-    ledger.receive(0, [[0, 4]], client_id=1)
-    ledger.receive(0, [[0, 3]], client_id=2)
-    ledger.holder_lost(7, consumers=[1, 2])
+    ledger = _split_of_a_lost_task(b_has=3)
     assert ledger.replay == [0]
     ledger.client_gone(2)  # b goes before a worker takes the replay: a has all of it
     assert ledger.done == {0: 4} and not ledger.replay
