@@ -15,11 +15,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from feedline._net import local_secret
 from feedline.data import Dataset
 from feedline.errors import PermissionDeniedError
 from feedline.service import ShardingPolicy, distribute
@@ -225,6 +227,42 @@ def test_worker_timeout_ms_drops_a_killed_worker_sooner(spawn: Callable[..., Ser
     )
     missed = float(line.split("missed heartbeats for ", 1)[1].split(" s", 1)[0])
     assert 0.3 <= missed < 5.0, line  # the default would wait past 10 s
+
+
+def test_heartbeat_interval_ms_sets_how_often_a_worker_heartbeats(
+    spawn: Callable[..., Server],
+) -> None:
+    """``feedline worker --heartbeat-interval-ms 50``: with no job to wait for, each heartbeat
+    waits at the dispatcher that long, so 20 come within 5 s (at the default, 1 s, 5 s see 7 at
+    most); the dispatcher's metrics count them."""
+    status_port = free_port()
+    dispatcher = spawn("dispatcher", "--port", "0", "--status-port", str(status_port))
+    worker = spawn(
+        "worker", "--dispatcher", dispatcher.address(), "--port", "0",
+        "--heartbeat-interval-ms", "50",
+    )  # fmt: skip
+    address = worker.address()
+    dispatcher.wait_for(lambda line: f"worker {address} registered" in line, "registered", 20)
+    started = time.monotonic()
+    count = 0.0
+    while count < 20 and time.monotonic() - started < 5.0:
+        time.sleep(0.2)
+        count = _worker_heartbeats(status_port)
+    assert count >= 20, f"{count:.0f} heartbeats in {time.monotonic() - started:.1f} s"
+
+
+def _worker_heartbeats(status_port: int) -> float:
+    """The WorkerHeartbeat calls the dispatcher's metrics count."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{status_port}/metrics",
+        headers={"Authorization": f"Bearer {local_secret.read()}"},  # a loopback server's
+    )
+    with urllib.request.urlopen(request, timeout=EXIT_TIMEOUT_S) as reply:
+        metrics = reply.read().decode()
+    prefix = 'feedline_dispatcher_request_duration_seconds_count{method="WorkerHeartbeat"} '
+    return sum(
+        float(line[len(prefix) :]) for line in metrics.splitlines() if line.startswith(prefix)
+    )
 
 
 def test_client_timeout_ms_releases_a_killed_consumer_sooner(

@@ -123,18 +123,23 @@ def unpicklable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[An
     sys.modules.pop("only_here", None)
 
 
+# The failed-task test's workers heartbeat every 0.2 s: it watches them for two heartbeats.
+HEARTBEAT_S = 0.2
+_HEARTBEAT = ("--heartbeat-interval-ms", str(round(HEARTBEAT_S * 1000)))
+
+
 def _static_cluster(cluster: ServiceProcesses) -> None:
     ports = [free_port(), free_port()]
     addresses = ",".join(f"127.0.0.1:{port}" for port in ports)
     cluster.start_dispatcher("--worker-addresses", addresses)
     for port in ports:
-        cluster.start_worker("--worker-address", f"127.0.0.1:{port}", port=port)
+        cluster.start_worker("--worker-address", f"127.0.0.1:{port}", *_HEARTBEAT, port=port)
 
 
 def _dynamic_cluster(cluster: ServiceProcesses) -> None:
     cluster.start_dispatcher()
     for _ in range(2):
-        cluster.start_worker()
+        cluster.start_worker(*_HEARTBEAT)
 
 
 FAILURES = {
@@ -195,7 +200,7 @@ def test_a_failed_task_reaches_every_consumer_and_ends_only_its_job(
     # The job ended; the workers serve other jobs, and retry nothing.
     policy_ok = ShardingPolicy.DATA if pool == "static" else ShardingPolicy.DYNAMIC
     assert ints(Dataset.range(20).apply(distribute(policy_ok, cluster.target))) == list(range(20))
-    time.sleep(2.5)  # two heartbeats: a retried task would fail again
+    time.sleep(2.5 * HEARTBEAT_S)  # two heartbeats: a retried task would fail again
     logs = [cluster.output(name) for name in cluster.addresses]
     failures = sum(log.count(" failed: ") for log in logs)
     assert 1 <= failures <= 4, logs  # one task per worker and job at most, each once

@@ -296,6 +296,13 @@ def _add_worker(commands: Commands) -> None:
         "--worker-address", default=None, help="address consumers reach this worker at"
     )
     parser.add_argument(
+        "--heartbeat-interval-ms",
+        type=positive_int,
+        default=None,
+        help="the longest time between this worker's heartbeats (default 1000); the dispatcher's "
+        "--worker-timeout-ms must be several of them",
+    )
+    parser.add_argument(
         "--drain-seconds",
         type=float,
         default=10.0,

@@ -89,6 +89,7 @@ def worker(
     port: int,
     bind: str,
     worker_address: str | None,
+    heartbeat_interval_ms: int | None,
     drain_seconds: float,
     dispatcher_timeout: float,
     wait_forever: bool,
@@ -109,6 +110,7 @@ def worker(
       port: port to listen on (0: any free).
       bind: interface to listen on.
       worker_address: address consumers reach this worker at, or None.
+      heartbeat_interval_ms: ``WorkerConfig.heartbeat_interval_ms`` (None: its default).
       drain_seconds: on SIGTERM, how long it may hand out what it holds.
       dispatcher_timeout: seconds to keep trying an unreachable dispatcher.
       wait_forever: keep trying an unreachable dispatcher for as long as it takes.
@@ -128,6 +130,7 @@ def worker(
                 port=port,
                 bind=bind,
                 worker_address=worker_address,
+                heartbeat_interval_ms=heartbeat_interval_ms,
                 dispatcher_timeout_ms=max(1, round(dispatcher_timeout * 1000)),
                 wait_forever=wait_forever,
                 status_port=status_port,
