@@ -351,10 +351,13 @@ class Processes:
 
     def kill_all(self) -> None:
         for name, proc in self._procs.items():
+            # Its descendants are listed while it lives: once it is reaped, its pid may name
+            # another process, whose children are not this test's to kill.
+            family = _descendants(proc.pid) if proc.poll() is None else []
             self.send(name, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            for pid in _descendants(proc.pid):  # orphans of a killed launcher, if any
+            for pid in family:  # orphans of a killed launcher, if any
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
 

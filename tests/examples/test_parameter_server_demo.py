@@ -83,6 +83,12 @@ def test_ctrl_c_stops_the_cluster() -> None:
     try:
         assert process.stdout is not None and process.stderr is not None
         banner = process.stdout.readline()
+        if not banner.startswith("cluster: "):  # it ended first: say how
+            process.wait(30)
+            raise AssertionError(
+                f"the demo printed {banner!r} first, exit code {process.returncode}; its "
+                f"stderr:\n{process.stderr.read()}"
+            )
         deadline = time.monotonic() + 60
         for line in process.stdout:  # training has begun once a step is reported
             if line.startswith("step ") or time.monotonic() > deadline:
