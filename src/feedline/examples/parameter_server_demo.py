@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -66,19 +65,30 @@ STOP_TIMEOUT_S = 10.0
 BAG = 4  # ids per example
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """On Linux, a ``preexec_fn`` after which the child gets SIGTERM when this process dies
-    (even by SIGKILL); None elsewhere. ``prctl`` is looked up here, in the parent, so that the
-    child runs no import between fork and exec."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
+# What each child runs first, on Linux: asks for SIGTERM when its parent (argv[1]) dies
+# (``PR_SET_PDEATHSIG``, kept across exec), leaves if the parent died already, then execs the
+# rest of its argv. Not a ``preexec_fn``: Python code run between fork and exec in a process
+# whose gRPC is busy (a chief that has trained already) can abort there (gRPC's fork handlers),
+# and the child never starts.
+_EXIT_WITH_PARENT = """\
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(1)
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+def _child_command(*args: str) -> list[str]:
+    """``python ARGS``, on Linux through ``_EXIT_WITH_PARENT``: the child gets SIGTERM when
+    this process dies, even by SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return [sys.executable, *args]
+    return [sys.executable, "-c", _EXIT_WITH_PARENT, str(os.getpid()), *args]
 
 
 class _Child:
@@ -90,14 +100,13 @@ class _Child:
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
         env.setdefault("OMP_NUM_THREADS", "1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "feedline.cli", "server"],
+            _child_command("-m", "feedline.cli", "server"),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # Ctrl-C reaches the chief only; it stops the children
-            preexec_fn=_parent_death_signal(),
         )
         self.lines: collections.deque[str] = collections.deque(maxlen=40)
         self.serving = threading.Event()
