@@ -56,6 +56,7 @@ def test_many_stalled_jobs_stay_within_the_workers_buffer_memory() -> None:
         for iterator in iterators:
             iterator.close()
         assert cluster.alive(worker)
-    # The bound, an element in flight per task, and what 8 tasks cost besides their buffers
-    # (without one bound: 8 x 64 MiB).
-    assert grown < bound_mib + jobs + 80, f"the worker grew by {grown:.0f} MiB"
+    # The bound, an element in flight per task, and what 8 tasks cost besides their buffers:
+    # their threads and what the allocator keeps of freed 1 MiB elements, 33-85 MiB measured
+    # (a growth of 89-141 MiB, the most in a full run); without one bound: 8 x 64 MiB.
+    assert grown < bound_mib + jobs + 120, f"the worker grew by {grown:.0f} MiB"
