@@ -15,17 +15,16 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from feedline._net import local_secret
 from feedline.data import Dataset
 from feedline.errors import PermissionDeniedError
 from feedline.service import ShardingPolicy, distribute
 from tests.launcher import free_port
+from tests.service.http_helpers import scrape
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -253,16 +252,12 @@ def test_heartbeat_interval_ms_sets_how_often_a_worker_heartbeats(
 
 def _worker_heartbeats(status_port: int) -> float:
     """The WorkerHeartbeat calls the dispatcher's metrics count."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{status_port}/metrics",
-        headers={"Authorization": f"Bearer {local_secret.read()}"},  # a loopback server's
+    samples = scrape(f"http://127.0.0.1:{status_port}/")
+    key = (
+        "feedline_dispatcher_request_duration_seconds_count",
+        frozenset({("method", "WorkerHeartbeat")}),
     )
-    with urllib.request.urlopen(request, timeout=EXIT_TIMEOUT_S) as reply:
-        metrics = reply.read().decode()
-    prefix = 'feedline_dispatcher_request_duration_seconds_count{method="WorkerHeartbeat"} '
-    return sum(
-        float(line[len(prefix) :]) for line in metrics.splitlines() if line.startswith(prefix)
-    )
+    return samples.get(key, 0.0)
 
 
 def test_client_timeout_ms_releases_a_killed_consumer_sooner(
