@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -102,3 +103,64 @@ def test_empty_batches_change_nothing() -> None:
     m.update_state(torch.zeros(0, dtype=torch.int64), torch.zeros(0, 2))
     m.update_state(np.zeros((0, 1)), np.zeros((0, 2)), sample_weight=np.zeros(0))
     assert m.get_state().tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("metric_type", "make_pred"),
+    [
+        (SparseCategoricalAccuracy, lambda g, n: torch.randn(n, 5, generator=g)),
+        (Accuracy, lambda g, n: torch.randint(0, 5, (n,), generator=g)),
+    ],
+)
+def test_counted_updates_give_the_state_of_the_general_path(
+    metric_type: type, make_pred: Callable[[torch.Generator, int], torch.Tensor]
+) -> None:
+    # Plain tensors take the counting path (their counts join the state when it is read, or
+    # every _FOLD_EVERY updates); lists, weights and [batch, 1] labels the general one. Every
+    # read sees exactly the state the general path gives the same batches.
+    g = torch.Generator().manual_seed(0)
+    counted, general = metric_type(), metric_type()
+    for step in range(160):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        y_true = torch.randint(0, 5, (n,), generator=g)
+        y_pred = make_pred(g, n)
+        if step % 37 == 5:
+            weights = torch.rand(n, generator=g)
+            counted.update_state(y_true, y_pred, sample_weight=weights)
+            general.update_state(y_true.tolist(), y_pred.tolist(), sample_weight=weights.tolist())
+        elif step % 41 == 7:  # labels [batch, 1]: the general path, then counting again
+            counted.update_state(y_true[:, None], y_pred)
+            general.update_state(y_true[:, None].tolist(), y_pred.tolist())
+        else:
+            counted.update_state(y_true, y_pred)
+            general.update_state(y_true.tolist(), y_pred.tolist())
+        if step % 50 == 49:
+            assert torch.equal(counted.get_state(), general.get_state())
+    assert counted._counts  # counts wait for the next read...
+    assert torch.equal(counted.result(), general.result())
+    assert not counted._counts  # ...which takes them in
+    assert torch.equal(counted.get_state(), general.get_state())
+
+
+def test_counted_updates_survive_pickling_and_reset() -> None:
+    import pickle
+
+    m = SparseCategoricalAccuracy()
+    m.update_state(torch.tensor([0, 1, 2]), torch.eye(3))
+    copy = pickle.loads(pickle.dumps(m))
+    assert copy.get_state().tolist() == [3.0, 3.0]
+    m.update_state(torch.tensor([1]), torch.tensor([[1.0, 0.0]]))
+    assert m.get_state().tolist() == [3.0, 4.0]
+    m.update_state(torch.tensor([1]), torch.tensor([[0.0, 1.0]]))
+    m.reset_state()  # counts not yet read are dropped with the rest
+    assert m.get_state().tolist() == [0.0, 0.0]
+    m.update_state(torch.tensor([1]), torch.tensor([[0.0, 1.0]]))
+    m.set_state([5.0, 10.0])
+    assert m.get_state().tolist() == [5.0, 10.0]
+
+
+def test_counted_updates_keep_the_errors_of_the_general_path() -> None:
+    with pytest.raises(InvalidArgumentError, match="does not match y_pred"):
+        SparseCategoricalAccuracy().update_state(torch.tensor([0, 1, 2]), torch.eye(2))
+    with pytest.raises(InvalidArgumentError, match="must have the same shape"):
+        Accuracy().update_state(torch.tensor([0, 1, 2]), torch.tensor([0, 1]))

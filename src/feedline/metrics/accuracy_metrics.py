@@ -47,7 +47,43 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> torch.Tensor:
     return torch.eq(labels, y_pred.argmax(dim=-1)).to(torch.float32)
 
 
-class Accuracy(MeanMetricWrapper):
+def _plain_tensors(y_true: Any, y_pred: Any, sample_weight: Any) -> bool:
+    """Whether an update may count its matches directly (``_CountingMetric``): unweighted,
+    non-empty torch tensors on one device (not MPS, which the general path moves off)."""
+    return (
+        sample_weight is None
+        and type(y_true) is torch.Tensor
+        and type(y_pred) is torch.Tensor
+        and y_true.device == y_pred.device
+        and y_pred.device.type != "mps"
+        and y_true.numel() > 0
+        and y_pred.numel() > 0
+    )
+
+
+class _CountingMetric(MeanMetricWrapper):
+    """An accuracy: the mean of per-example values that are 1 (a match) or 0. An unweighted
+    update of plain tensors counts its matches with the few torch operations that need
+    (``_matches``) and adds the count as it is (``Metric._add_count``); any other update takes
+    the general path of ``MeanMetricWrapper``. Both give the same state."""
+
+    def _matches(self, y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor | None:
+        """The per-example matches (bool), or None where the shapes need the general path."""
+        raise NotImplementedError
+
+    def update_state(  # type: ignore[override]
+        self, y_true: Any, y_pred: Any, sample_weight: Any = None
+    ) -> None:
+        """Adds the batch's per-example values, weighted by ``sample_weight`` (default 1)."""
+        if _plain_tensors(y_true, y_pred, sample_weight):
+            matches = self._matches(y_true, y_pred)
+            if matches is not None:
+                self._add_count(matches.sum(), matches.numel())
+                return
+        super().update_state(y_true, y_pred, sample_weight)
+
+
+class Accuracy(_CountingMetric):
     """How often predictions equal labels: the weighted mean of ``accuracy(y_true, y_pred)``.
 
     Example (Keras' documented values):
@@ -64,8 +100,11 @@ class Accuracy(MeanMetricWrapper):
     def __init__(self, name: str = "accuracy") -> None:
         super().__init__(accuracy, name)
 
+    def _matches(self, y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor | None:
+        return torch.eq(y_true, y_pred) if y_true.shape == y_pred.shape else None
 
-class SparseCategoricalAccuracy(MeanMetricWrapper):
+
+class SparseCategoricalAccuracy(_CountingMetric):
     """How often the top-scoring class is the integer label (the seeds' training accuracy).
 
     Example (Keras' documented values):
@@ -81,3 +120,8 @@ class SparseCategoricalAccuracy(MeanMetricWrapper):
 
     def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
         super().__init__(sparse_categorical_accuracy, name)
+
+    def _matches(self, y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor | None:
+        if y_pred.dim() == 0 or y_true.shape != y_pred.shape[:-1]:
+            return None
+        return torch.eq(y_true, y_pred.argmax(dim=-1))

@@ -6,6 +6,11 @@ one process, ``torch.distributed.all_reduce`` of ``get_state()`` across processe
 
 The state lives on the device of the first update after construction or ``reset_state()``, so
 that updates with CUDA tensors never wait for the GPU; ``result()`` does.
+
+Counting metrics (the accuracies) add each batch's count of matches as it is, a tensor, and
+its number of examples as a Python int (``_add_count``); those join the state at its next read
+(or every ``_FOLD_EVERY`` batches), so an update costs the few torch operations that count and
+nothing more. The state read is the same, exactly: counts are integers, summed exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import torch
 from feedline.distribute import context
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
 from feedline.nn.losses import broadcasts_to, match_weight_rank, to_tensor
+
+# Counts (``_add_count``) held before they join the state: a bound on what a metric that is
+# updated and never read keeps.
+_FOLD_EVERY = 64
 
 
 class Metric:
@@ -37,6 +46,8 @@ class Metric:
         self._lock = threading.RLock()
         self._state = torch.zeros(2, dtype=torch.float64)
         self._placed = False  # whether an update has chosen the state's device
+        self._counts: list[torch.Tensor] = []  # counts of matches not in the state yet
+        self._counted = 0  # the examples they were counted over
         # A metric made under a multi-worker strategy's scope reads the sum over workers.
         self._strategy = context.get_strategy() if context.has_strategy() else None
 
@@ -53,6 +64,7 @@ class Metric:
         updates, and ``result()`` is a collective: every worker calls it at the same point.
         """
         with self._lock:
+            self._fold()
             state = self._state
         if self._strategy is not None:
             state = self._strategy._sum_across_workers(state)
@@ -64,6 +76,7 @@ class Metric:
         with self._lock:
             self._state = torch.zeros(2, dtype=torch.float64)
             self._placed = False
+            self._counts, self._counted = [], 0
 
     def reset_states(self) -> None:
         """Alias of ``reset_state`` (the older Keras name, used by the seeds)."""
@@ -78,6 +91,7 @@ class Metric:
     def get_state(self) -> torch.Tensor:
         """A copy of the state ``[total, count]`` (float64), for all-reducing or saving."""
         with self._lock:
+            self._fold()
             return self._state.clone()
 
     def set_state(self, state: Any) -> None:
@@ -90,6 +104,7 @@ class Metric:
         with self._lock:
             self._state = tensor.clone()
             self._placed = True
+            self._counts, self._counted = [], 0
 
     def checkpoint_state(self) -> torch.Tensor:
         """What a ``Checkpoint`` saves: the state over every worker for a metric made under a
@@ -125,13 +140,39 @@ class Metric:
     def _accumulate(self, delta: torch.Tensor) -> None:
         """Adds ``delta = [total, count]`` (float64) to the state."""
         with self._lock:
-            if delta.device != self._state.device:
-                if self._placed:
-                    delta = delta.to(self._state.device)
-                else:
-                    self._state = self._state.to(delta.device)
-            self._state = self._state + delta
-            self._placed = True
+            self._fold()
+            self._add(delta)
+
+    def _add_count(self, matches: torch.Tensor, examples: int) -> None:
+        """Adds a batch of ``examples`` each weighted 1, of which ``matches`` (a 0-d integer
+        tensor) count 1 and the others 0: kept as it is until the state is next read."""
+        with self._lock:
+            if self._counts and self._counts[0].device != matches.device:
+                self._fold()
+            self._counts.append(matches)
+            self._counted += examples
+            if len(self._counts) >= _FOLD_EVERY:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Under the lock: the counts of ``_add_count`` join the state."""
+        if not self._counts:
+            return
+        counts, examples = self._counts, self._counted
+        self._counts, self._counted = [], 0
+        total = counts[0] if len(counts) == 1 else torch.stack(counts).sum()
+        count = torch.tensor(float(examples), dtype=torch.float64, device=total.device)
+        self._add(torch.stack((total.to(torch.float64), count)))
+
+    def _add(self, delta: torch.Tensor) -> None:
+        """Under the lock: adds ``delta`` to the state, which the first update places."""
+        if delta.device != self._state.device:
+            if self._placed:
+                delta = delta.to(self._state.device)
+            else:
+                self._state = self._state.to(delta.device)
+        self._state = self._state + delta
+        self._placed = True
 
     @staticmethod
     def _feedline_reference(metric: Metric) -> None:
@@ -149,6 +190,7 @@ class Metric:
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
+            self._fold()
             state = dict(self.__dict__)
         del state["_lock"]
         state["_strategy"] = None  # a strategy belongs to its process
@@ -156,6 +198,8 @@ class Metric:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_counts", [])
+        self.__dict__.setdefault("_counted", 0)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
