@@ -25,6 +25,42 @@ def test_select_and_regroup() -> None:
     assert regroup([5]) == 5
 
 
+def test_select_replica_of_sequences_is_optree_s_map() -> None:
+    # Tuples and lists of per-replica values and leaves take a path without optree; every
+    # structure gives what optree's map gives, its types kept.
+    import collections
+
+    import optree
+
+    def by_optree(value: object, replica: int) -> object:
+        return optree.tree_map(
+            lambda v: v.values[replica] if isinstance(v, PerReplica) else v,
+            value,
+            is_leaf=lambda v: isinstance(v, PerReplica),
+            none_is_leaf=True,
+        )
+
+    pair = collections.namedtuple("pair", "a b")
+    t = torch.tensor([1.0])
+    values = [
+        (PerReplica([t, t + 1]), PerReplica([0, 1])),
+        ((PerReplica([t, t + 1]), [PerReplica(["a", "b"]), None, []]), 3.5, "s"),
+        [PerReplica([1, 2]), (t,), ()],
+        (pair(PerReplica([1, 2]), 3), {"k": PerReplica([4, 5])}),  # optree's part
+        [[PerReplica([None, (1, 2)])]],
+        (),
+    ]
+    for value in values:
+        for replica in (0, 1):
+            got, expected = select_replica(value, replica), by_optree(value, replica)
+            assert got == expected and type(got) is type(expected)
+            assert optree.tree_structure(got, none_is_leaf=True) == optree.tree_structure(
+                expected, none_is_leaf=True
+            )
+    assert select_replica(PerReplica([1, 2]), 1) == 2
+    assert select_replica((), 0) == ()
+
+
 def test_reduce_op_parsing() -> None:
     assert ReduceOp.parse("sum") is ReduceOp.SUM and ReduceOp.parse("MEAN") is ReduceOp.MEAN
     assert ReduceOp.parse("SUM") is ReduceOp.SUM and ReduceOp.parse(ReduceOp.MEAN) is ReduceOp.MEAN

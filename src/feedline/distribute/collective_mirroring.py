@@ -40,7 +40,7 @@ import torch
 
 from feedline.distribute.collective import Collective
 from feedline.distribute.elastic import ElasticCollective, take_state
-from feedline.distribute.mirroring import Mirroring
+from feedline.distribute.mirroring import Mirroring, own_buffers, own_parameters
 from feedline.errors import FailedPreconditionError
 
 if TYPE_CHECKING:
@@ -61,11 +61,13 @@ class _Bucket:
     carries_result: bool = False
     flat: torch.Tensor | None = None  # gradients, a presence flag per parameter, the result
     views: list[torch.Tensor] = dataclasses.field(default_factory=list)  # of flat, per param
+    #: the presence flags in ``flat`` (1 where a worker had the parameter's gradient)
+    flags: torch.Tensor | None = None
     work: dist.Work | None = None
 
     def reset(self) -> None:
         if self.work is not None:  # a step that failed left it unfinished: start a fresh one
-            self.flat, self.views = None, []
+            self.flat, self.views, self.flags = None, [], None
         self.waiting = len(self.params)
         self.work = None
 
@@ -81,13 +83,8 @@ class _Bucket:
                 n = param.numel()
                 self.views.append(self.flat[offset : offset + n].view_as(param))
                 offset += n
+            self.flags = self.flat[offset : offset + len(self.params)]
         return self.flat
-
-    def flags(self) -> torch.Tensor:
-        """The presence flags in ``flat`` (1 where a worker had the parameter's gradient)."""
-        assert self.flat is not None
-        start = sum(p.numel() for p in self.params)
-        return self.flat[start : start + len(self.params)]
 
 
 class CollectiveMirroring(Mirroring):
@@ -225,9 +222,7 @@ class CollectiveMirroring(Mirroring):
         fresh = [m for m in modules if m not in self._synced]
         if not fresh:
             return
-        tensors = [
-            t.data for m in fresh for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
-        ]
+        tensors = [t.data for m in fresh for t in (*own_parameters(m), *own_buffers(m))]
         self._collective.broadcast(tensors, src=0)
         for module in fresh:
             self._synced.add(module)
@@ -238,7 +233,7 @@ class CollectiveMirroring(Mirroring):
         seen: set[int] = set()
         params: list[torch.nn.Parameter] = []
         for module in modules:
-            for param in module.parameters(recurse=False):
+            for param in own_parameters(module):
                 if param.requires_grad and id(param) not in seen:
                     seen.add(id(param))
                     params.append(param)
@@ -319,7 +314,8 @@ class CollectiveMirroring(Mirroring):
                     view.zero_()
                 elif not _is_view(grad, view):
                     view.copy_(grad)
-            bucket.flags().copy_(torch.tensor(present, dtype=flat.dtype))
+            assert bucket.flags is not None
+            bucket.flags.copy_(torch.tensor(present, dtype=flat.dtype))
             if bucket.carries_result:
                 offer = self._offer
                 flat[-2] = 0.0 if offer is None else offer[2]
@@ -335,9 +331,10 @@ class CollectiveMirroring(Mirroring):
             self._launched += 1
         for bucket in self._buckets:
             assert bucket.work is not None and bucket.flat is not None
+            assert bucket.flags is not None
             self._collective.wait(bucket.work)
             bucket.work = None
-            present = bucket.flags().tolist()
+            present = bucket.flags.tolist()
             offer = self._offer if bucket.carries_result else None
             # every worker offered its results: reduce finds their sum here
             if offer is not None and int(bucket.flat[-1].item()) == self._collective.world_size:
@@ -357,7 +354,7 @@ class CollectiveMirroring(Mirroring):
     # -- buffers ---------------------------------------------------------------------------
     def _sync_buffers(self) -> None:
         """Floating-point buffers: the mean over workers; integer buffers: the chief's."""
-        buffers = [b for m in self._modules_in_order() for b in m.buffers(recurse=False)]
+        buffers = [b for m in self._modules_in_order() for b in own_buffers(m)]
         if not buffers:
             return
         floating = [b for b in buffers if b.is_floating_point()]

@@ -69,7 +69,8 @@ def _on_parameter(module: torch.nn.Module, name: str, value: Any) -> None:
 def _check_forward(module: torch.nn.Module, args: Any) -> None:
     # Most calls are of modules without parameters of their own (activations, pooling,
     # containers): their dict of parameters is looked at first, before the replica.
-    if not any(p is not None for p in module._parameters.values()):
+    parameters = module._parameters
+    if not parameters or not any(p is not None for p in parameters.values()):
         return
     replica = context.current_replica()
     if replica is None or not replica.strategy.mirrors_replicas:
@@ -82,6 +83,17 @@ def _check_forward(module: torch.nn.Module, args: Any) -> None:
             "replicas, so its replicas would not stay identical; create the model (and its "
             "optimizer) inside `with strategy.scope():`, or call strategy.mirror(model, optimizer)"
         )
+
+
+def own_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """``module.parameters(recurse=False)`` as a list, read from the module's own dict: what a
+    step reads of every mirrored module, without torch's generator of named members."""
+    return list(dict.fromkeys(p for p in module._parameters.values() if p is not None))
+
+
+def own_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """``module.buffers(recurse=False)`` as a list (see ``own_parameters``)."""
+    return list(dict.fromkeys(b for b in module._buffers.values() if b is not None))
 
 
 def _on_optimizer(optimizer: torch.optim.Optimizer) -> None:
@@ -153,8 +165,8 @@ class Mirroring:
         buffers: list[torch.Tensor] = []
         for module in list(self._modules):
             for found, tensors in (
-                (module.parameters(recurse=False), params),
-                (module.buffers(recurse=False), buffers),
+                (own_parameters(module), params),
+                (own_buffers(module), buffers),
             ):
                 for tensor in found:
                     if id(tensor) not in seen:
@@ -202,7 +214,7 @@ class Mirroring:
 
     def before_replica(self, local_replica: int) -> None:
         """Every replica starts from the buffers the step started with."""
-        buffers = [b for m in list(self._modules) for b in m.buffers(recurse=False)]
+        buffers = [b for m in list(self._modules) for b in own_buffers(m)]
         if not buffers:
             self._buffer_snapshot = None
             return

@@ -91,6 +91,12 @@ def is_nested(value: Any) -> bool:
 
 def select_replica(value: Any, replica: int) -> Any:
     """``value`` with every ``DistributedValues`` replaced by replica ``replica``'s component."""
+    if isinstance(value, DistributedValues):
+        return value.values[replica]
+    if type(value) is tuple or type(value) is list:  # a step's arguments: no tree_map
+        selected = _select_in_sequence(value, replica)
+        if selected is not None:
+            return selected
     return optree.tree_map(
         lambda v: v.values[replica] if isinstance(v, DistributedValues) else v,
         value,
@@ -99,11 +105,31 @@ def select_replica(value: Any, replica: int) -> Any:
     )
 
 
+def _select_in_sequence(value: tuple[Any, ...] | list[Any], replica: int) -> Any:
+    """``select_replica`` of a tuple or list (of those exact types) that holds only
+    distributed values, leaves and more such tuples and lists; None for anything else (a
+    dict, a namedtuple), which ``optree`` maps."""
+    selected = []
+    for item in value:
+        if isinstance(item, DistributedValues):
+            item = item.values[replica]
+        elif type(item) is tuple or type(item) is list:
+            item = _select_in_sequence(item, replica)
+            if item is None:
+                return None
+        elif not optree.tree_is_leaf(item, none_is_leaf=True):
+            return None
+        selected.append(item)
+    return tuple(selected) if type(value) is tuple else selected
+
+
 def regroup(results: Sequence[Any], always_wrap: bool = False) -> Any:
     """Per-replica results (one structure each) as one structure of ``PerReplica`` leaves;
     one replica's result as it is, unless ``always_wrap`` (a multi-worker strategy's input)."""
     if len(results) == 1 and not always_wrap:
         return results[0]
+    if all(optree.tree_is_leaf(r, none_is_leaf=True) for r in results):  # a loss each
+        return PerReplica(tuple(results))
     try:
         return optree.tree_map(lambda *vs: PerReplica(vs), *results, none_is_leaf=True)
     except ValueError:
