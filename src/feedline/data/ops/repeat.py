@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from feedline import structure
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,
@@ -48,6 +49,45 @@ class _RepeatIterator(DatasetIterator):
         self._epoch = 0
         self._yielded_in_epoch = 0
         self._input = dataset._inputs[0]._iterator(ctx.child(0))
+        if self._input._next_batch is not None:
+            self._next_batch = self._rows
+
+    def _rows(self, n: int) -> Any:
+        """Up to ``n`` rows (fewer only at the end of the last epoch), from the blocks of the
+        input's epochs; the same rows, and the same state after them, as ``n`` calls of
+        ``_next``."""
+        parts = []
+        wanted = n
+        while wanted and (self._count == -1 or self._epoch < self._count):
+            block = self._input._next_batch
+            if block is None:  # the input reads row by row now: so does the rest of this batch
+                elements: list[Any] = []
+                try:
+                    while len(elements) < wanted:
+                        elements.append(self._next())
+                except StopIteration:
+                    pass
+                if elements:
+                    parts.append(structure.batch_elements(elements))
+                break
+            try:
+                part = block(wanted)
+                rows = structure.leading_dim(part)
+            except StopIteration:
+                rows = 0
+            if rows == 0:  # the epoch ended
+                if self._yielded_in_epoch == 0:
+                    break
+                self._start_epoch(self._epoch + 1)
+                continue
+            self._yielded_in_epoch += rows
+            wanted -= rows
+            parts.append(part)
+        if not parts:
+            raise StopIteration
+        if len(parts) == 1:
+            return parts[0]
+        return structure.map_structure(lambda *xs: structure.concatenate(xs), *parts)
 
     def _next(self) -> Any:
         while self._count == -1 or self._epoch < self._count:
