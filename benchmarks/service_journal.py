@@ -52,11 +52,11 @@ from feedline.service import (  # noqa: E402
     ShardingPolicy,
     WorkerConfig,
     WorkerServer,
-    _journal,
     distribute,
 )
-from feedline.service import _state as st  # noqa: E402
 from feedline.service.client.dataset import register_dataset  # noqa: E402
+from feedline.service.dispatcher import journal as _journal  # noqa: E402
+from feedline.service.dispatcher import state as st  # noqa: E402
 from feedline.service.protocol import DISPATCHER_SERVICE as SERVICE_NAME  # noqa: E402
 
 WORKERS = ("127.0.0.1:1", "127.0.0.1:2")  # registered by one heartbeat each, never serving

@@ -4,9 +4,10 @@ acknowledges on receipt, on the same fault-tolerant service, alternated in one r
 Usage (from the repository root)::
 
     PYTHONPATH=src .venv/bin/python benchmarks/step_commits.py [--trials 5] [--elements 20000]
-        [--steps 32,256] [--step-ms 0]
+        [--steps 32,256] [--step-ms 0] [--journal-sync full]
 
-A ``feedline dispatcher --fault-tolerant`` (its journal on this machine's disk) and two
+A ``feedline dispatcher --fault-tolerant`` (its journal on this machine's disk, each commit
+fsynced, or with ``--journal-sync normal`` not) and two
 ``feedline worker`` processes; this process reads ``distributed_epoch`` jobs of ``--elements``
 elements of 4 KiB (1024 float32) each, a step being ``--steps`` elements taken with ``next``
 (and ``--step-ms`` of simulated training, a sleep). Per trial and step size, each first in
@@ -101,11 +102,16 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=20000)
     parser.add_argument("--steps", default="32,256")
     parser.add_argument("--step-ms", type=float, default=0.0)
+    parser.add_argument("--journal-sync", choices=("full", "normal"), default="full")
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work, ServiceProcesses(timeout=3600) as cluster:
-        servers = [cluster.start_dispatcher("--fault-tolerant", "--work-dir", work)]
+        servers = [
+            cluster.start_dispatcher(
+                "--fault-tolerant", "--work-dir", work, "--journal-sync", args.journal_sync
+            )
+        ]
         servers += [cluster.start_worker() for _ in range(2)]
         read_epoch(cluster.target, "warm-up", 2000, 32, 0.0, "pipelined")
         for trial in range(args.trials):

@@ -10,11 +10,12 @@
         prints steps/s and the loss
     feedline pipeline-demo [--examples N] [--batch-size B]
         a tour of feedline.data: rates and a mid-epoch checkpoint
-    feedline dispatcher [--port 5050] [--bind ADDR] [--work-dir DIR [--fault-tolerant]]
-            [--worker-addresses A,B] [--status-port P]
+    feedline dispatcher [--port 5050] [--bind ADDR] [--work-dir DIR [--fault-tolerant]
+            [--journal-sync full|normal]] [--worker-addresses A,B] [--status-port P]
         a data service dispatcher, until SIGTERM or SIGINT; --fault-tolerant keeps its state
         in an SQLite journal in --work-dir and a restart on the same directory and port
-        resumes it
+        resumes it (--journal-sync normal: no fsync per commit, durable against its own crash
+        but not a power cut)
     feedline worker --dispatcher HOST:PORT [--port 0] [--bind ADDR] [--worker-address A]
             [--drain-seconds 10] [--dispatcher-timeout 60] [--wait-forever] [--status-port P]
         a data service worker, until SIGTERM or SIGINT (it drains first) or until its

@@ -255,6 +255,14 @@ def _add_dispatcher(commands: Commands) -> None:
         "port, it resumes its jobs",
     )
     parser.add_argument(
+        "--journal-sync",
+        choices=("full", "normal"),
+        default="full",
+        help="full: each journal commit is fsynced and survives a machine crash (default); "
+        "normal: it survives the dispatcher's own crash, kill -9 included, but a power cut may "
+        "lose the last commits, and it costs no fsync",
+    )
+    parser.add_argument(
         "--worker-addresses",
         default=None,
         help="comma-separated fixed worker list, for static sharding (FILE, DATA, HINT)",

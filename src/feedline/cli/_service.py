@@ -24,6 +24,7 @@ def dispatcher(
     work_dir: str | None,
     fault_tolerant: bool,
     worker_addresses: str | None,
+    journal_sync: str = "full",
     status_port: int | None,
     worker_timeout_ms: int | None = None,
     client_timeout_ms: int | None = None,
@@ -40,6 +41,7 @@ def dispatcher(
       work_dir: folder for the dispatcher's files.
       fault_tolerant: journal the state in ``work_dir``.
       worker_addresses: comma-separated fixed worker list, or None.
+      journal_sync: ``DispatcherConfig.journal_sync``.
       status_port: port of the status page, or None.
       worker_timeout_ms: ``DispatcherConfig.worker_timeout_ms`` (None: its default).
       client_timeout_ms: ``DispatcherConfig.client_timeout_ms`` (None: its default).
@@ -57,6 +59,7 @@ def dispatcher(
                 bind=bind,
                 work_dir=work_dir,
                 fault_tolerant_mode=fault_tolerant,
+                journal_sync=journal_sync,
                 worker_addresses=workers,
                 status_port=status_port,
                 worker_timeout_ms=worker_timeout_ms,

@@ -83,11 +83,15 @@ def slowly(x: Any) -> Any:
     return x
 
 
-@pytest.mark.parametrize("mode", ["distributed_epoch", "parallel_epochs"])
+@pytest.mark.parametrize(
+    ("mode", "sync"),
+    [("distributed_epoch", "full"), ("parallel_epochs", "full"), ("distributed_epoch", "normal")],
+)
 def test_a_dispatcher_killed_mid_job_resumes_it_from_its_journal(
-    cluster: ServiceProcesses, tmp_path: Path, mode: str
+    cluster: ServiceProcesses, tmp_path: Path, mode: str, sync: str
 ) -> None:
-    args = ("--work-dir", str(tmp_path / "work"), "--fault-tolerant")
+    # --journal-sync normal skips the fsync of each commit: a kill -9 loses nothing still.
+    args = ("--work-dir", str(tmp_path / "work"), "--fault-tolerant", "--journal-sync", sync)
     dispatcher = cluster.start_dispatcher(*args)
     for _ in range(WORKERS):
         cluster.start_worker()
@@ -261,6 +265,24 @@ def test_one_dispatcher_at_a_time_per_work_dir(tmp_path: Path) -> None:
     ):
         service.DispatchServer(config)
     service.DispatchServer(config).stop()  # stopped, it let go of the work_dir
+
+
+@pytest.mark.parametrize(("sync", "pragma"), [("full", 2), ("normal", 1)])
+def test_journal_sync_sets_how_the_journal_commits(tmp_path: Path, sync: str, pragma: int) -> None:
+    config = service.DispatcherConfig(
+        work_dir=str(tmp_path), fault_tolerant_mode=True, journal_sync=sync
+    )
+    server = service.DispatchServer(config)
+    try:
+        journal = server._journal
+        assert journal is not None
+        assert journal._connection().execute("PRAGMA synchronous").fetchone()[0] == pragma
+    finally:
+        server.stop()
+    with pytest.raises(
+        errors.InvalidArgumentError, match="journal_sync must be one of full, normal"
+    ):
+        service.DispatcherConfig(work_dir=str(tmp_path), journal_sync="FULL")
 
 
 def test_fault_tolerant_mode_needs_a_work_dir() -> None:

@@ -56,7 +56,9 @@ class Durability:
         core = self._core
         if core.config.work_dir is None:
             raise FailedPreconditionError("a dispatcher journal needs DispatcherConfig.work_dir")
-        journal = open_journal(core.config.work_dir, core.incarnation)
+        journal = open_journal(
+            core.config.work_dir, core.incarnation, synchronous=core.config.journal_sync.upper()
+        )
         self.journal = journal
         core.resume(journal.state, self)
         state = journal.state
