@@ -42,4 +42,11 @@ def test_a_round_of_joins_and_kills_commits_every_element_once(tmp_path: Path) -
     assert row.trainer_changes == 4, row
     # a trainer that lived through the round saw the group change (join, losses, join)
     assert max(t.get("changes", 0) for t in row.trainers.values()) >= 2, row
-    assert (row.lost, row.duplicated, row.unlogged) == (0, 0, 0), row
+    assert (row.lost, row.duplicated) == (0, 0), row
+    # "Unlogged": a killed trainer's last batch, in its P line and in no trainer's C line: the
+    # kill fell between commit() returning and the C line (seen once under -n 4 on 2 cores).
+    # Committed, not lost: the job ended, which an on_commit job does only once the dispatcher
+    # holds a commit for every element, and no other trainer was given them. At most the last
+    # batch (8 elements) of each kill.
+    kills = sum(" trainer kill at " in event for event in row.events)
+    assert row.unlogged <= 8 * kills, row
