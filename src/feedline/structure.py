@@ -811,6 +811,14 @@ def concatenate(parts: Sequence[Any]) -> Any:
     return _composite.concatenate(parts)
 
 
+def concatenate_rows(parts: Sequence[Element]) -> Element:
+    """Elements of one structure joined along their leaves' first dimension (rows read in
+    several blocks, as one); a single part as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    return map_structure(lambda *leaves: concatenate(leaves), *parts)
+
+
 def spec_structure(spec: Any) -> optree.PyTreeSpec:
     """The structure of a ``TensorSpec`` structure: ``unflatten`` with it rebuilds an element
     from the leaves ``flatten`` gave of an element of that spec."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from feedline import structure
@@ -13,6 +14,7 @@ from feedline.data.dataset import (
     IteratorContext,
 )
 from feedline.data.ops._checks import check_count
+from feedline.data.ops.batch import pull_up_to
 
 
 class RepeatDataset(Dataset):
@@ -61,14 +63,8 @@ class _RepeatIterator(DatasetIterator):
         while wanted and (self._count == -1 or self._epoch < self._count):
             block = self._input._next_batch
             if block is None:  # the input reads row by row now: so does the rest of this batch
-                elements: list[Any] = []
-                try:
-                    while len(elements) < wanted:
-                        elements.append(self._next())
-                except StopIteration:
-                    pass
-                if elements:
-                    parts.append(structure.batch_elements(elements))
+                with contextlib.suppress(StopIteration):
+                    parts.append(structure.batch_elements(pull_up_to(self, wanted, False)))
                 break
             try:
                 part = block(wanted)
@@ -85,9 +81,7 @@ class _RepeatIterator(DatasetIterator):
             parts.append(part)
         if not parts:
             raise StopIteration
-        if len(parts) == 1:
-            return parts[0]
-        return structure.map_structure(lambda *xs: structure.concatenate(xs), *parts)
+        return structure.concatenate_rows(parts)
 
     def _next(self) -> Any:
         while self._count == -1 or self._epoch < self._count:

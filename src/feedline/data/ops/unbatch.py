@@ -80,9 +80,7 @@ class RowReader:
             parts.append(structure.slice_element(self._batch, slice(start, start + take)))
             self._position = start + take
             count += take
-        if len(parts) == 1:
-            return parts[0], count
-        return structure.map_structure(lambda *xs: structure.concatenate(xs), *parts), count
+        return structure.concatenate_rows(parts), count
 
     def get_state(self) -> dict[str, Any]:
         rest = []
