@@ -167,6 +167,41 @@ def test_an_upload_arrives_in_chunks_up_to_its_limit(server: str) -> None:
     client.close()
 
 
+def test_an_upload_of_one_chunk_is_checked_against_its_own_limit() -> None:
+    grpc_server, port = _rpc.start_server(
+        "test.Service",
+        {"Upload": _handlers()["Echo"]},
+        bind="127.0.0.1",
+        port=0,
+        token=None,
+        upload_limits={"Upload": 4096},
+    )
+    try:
+        client = _rpc.RpcClient(f"127.0.0.1:{port}", "test.Service")
+        assert client.upload("Upload", {}, [b"\1" * 1000], timeout=5)[0]["sizes"] == [1000]
+        # One chunk: a unary call of the method itself, over the upload's limit of 4096 bytes.
+        with pytest.raises(errors.InvalidArgumentError, match="over the limit of 4096"):
+            client.upload("Upload", {}, [b"\1" * 8000], timeout=5)
+        # Several chunks: the method's chunked form, with the same limit.
+        with pytest.raises(errors.InvalidArgumentError, match="over the limit of 4096"):
+            client.upload("Upload", {}, [b"\1" * (2 * _rpc.UPLOAD_CHUNK_BYTES)], timeout=30)
+        client.close()
+    finally:
+        grpc_server.stop(0.0)
+
+
+def test_an_upload_method_s_chunked_name_cannot_be_a_method_of_its_own() -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="UploadChunks is both"):
+        _rpc.start_server(
+            "test.Service",
+            {"Upload": _handlers()["Echo"], "UploadChunks": _handlers()["Echo"]},
+            bind="127.0.0.1",
+            port=0,
+            token=None,
+            upload_limits={"Upload": 4096},
+        )
+
+
 def test_an_unreachable_server_is_unavailable() -> None:
     client = _rpc.RpcClient("127.0.0.1:1", "test.Service")
     with pytest.raises(errors.UnavailableError):

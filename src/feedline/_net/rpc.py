@@ -83,6 +83,11 @@ _PROTOCOLS = ("grpc",)
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 #: Uploads travel in chunks of at most this many bytes (each one gRPC message).
 UPLOAD_CHUNK_BYTES = 1 << 20
+#: An upload method of several chunks is served as this method: its name with this suffix. A
+#: request of one chunk goes to the method itself, served as a unary call: gRPC's server reads a
+#: unary request before it calls the handler, where a stream's handler waits on gRPC's thread for
+#: each message and for the stream's end (two thread hand-offs more per call).
+CHUNKED_SUFFIX = "Chunks"
 #: The longest message of an unexpected error that a caller gets.
 _MAX_UNEXPECTED_CHARS = 500
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -242,15 +247,20 @@ def start_server(
     credentials = tls.server_credentials() if tls is not None and tls.serves else None
     uploads = dict(upload_limits or {})
     methods: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-        name: grpc.stream_unary_rpc_method_handler(
-            _upload_handler(service_name, name, handler, uploads[name])
-        )
-        if name in uploads
-        else grpc.unary_unary_rpc_method_handler(
-            _unary_handler(service_name, name, handler, max_request_bytes)
+        name: grpc.unary_unary_rpc_method_handler(
+            _unary_handler(service_name, name, handler, uploads.get(name, max_request_bytes))
         )
         for name, handler in handlers.items()
     }
+    for name, limit in uploads.items():
+        if name + CHUNKED_SUFFIX in methods:
+            raise errors.InvalidArgumentError(
+                f"{service_name}/{name}{CHUNKED_SUFFIX} is both a method and the chunked form "
+                f"of the upload method {name}"
+            )
+        methods[name + CHUNKED_SUFFIX] = grpc.stream_unary_rpc_method_handler(
+            _upload_handler(service_name, name, handlers[name], limit)
+        )
     largest = max(max_request_bytes, UPLOAD_CHUNK_BYTES if uploads else 0)
     executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=service_name)
     server = grpc.server(
@@ -561,9 +571,10 @@ class RpcClient:
         wait_for_ready: bool = False,
     ) -> tuple[dict[str, Any], list[memoryview]]:
         """``call`` for a method the server takes as an upload (its ``upload_limits``): the
-        request travels in chunks of ``UPLOAD_CHUNK_BYTES``. A request of one chunk goes as a
-        single message (the server reads it as a stream of one): the client then needs no
-        thread to feed the stream, which halves the call's cost for small requests."""
+        request travels in chunks of ``UPLOAD_CHUNK_BYTES`` (to the method's chunked form,
+        ``CHUNKED_SUFFIX``). A request of one chunk is a unary call of the method itself: the
+        client then needs no thread to feed a stream, nor the server one to read it, which
+        halves the call's cost for small requests."""
         encoded = encode_frame(header, buffers)
         if len(encoded) <= UPLOAD_CHUNK_BYTES:
             return decode_frame(
@@ -575,7 +586,7 @@ class RpcClient:
             for start in range(0, len(frame), UPLOAD_CHUNK_BYTES)
         )
         stub: grpc.StreamUnaryMultiCallable[bytes, bytes] = self._channel.stream_unary(
-            f"/{self._service_name}/{method}"
+            f"/{self._service_name}/{method}{CHUNKED_SUFFIX}"
         )
         try:
             reply = stub(
