@@ -307,14 +307,7 @@ class Strategy:
             replicas_per_worker=self._num_local,
             options=options,
         )
-        return DistributedDataset(
-            source,
-            self.extended.local_devices,
-            options,
-            self._agree,
-            self._all_gather_objects,
-            always_wrap=self._always_wrap_input(),
-        )
+        return self._feed(source, options)
 
     distribute_dataset = experimental_distribute_dataset
 
@@ -331,6 +324,12 @@ class Strategy:
             num_replicas_in_sync=self.num_replicas_in_sync,
             options=options,
         )
+        return self._feed(source, options)
+
+    experimental_distribute_datasets_from_function = distribute_datasets_from_function
+
+    def _feed(self, source: StepSource, options: InputOptions | None) -> DistributedDataset:
+        """The replicas' input from ``source``'s steps."""
         return DistributedDataset(
             source,
             self.extended.local_devices,
@@ -339,8 +338,6 @@ class Strategy:
             self._all_gather_objects,
             always_wrap=self._always_wrap_input(),
         )
-
-    experimental_distribute_datasets_from_function = distribute_datasets_from_function
 
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
