@@ -9,6 +9,7 @@ import time
 import pytest
 
 from feedline.errors import InvalidArgumentError
+from feedline.service.client import queue as queue_module
 from feedline.service.client.queue import ElementQueue, Item
 from feedline.service.protocol import TaskView
 
@@ -163,3 +164,61 @@ def test_close_wakes_the_reader_and_the_fetch_threads() -> None:
     assert sorted(results, key=str) == [0, None]
     queue.fail(ValueError("after close"))  # ignored: the reader was released
     assert queue.get(0) is None and queue.closed
+
+
+def test_a_queue_that_follows_its_reader_holds_what_it_reads_in_hold_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]  # the queue's clock, moved by the reader below
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
+    queue = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
+    queue.update(running(1), asked_after=0)
+
+    def read(seconds: float, seconds_each: float) -> None:
+        """Elements fetched as credits allow, read ``seconds_each`` apart for ``seconds`` (two
+        measurements of the rate at least: the last one of this rate alone)."""
+        for _ in range(round(seconds / seconds_each)):
+            if not len(queue):
+                credits = queue.acquire()
+                queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
+            now[0] += seconds_each
+            assert queue.get(0) is not None
+
+    read(0.5, 1e-4)  # 10,000 elements a second
+    assert queue.max_elements == round(10_000 * ElementQueue.HOLD_S) == 500
+    read(0.5, 1e-5)  # 100,000 a second: at most most_elements
+    assert queue.max_elements == 1024
+    while len(queue):
+        assert queue.get(0) is not None
+    # A slower reader: the queue shrinks back, never below where it started; credits follow,
+    # so that what it holds beyond its new size makes no request until it is read.
+    credits = queue.acquire()
+    queue.put(1, [Item(i, 8, 1) for i in range(900)], credits)
+    read(0.5, 0.01)  # 100 a second: 5 in HOLD_S
+    assert queue.max_elements == 16
+    assert queue.credits == 16 - len(queue) < 0
+    got: list[int] = []
+    thread = threading.Thread(target=lambda: got.append(queue.acquire()), daemon=True)
+    thread.start()
+    thread.join(0.3)
+    assert got == []  # nothing asked for while it holds more than its size
+    while len(queue):
+        assert queue.get(0) is not None
+    thread.join(5)
+    assert got and got[0] >= 1 and queue.credits == 16 - got[0]
+
+
+def test_a_queue_of_a_fixed_size_does_not_follow_its_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
+    queue = ElementQueue(max_elements=16, max_bytes=1 << 30)
+    queue.update(running(1), asked_after=0)
+    for _ in range(100):
+        credits = queue.acquire()
+        queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
+        for _ in range(credits):
+            now[0] += 1e-4
+            assert queue.get(0) is not None
+    assert (queue.max_elements, queue.credits) == (16, 16)

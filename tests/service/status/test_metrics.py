@@ -163,11 +163,13 @@ def test_a_worker_that_stops_heartbeating_is_counted(make_cluster) -> None:
     cluster.workers[0].stop()  # no drain: the dispatcher is not told
 
     def dropped() -> bool:
+        # Both in one scrape: under load (-n 3) a scrape right after the one that saw the count
+        # once still found the worker registered, so the two are not read one scrape apart.
         samples = scrape(cluster.dispatcher.status_url)
-        return value(samples, "feedline_dispatcher_heartbeats_missed_total", kind="worker") == 1
+        missed = value(samples, "feedline_dispatcher_heartbeats_missed_total", kind="worker")
+        return missed >= 1 and value(samples, "feedline_dispatcher_workers") == 0
 
-    wait_for(dropped, "the dispatcher counts the worker's missed heartbeats")
-    assert value(scrape(cluster.dispatcher.status_url), "feedline_dispatcher_workers") == 0
+    wait_for(dropped, "the dispatcher counts the worker's missed heartbeats and drops it")
     _, _, page = fetch(cluster.dispatcher.status_url)
     assert "missed its heartbeats" in page
 

@@ -202,9 +202,10 @@ class Fetchers:
             while not queue.closed:
                 if not queue.readable(task_id):
                     return
-                # A trainer reads its own stream from the worker's cache: it asks for a batch at a
-                # time (a quarter of its queue), not an element at each step.
-                credits = queue.acquire(1 if trainer is None else queue.max_elements // 4)
+                # A batch at a time (a quarter of the queue) while the queue holds elements, not
+                # an element at each step: a consumer of a shared job holds 16 elements at most,
+                # and a trainer reads its own stream from the worker's cache.
+                credits = queue.acquire(max(1, queue.max_elements // 4))
                 if not credits:
                     return
                 with queue.reading(task_id):

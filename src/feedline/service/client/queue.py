@@ -76,14 +76,26 @@ class ElementQueue:
     Args:
       max_elements: the most elements in flight and buffered.
       max_bytes: no request is made while this many bytes are buffered.
+      most_elements: with it, ``max_elements`` follows the reader: about ``HOLD_S`` of what
+        ``get`` returned lately (measured over ``RATE_S`` at a time), never fewer than the
+        first ``max_elements`` nor more than ``most_elements``.
     """
 
-    def __init__(self, max_elements: int, max_bytes: int) -> None:
+    #: With ``most_elements``: the seconds of reading that the queue holds ahead.
+    HOLD_S = 0.05
+    #: With ``most_elements``: how long each measurement of the reading rate lasts.
+    RATE_S = 0.2
+
+    def __init__(self, max_elements: int, max_bytes: int, most_elements: int | None = None) -> None:
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._items: collections.deque[Item] = collections.deque()
         self._credits = max_elements
         self.max_elements = max_elements
+        self._least = max_elements
+        self._most = most_elements
+        self._taken = 0  # elements ``get`` returned since ``_since``
+        self._since: float | None = None
         self._bytes = 0
         self._max_bytes = max_bytes
         self._error: BaseException | None = None
@@ -300,6 +312,8 @@ class ElementQueue:
                     self._returned[item.task_id] += 1
                     self._credits += 1
                     self._bytes -= item.size
+                    if self._most is not None:
+                        self._follow_reader()
                     self._cond.notify_all()
                     return item
                 if self._finished():
@@ -310,6 +324,25 @@ class ElementQueue:
                 self._cond.wait(remaining)
 
     # -- under the lock ------------------------------------------------------------------------
+    def _follow_reader(self) -> None:
+        """Counts an element returned; once per ``RATE_S``, sizes ``max_elements`` to hold
+        ``HOLD_S`` of the rate at which they were returned (credits move with it: a queue
+        that shrinks below what it holds makes no request until it is under again)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            return
+        self._taken += 1
+        elapsed = now - self._since
+        if elapsed < self.RATE_S:
+            return
+        assert self._most is not None
+        wanted = round(self._taken / elapsed * self.HOLD_S)
+        size = min(self._most, max(self._least, wanted))
+        self._credits += size - self.max_elements
+        self.max_elements = size
+        self._taken, self._since = 0, now
+
     def _readable(self, task_id: int) -> bool:
         return task_id not in self._completed and task_id not in self._lost
 
