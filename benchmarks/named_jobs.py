@@ -49,15 +49,17 @@ def four_kib(i: Any) -> np.ndarray:
 
 
 def read_job(target: str, elements: int, name: str | None, consumers: int) -> int:
-    """Reads one epoch with ``consumers`` threads; the elements they read together."""
-    dataset = (
-        Dataset.range(elements)
-        .map(four_kib)
-        .apply(distribute("distributed_epoch", target, job_name=name))
-    )
+    """Reads one epoch with ``consumers`` threads; the elements they read together. (Each
+    consumer iterates a dataset of its own: the k-th ``iter()`` of one dataset joins its job's
+    k-th iteration.)"""
     counts = [0] * consumers
 
     def consume(index: int) -> None:
+        dataset = (
+            Dataset.range(elements)
+            .map(four_kib)
+            .apply(distribute("distributed_epoch", target, job_name=name))
+        )
         for _ in dataset:
             counts[index] += 1
 
