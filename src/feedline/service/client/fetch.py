@@ -203,7 +203,7 @@ class Fetchers:
                 if not queue.readable(task_id):
                     return
                 # A batch at a time (a quarter of the queue) while the queue holds elements, not
-                # an element at each step: a consumer of a shared job holds 16 elements at most,
+                # an element at each step: a consumer of a shared job starts with a queue of 16,
                 # and a trainer reads its own stream from the worker's cache.
                 credits = queue.acquire(max(1, queue.max_elements // 4))
                 if not credits:
