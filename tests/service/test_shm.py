@@ -232,7 +232,7 @@ iterator = iter(
         )
     )
 )
-got = [next(iterator) for _ in range(50)]
+got = [next(iterator) for _ in range(400)]  # replies of up to 64 rounds: several per task
 iterator.close()
 result = {
     "takes": len(takes),

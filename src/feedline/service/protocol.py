@@ -871,7 +871,9 @@ class GetElementsRequest:
     First come, first served (``consumer_index is None``): ``consumer`` (the client id),
     ``consumers`` (the job's consumers, as the client knows them), ``held`` (the elements it
     received and has not returned yet), ``max_elements`` and ``max_bytes`` (what one reply may
-    carry). Round robin: ``consumer_index`` and ``round`` (the round the consumer reads). Both
+    carry). Round robin: ``consumer_index``, ``round`` (the round the consumer reads) and
+    ``max_elements`` (how many consecutive rounds from it one reply may carry: the first is
+    waited for, those after it only if they are complete). Both
     carry ``wait_ms`` (how long the request may wait for elements) and, from a consumer on the
     worker's host, ``shm`` (the offer of its shared-memory arena, checked by ``shm``).
 
@@ -935,6 +937,8 @@ class GetElementsRequest:
             )
         else:
             header.update(consumer_index=self.consumer_index, round=self.round)
+            if self.max_elements != 1:
+                header["max_elements"] = self.max_elements
         header["wait_ms"] = self.wait_ms
         if self.shm is not None:
             header["shm"] = self.shm

@@ -359,6 +359,28 @@ def test_round_robin_consumers_take_turns_within_each_round(
     assert _read_in_threads(datasets, 6) == [first, second]
 
 
+def test_round_robin_replies_of_several_rounds_keep_every_consumer_in_step(
+    make_cluster: Any,
+) -> None:
+    # A reply carries a task's complete rounds from the one asked for (up to 64): the consumer
+    # keeps those of one worker while it reads the other's rounds in between.
+    cluster = make_cluster(2)
+    datasets = [
+        Dataset.range(1_000_000)
+        .repeat()
+        .apply(
+            service.distribute(
+                "parallel_epochs", cluster.target, job_name="rr", consumer_index=i, num_consumers=2
+            )
+        )
+        for i in range(2)
+    ]
+    rounds = 600
+    assert _read_in_threads(datasets, rounds) == [
+        [2 * (r // 2) + i for r in range(rounds)] for i in range(2)
+    ]
+
+
 def test_round_robin_needs_an_infinite_dataset(make_cluster: Any) -> None:
     cluster = make_cluster(1)
     dataset = Dataset.range(10).apply(

@@ -43,6 +43,8 @@ TASK = {
         ),
         (GetElementsRequest, {"task_id": 7, "consumer_index": 1, "round": 3, "wait_ms": 50,
                               "shm": {"name": "x"}}),
+        (GetElementsRequest, {"task_id": 7, "consumer_index": 1, "round": 3, "max_elements": 8,
+                              "wait_ms": 50}),
         (TaskDef, TASK),
         (WorkerHeartbeatReply, {"incarnation": 5, "new_tasks": [TASK]}),
         (

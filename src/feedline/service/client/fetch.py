@@ -13,6 +13,7 @@ reader.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -40,6 +41,8 @@ __all__ = ["REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
 REPLY_BYTES = 8 << 20
 #: The longest one RPC to a reachable server may take.
 RPC_TIMEOUT_S = 30.0
+# Round robin: the most rounds of one task a consumer asks for at once.
+_ROUNDS = 64
 _POLL_MS = 500
 
 logger = logging.getLogger(__name__)
@@ -268,32 +271,41 @@ class Fetchers:
 
     def _fetch_rounds(self, _: int) -> None:
         """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is
-        gone fails the read: skipping its rounds would put the consumers out of step."""
+        gone fails the read: skipping its rounds would put the consumers out of step. A reply
+        carries the task's rounds from the one asked for that are complete (up to the queue's
+        room, ``_ROUNDS`` at most); the later ones wait here for their turn."""
         queue = self._queue
         round_index = 0
+        ahead: dict[int, collections.deque[list[np.ndarray]]] = {}  # by task: its next rounds'
         try:
             while not queue.closed:
-                if not queue.acquire():
+                credits = queue.acquire()
+                if not credits:
                     return
                 tasks = queue.tasks()
                 task_id, address = tasks[round_index % len(tasks)]
-                reply = self._read_round(task_id, address, round_index, len(tasks))
-                if reply is None:
-                    return
-                if reply.header.eos:
-                    self._deliver([], 1, task_id)
-                    self._end_tasks([t for t, _ in queue.tasks()], completed=True)
-                    return
-                self._deliver(reply.elements, 1, task_id)
+                waiting = ahead.setdefault(task_id, collections.deque())
+                if not waiting:
+                    rounds = min(credits, _ROUNDS)
+                    reply = self._read_round(task_id, address, round_index, len(tasks), rounds)
+                    if reply is None:
+                        return
+                    if reply.header.eos:
+                        self._deliver([], credits, task_id)
+                        self._end_tasks([t for t, _ in queue.tasks()], completed=True)
+                        return
+                    waiting.extend(reply.elements)
+                self._deliver([waiting.popleft()], credits, task_id)
                 round_index += 1
         except BaseException as error:
             self._link.fail(error)
 
     def _read_round(
-        self, task_id: int, address: str, round_index: int, num_tasks: int
+        self, task_id: int, address: str, round_index: int, num_tasks: int, rounds: int = 1
     ) -> _Reply | None:
-        """The reply of ``task_id`` with this consumer's element of round ``round_index``, or
-        the end of its input; None once the queue closed.
+        """The reply of ``task_id`` with this consumer's element of round ``round_index`` (and
+        of the task's next ``rounds - 1`` rounds that are complete), or the end of its input;
+        None once the queue closed.
 
         Raises:
           UnavailableError: the worker is gone, or unreachable for ``timeout_s``.
@@ -305,6 +317,7 @@ class Fetchers:
             wait_ms=_POLL_MS,
             consumer_index=self._consumer_index,
             round=round_index // num_tasks,
+            max_elements=rounds,
         )
         unreachable_since: float | None = None
         while not self._queue.closed:

@@ -75,6 +75,11 @@ _DEFAULT_OUTSTANDING = 1024
 # ``ElementQueue.HOLD_S`` (50 ms), up to _DEFAULT_OUTSTANDING. A fixed 16 made a fast reader
 # ask for 2-5 elements a request: a tenth of the rate of a job without a name.
 _SHARED_OUTSTANDING = 16
+# The same for a round-robin consumer (num_consumers), at most: its fetch thread holds as many
+# more rounds of each task as one reply brought (``fetch._ROUNDS``), and a worker keeps 256
+# rounds behind the newest (``buffer.ROUND_WINDOW``): consumers must stay within that of each
+# other.
+_ROUNDS_AHEAD = 64
 # Elements' bytes a consumer keeps in flight and buffered.
 _BUFFER_BYTES = 64 << 20
 # The size of a shared-memory arena's slot: the most bytes a reply carries.
@@ -175,7 +180,10 @@ class _JobReader:
         shared = (
             params.job_name is not None and params.num_consumers is None and self.trainer is None
         )
-        if params.max_outstanding_requests:
+        if params.num_consumers is not None:
+            outstanding = min(params.max_outstanding_requests or _ROUNDS_AHEAD, _ROUNDS_AHEAD)
+            self.queue = ElementQueue(outstanding, _BUFFER_BYTES)
+        elif params.max_outstanding_requests:
             self.queue = ElementQueue(params.max_outstanding_requests, _BUFFER_BYTES)
         elif shared:
             self.queue = ElementQueue(_SHARED_OUTSTANDING, _BUFFER_BYTES, _DEFAULT_OUTSTANDING)

@@ -18,7 +18,7 @@ from typing import Any
 
 from feedline._net.elements import pack_elements
 from feedline._net.wire import Compressor, encode_frame
-from feedline.errors import InvalidArgumentError
+from feedline.errors import InvalidArgumentError, OutOfRangeError
 from feedline.service.protocol import ElementsReply, GetElementsRequest
 from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.host import TaskHost
@@ -41,6 +41,8 @@ _HUNGRY_S = 0.05
 # consumer of the job (two at least) asks: consumers that start together share its first
 # elements. A job read by one consumer alone starts this much later.
 _GATHER_S = 0.1
+# Round robin: the most consecutive rounds one reply carries.
+_MAX_ROUNDS = 64
 
 
 #: The reply that says nothing yet: the consumer asks again.
@@ -224,8 +226,25 @@ class TaskReplies:
             if got is None:
                 # nothing yet: the consumer asks again
                 return NOTHING_YET
-            self._count(1, sum(leaf.nbytes for leaf in got))
-        return self._reply(request, [got])
+            elements = [got]
+            size = sum(leaf.nbytes for leaf in got)
+            # The consumer's elements of the rounds after it that are complete now (up to
+            # max_elements rounds and max_bytes): the first round was waited for, these are not.
+            # A round not complete yet, or the input's end, shows at the consumer's next request.
+            rounds = min(max(1, request.max_elements), _MAX_ROUNDS)
+            for later in range(round_index + 1, round_index + rounds):
+                if size >= request.max_bytes:
+                    break
+                try:
+                    more = buffer.take_round(later, consumer, num_consumers, 0.0)
+                except OutOfRangeError:
+                    break
+                if more is None or isinstance(more, Ending):
+                    break
+                elements.append(more)
+                size += sum(leaf.nbytes for leaf in more)
+            self._count(len(elements), size)
+        return self._reply(request, elements)
 
     def get_cached(self, request: GetElementsRequest, cache: TrainerCache) -> bytes:
         """The reply frame to a trainer's ``request`` in a cross-trainer job: the elements
