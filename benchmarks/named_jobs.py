@@ -1,4 +1,4 @@
-"""What a job name costs a consumer: a shared job read at the rate of a job of its own.
+"""What a job name costs a consumer: a shared or round-robin job against a job of its own.
 
 Usage (from the repository root)::
 
@@ -13,7 +13,10 @@ to their end, in rounds, each round starting one kind later:
   this consumer alone): it holds few elements ahead, so that consumers that join later still
   find the rest of the job at the workers;
 * *named, 2 consumers*: two consumers (threads of this process) share a named job; elements/s of
-  the two together.
+  the two together;
+* *round robin, 2 consumers*: two consumers with ``consumer_index`` 0 and 1 of
+  ``num_consumers=2`` (the dataset repeated, as round robin needs), each reading half
+  the elements in step.
 
 Prints elements/s per kind (median of rounds) and the ratio of each to *anonymous*, and the
 consumer's CPU per element; writes ``benchmarks/results/named_jobs-*.json``.
@@ -41,7 +44,7 @@ from tests.service.procs import ServiceProcesses  # noqa: E402
 from feedline.data import Dataset  # noqa: E402
 from feedline.service import distribute  # noqa: E402
 
-KINDS = ("anonymous", "named", "named, 2 consumers")
+KINDS = ("anonymous", "named", "named, 2 consumers", "round robin, 2 consumers")
 
 
 def four_kib(i: Any) -> np.ndarray:
@@ -73,6 +76,37 @@ def read_job(target: str, elements: int, name: str | None, consumers: int) -> in
     return sum(counts)
 
 
+def read_rounds(target: str, elements: int, name: str) -> int:
+    """Two round-robin consumers (threads) read ``elements`` in all; the elements read."""
+    counts = [0, 0]
+
+    def consume(index: int) -> None:
+        dataset = (
+            Dataset.range(10**6)
+            .map(four_kib)
+            .repeat()
+            .apply(
+                distribute(
+                    "parallel_epochs", target, job_name=name, consumer_index=index, num_consumers=2
+                )
+            )
+        )
+        iterator = iter(dataset)
+        for _ in range(elements // 2):
+            next(iterator)
+            counts[index] += 1
+        iterator.close()
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+        if thread.is_alive():
+            raise RuntimeError("a round-robin consumer did not end within 600 s")
+    return sum(counts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -86,11 +120,14 @@ def main() -> None:
             cluster.start_worker()
         read_job(cluster.target, 2000, None, 1)  # warm-up
         for round_ in range(args.rounds):
-            for kind in KINDS[round_ % 3 :] + KINDS[: round_ % 3]:
+            for kind in KINDS[round_ % 4 :] + KINDS[: round_ % 4]:
                 name = None if kind == "anonymous" else f"r{round_}-{kind}"
                 consumers = 2 if kind.endswith("2 consumers") else 1
                 started, process = time.perf_counter(), time.process_time()
-                count = read_job(cluster.target, args.elements, name, consumers)
+                if kind.startswith("round robin"):
+                    count = read_rounds(cluster.target, args.elements, f"r{round_}-rr")
+                else:
+                    count = read_job(cluster.target, args.elements, name, consumers)
                 elapsed = time.perf_counter() - started
                 if count != args.elements:
                     raise RuntimeError(f"{kind}: read {count} of {args.elements} elements")
