@@ -30,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,17 @@ def four_kib(i: Any) -> np.ndarray:
     return np.full(1024, i, dtype=np.float32)
 
 
+def in_threads(consume: Callable[[int], None], count: int) -> None:
+    """``consume(i)`` for ``i`` in ``range(count)``, each in a thread of its own, to the end."""
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+        if thread.is_alive():
+            raise RuntimeError("a consumer did not end within 600 s")
+
+
 def read_job(target: str, elements: int, name: str | None, consumers: int) -> int:
     """Reads one epoch with ``consumers`` threads; the elements they read together. (Each
     consumer iterates a dataset of its own: the k-th ``iter()`` of one dataset joins its job's
@@ -66,13 +78,7 @@ def read_job(target: str, elements: int, name: str | None, consumers: int) -> in
         for _ in dataset:
             counts[index] += 1
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(600)
-        if thread.is_alive():
-            raise RuntimeError("a consumer did not end within 600 s")
+    in_threads(consume, consumers)
     return sum(counts)
 
 
@@ -97,13 +103,7 @@ def read_rounds(target: str, elements: int, name: str) -> int:
             counts[index] += 1
         iterator.close()
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(600)
-        if thread.is_alive():
-            raise RuntimeError("a round-robin consumer did not end within 600 s")
+    in_threads(consume, 2)
     return sum(counts)
 
 

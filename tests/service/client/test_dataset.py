@@ -332,6 +332,20 @@ def _read_in_threads(datasets: list[Dataset], count: int) -> list[list[int]]:
     return results
 
 
+def _round_robin_pair(target: str) -> list[Dataset]:
+    """Consumers 0 and 1 of a round-robin job of ``range(1_000_000).repeat()``."""
+    return [
+        Dataset.range(1_000_000)
+        .repeat()
+        .apply(
+            service.distribute(
+                "parallel_epochs", target, job_name="rr", consumer_index=i, num_consumers=2
+            )
+        )
+        for i in range(2)
+    ]
+
+
 @pytest.mark.parametrize(
     ("num_workers", "first", "second"),
     [
@@ -346,16 +360,7 @@ def test_round_robin_consumers_take_turns_within_each_round(
     make_cluster: Any, num_workers: int, first: list[int], second: list[int]
 ) -> None:
     cluster = make_cluster(num_workers)
-    datasets = [
-        Dataset.range(1_000_000)
-        .repeat()
-        .apply(
-            service.distribute(
-                "parallel_epochs", cluster.target, job_name="rr", consumer_index=i, num_consumers=2
-            )
-        )
-        for i in range(2)
-    ]
+    datasets = _round_robin_pair(cluster.target)
     assert _read_in_threads(datasets, 6) == [first, second]
 
 
@@ -365,16 +370,7 @@ def test_round_robin_replies_of_several_rounds_keep_every_consumer_in_step(
     # A reply carries a task's complete rounds from the one asked for (up to 64): the consumer
     # keeps those of one worker while it reads the other's rounds in between.
     cluster = make_cluster(2)
-    datasets = [
-        Dataset.range(1_000_000)
-        .repeat()
-        .apply(
-            service.distribute(
-                "parallel_epochs", cluster.target, job_name="rr", consumer_index=i, num_consumers=2
-            )
-        )
-        for i in range(2)
-    ]
+    datasets = _round_robin_pair(cluster.target)
     rounds = 600
     assert _read_in_threads(datasets, rounds) == [
         [2 * (r // 2) + i for r in range(rounds)] for i in range(2)
