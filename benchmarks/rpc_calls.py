@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import write_results  # noqa: E402
+from benchmarks._load import cpu_seconds  # noqa: E402
 
 KINDS = ("grpcio", "call", "upload", "stream of one")
 SERVICE = "bench.Rpc"
@@ -84,12 +85,6 @@ def _serve(ports_w: int) -> None:
     signal.sigwait({signal.SIGTERM})
     feedline_server.stop(0.0)
     bare_server.stop(0)
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -159,12 +154,12 @@ def _measure(
             call = calls[kind]
             for _ in range(500):
                 call()
-            cpu = _cpu_seconds(pid)
+            cpu = cpu_seconds(pid)
             started = time.perf_counter()
             for _ in range(args.calls):
                 call()
             elapsed = time.perf_counter() - started
-            results[kind]["server_cpu_us"].append((_cpu_seconds(pid) - cpu) / args.calls * 1e6)
+            results[kind]["server_cpu_us"].append((cpu_seconds(pid) - cpu) / args.calls * 1e6)
             results[kind]["caller_us"].append(elapsed / args.calls * 1e6)
     client.close()
     channel.close()
