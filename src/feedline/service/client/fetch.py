@@ -41,8 +41,6 @@ __all__ = ["REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
 REPLY_BYTES = 8 << 20
 #: The longest one RPC to a reachable server may take.
 RPC_TIMEOUT_S = 30.0
-# Round robin: the most rounds of one task a consumer asks for at once.
-_ROUNDS = 64
 _POLL_MS = 500
 
 logger = logging.getLogger(__name__)
@@ -272,8 +270,8 @@ class Fetchers:
     def _fetch_rounds(self, _: int) -> None:
         """Round robin: round ``r`` from task ``r % n``, never skipping one. A worker that is
         gone fails the read: skipping its rounds would put the consumers out of step. A reply
-        carries the task's rounds from the one asked for that are complete (up to the queue's
-        room, ``_ROUNDS`` at most); the later ones wait here for their turn."""
+        carries the task's rounds from the one asked for that are complete (as many as the queue
+        has room for); the later ones wait here for their turn."""
         queue = self._queue
         round_index = 0
         ahead: dict[int, collections.deque[list[np.ndarray]]] = {}  # by task: its next rounds'
@@ -286,8 +284,7 @@ class Fetchers:
                 task_id, address = tasks[round_index % len(tasks)]
                 waiting = ahead.setdefault(task_id, collections.deque())
                 if not waiting:
-                    rounds = min(credits, _ROUNDS)
-                    reply = self._read_round(task_id, address, round_index, len(tasks), rounds)
+                    reply = self._read_round(task_id, address, round_index, len(tasks), credits)
                     if reply is None:
                         return
                     if reply.header.eos:

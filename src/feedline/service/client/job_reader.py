@@ -75,10 +75,10 @@ _DEFAULT_OUTSTANDING = 1024
 # ``ElementQueue.HOLD_S`` (50 ms), up to _DEFAULT_OUTSTANDING. A fixed 16 made a fast reader
 # ask for 2-5 elements a request: a tenth of the rate of a job without a name.
 _SHARED_OUTSTANDING = 16
-# The same for a round-robin consumer (num_consumers), at most: its fetch thread holds as many
-# more rounds of each task as one reply brought (``fetch._ROUNDS``), and a worker keeps 256
-# rounds behind the newest (``buffer.ROUND_WINDOW``): consumers must stay within that of each
-# other.
+# The same for a round-robin consumer (num_consumers), at most: its fetch thread also holds the
+# rounds of each task that one reply brought beyond the one due (as many as the queue had room
+# for), and a worker keeps 256 rounds behind the newest (``buffer.ROUND_WINDOW``): consumers must
+# stay within that of each other.
 _ROUNDS_AHEAD = 64
 # Elements' bytes a consumer keeps in flight and buffered.
 _BUFFER_BYTES = 64 << 20
