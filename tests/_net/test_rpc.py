@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from feedline import errors
 from feedline._net import rpc as _rpc
-from feedline._net.wire import encode_frame
+from feedline._net.wire import decode_frame, encode_frame
 from tests.launcher import local_auth
 
 TOKEN = "s3cret-token"
@@ -84,6 +85,30 @@ def test_errors_keep_their_type(server: str) -> None:
         client.call("Typed", {"n": True}, timeout=5)
     assert client.call("Typed", {"n": 3}, timeout=5)[0] == {"n": 3}
     client.close()
+
+
+def test_calls_started_together_are_in_flight_together() -> None:
+    both_in = threading.Barrier(2, timeout=20)
+
+    def meet(header: dict[str, Any], buffers: list[memoryview]) -> Any:
+        both_in.wait()  # returns only once the other call is in the server too
+        return {"n": header["n"]}, ()
+
+    grpc_server, port = _rpc.start_server(
+        "test.Service", {**_handlers(), "Meet": meet}, bind="127.0.0.1", port=0, token=None
+    )
+    client = _rpc.RpcClient(f"127.0.0.1:{port}", "test.Service")
+    try:
+        waits = [
+            client.start_frame("Meet", encode_frame({"n": n}), timeout=30) for n in (1, 2)
+        ]
+        assert [decode_frame(wait())[0] for wait in waits] == [{"n": 1}, {"n": 2}]
+        failed = client.start_frame("NotFound", encode_frame({}), timeout=30)
+        with pytest.raises(errors.NotFoundError, match="no such thing"):
+            failed()
+    finally:
+        client.close()
+        grpc_server.stop(0.0)
 
 
 def test_an_unexpected_error_travels_without_the_server_traceback(

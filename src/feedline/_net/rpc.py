@@ -546,13 +546,8 @@ class RpcClient:
     def call_frame(
         self, method: str, frame: bytes, *, timeout: float, wait_for_ready: bool = False
     ) -> bytes:
-        stub = self._stubs.get(method)
-        if stub is None:
-            stub = self._stubs[method] = self._channel.unary_unary(
-                f"/{self._service_name}/{method}"
-            )
         try:
-            return stub(
+            return self._stub(method)(
                 frame,
                 timeout=timeout,
                 metadata=self._call_metadata(),
@@ -560,6 +555,28 @@ class RpcClient:
             )
         except grpc.RpcError as error:
             raise self._failed(error, method) from None
+
+    def start_frame(self, method: str, frame: bytes, *, timeout: float) -> Callable[[], bytes]:
+        """Sends ``frame`` as ``call_frame`` does, without waiting: the function returned waits
+        for the reply frame (and raises what ``call_frame`` would). Several calls may be in
+        flight at once; gRPC serves them in no particular order."""
+        future = self._stub(method).future(frame, timeout=timeout, metadata=self._call_metadata())
+
+        def result() -> bytes:
+            try:
+                return future.result()
+            except grpc.RpcError as error:
+                raise self._failed(error, method) from None
+
+        return result
+
+    def _stub(self, method: str) -> Any:
+        stub = self._stubs.get(method)
+        if stub is None:
+            stub = self._stubs[method] = self._channel.unary_unary(
+                f"/{self._service_name}/{method}"
+            )
+        return stub
 
     def upload(
         self,

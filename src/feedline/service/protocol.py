@@ -873,7 +873,9 @@ class GetElementsRequest:
     received and has not returned yet), ``max_elements`` and ``max_bytes`` (what one reply may
     carry). Round robin: ``consumer_index``, ``round`` (the round the consumer reads) and
     ``max_elements`` (how many consecutive rounds from it one reply may carry: the first is
-    waited for, those after it only if they are complete). Both
+    waited for, those after it only if they are complete). A first come, first served consumer
+    that keeps several requests to a task in flight numbers them (``seq``, from 0 for each
+    task): the worker hands out elements to a consumer's requests in that order. Both
     carry ``wait_ms`` (how long the request may wait for elements) and, from a consumer on the
     worker's host, ``shm`` (the offer of its shared-memory arena, checked by ``shm``).
 
@@ -900,6 +902,7 @@ class GetElementsRequest:
     trainer_id: str | None = None
     index: int = 0
     returned: int = 0
+    seq: int | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> GetElementsRequest:
@@ -922,6 +925,7 @@ class GetElementsRequest:
             trainer_id=field(header, "trainer_id", (str, type(None)), None),
             index=field(header, "index", int, 0),
             returned=field(header, "returned", int, 0),
+            seq=field(header, "seq", int, None),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -935,6 +939,8 @@ class GetElementsRequest:
                 max_elements=self.max_elements,
                 max_bytes=self.max_bytes,
             )
+            if self.seq is not None:
+                header["seq"] = self.seq
         else:
             header.update(consumer_index=self.consumer_index, round=self.round)
             if self.max_elements != 1:

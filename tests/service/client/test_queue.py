@@ -119,6 +119,33 @@ def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
         queue.get(0)
 
 
+def test_two_requests_in_flight_to_a_task_each_hold_off_the_end() -> None:
+    queue = ElementQueue(max_elements=8, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    assert queue.acquire(parts=2) == 4  # half the task's share: another request may follow
+    assert queue.acquire(parts=2, wait=False) == 2
+    first, second = queue.start_reading(1), queue.start_reading(1)
+    queue.end_tasks([1], completed=True)
+    queue.update(running(1), asked_after=queue.ends())
+    queue.done_reading(1, first)
+    assert queue.get(0) is None  # the second reply may still bring elements
+    queue.put(1, [Item("late", 8, 1)], 2)
+    queue.done_reading(1, second)
+    item = queue.get(0)
+    assert item is not None and item.element == "late"
+    with pytest.raises(StopIteration):
+        queue.get(0)
+
+
+def test_acquire_without_waiting_returns_nothing_when_there_is_no_room() -> None:
+    queue = ElementQueue(max_elements=2, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    assert queue.acquire() == 2
+    assert queue.acquire(wait=False) == 0  # waiting, it would wait for ever: none come back
+    queue.put(1, [], 2)
+    assert queue.acquire(wait=False) == 2
+
+
 def test_a_newer_view_with_another_task_is_no_end() -> None:
     queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
     queue.update(running(1), asked_after=0)

@@ -258,3 +258,56 @@ def test_a_reply_that_reached_its_bytes_or_the_end_of_the_input_waits_no_more(
     values, took = timed_ask(first_come(buffer), held=5, max_elements=4)
     assert values == [2] and took < 15  # the input ended: nothing more comes
     producer.join(10)
+
+
+# -- a consumer's requests in flight together (replies.TaskReplies._wait_turn) ------------------
+
+
+def test_numbered_requests_take_their_elements_in_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replies, "_TURN_WAIT_S", 30.0)
+    buffer = TaskBuffer(7)
+    for value in range(3):
+        buffer.put([np.int64(value)], 8)
+    task_replies = first_come(buffer)
+    assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    later: list[list[int]] = []
+    thread = threading.Thread(
+        target=lambda: later.append(timed_ask(task_replies, seq=2, max_elements=1)[0]),
+        daemon=True,
+    )
+    thread.start()  # request 2 arrives first, and waits for request 1
+    time.sleep(0.2)
+    assert later == []
+    assert timed_ask(task_replies, seq=1, max_elements=1)[0] == [1]
+    thread.join(10)
+    assert later == [[2]]
+
+
+def test_a_request_whose_predecessor_never_comes_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replies, "_TURN_WAIT_S", 0.3)
+    buffer = TaskBuffer(7)
+    for value in range(2):
+        buffer.put([np.int64(value)], 8)
+    task_replies = first_come(buffer)
+    assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    values, took = timed_ask(task_replies, seq=2, max_elements=1)  # request 1 was lost
+    assert values == [1] and 0.25 < took < 10
+
+
+def test_only_a_consumers_own_requests_wait_for_each_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replies, "_TURN_WAIT_S", 30.0)  # a reply sooner did not wait for a turn
+    buffer = TaskBuffer(7)
+    for value in range(3):
+        buffer.put([np.int64(value)], 8)
+    task_replies = first_come(buffer)
+    assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    # Another consumer's first numbered request (whatever its number) takes at once, and so
+    # does an unnumbered one.
+    values, took = timed_ask(task_replies, consumer=2, seq=5, max_elements=1)
+    assert values == [1] and took < 15
+    values, took = timed_ask(task_replies, consumer=3, max_elements=1)
+    assert values == [2] and took < 15

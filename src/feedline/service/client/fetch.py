@@ -2,10 +2,13 @@
 ``ElementQueue``.
 
 First come, first served: one thread per task asks for as many elements as the queue has room
-for (``ElementQueue.acquire``), several per reply when they are small. Round robin: one thread
-reads round ``r`` from task ``r % num_tasks``, never skipping one. Replies of same-host workers
-come through shared memory (``shm``); in an exactly-once job a reply's elements carry their
-``[split, offset]``, and the reader says which of them to keep (``ReaderLink.admit``).
+for (``ElementQueue.acquire``), several per reply when they are small, and keeps ``IN_FLIGHT``
+requests to its task in flight, numbered, so that the worker takes the next reply's elements
+while it copies and sends the last (its replies keep the order of the requests). Round robin:
+one thread reads round ``r`` from task ``r % num_tasks``, never skipping one. Replies of
+same-host workers come through shared memory (``shm``); in an exactly-once job a reply's
+elements carry their ``[split, offset]``, and the reader says which of them to keep
+(``ReaderLink.admit``).
 
 The fetchers know the queue, the shared-memory channels and a ``ReaderLink``: nothing else of the
 reader.
@@ -14,6 +17,7 @@ reader.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -35,12 +39,18 @@ from feedline.service.client.queue import ElementQueue, Item
 from feedline.service.protocol import WORKER_SERVICE, ElementsReply, GetElementsRequest
 from feedline.service.shm import ConsumerChannels
 
-__all__ = ["REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
+__all__ = ["IN_FLIGHT", "REPLY_BYTES", "RPC_TIMEOUT_S", "Fetchers", "ReaderLink"]
 
 #: The most bytes one reply carries (one larger element still travels alone).
 REPLY_BYTES = 8 << 20
 #: The longest one RPC to a reachable server may take.
 RPC_TIMEOUT_S = 30.0
+#: First come, first served: the requests a fetch thread keeps in flight to its task (one for a
+#: trainer of a cross-trainer job, whose request names the position the last reply reached).
+IN_FLIGHT = 2
+#: ... once the last reply brought this many bytes (the copy of a smaller one is short, and
+#: small elements come in fuller replies one request at a time).
+TOGETHER_BYTES = 4 << 20
 _POLL_MS = 500
 
 logger = logging.getLogger(__name__)
@@ -71,9 +81,24 @@ class ReaderLink(Protocol):
 class _Reply:
     """A GetElements reply, its elements unpacked."""
 
-    def __init__(self, header: ElementsReply, elements: list[list[np.ndarray]]) -> None:
+    def __init__(
+        self, header: ElementsReply, elements: list[list[np.ndarray]], nbytes: int = 0
+    ) -> None:
         self.header = header
         self.elements = elements
+        self.nbytes = nbytes
+
+
+class _InFlight:
+    """A request in flight: how to wait for its reply, its credits and its number (the
+    queue's ``start_reading``)."""
+
+    __slots__ = ("credits", "number", "receive")
+
+    def __init__(self, receive: Callable[[], _Reply | None], credits: int, number: int) -> None:
+        self.receive = receive
+        self.credits = credits
+        self.number = number
 
 
 class Fetchers:
@@ -181,57 +206,89 @@ class Fetchers:
     def _read(self, worker: _rpc.RpcClient, request: GetElementsRequest) -> _Reply | None:
         """One GetElements call; None if the worker cannot be reached (only a failed RPC means
         that)."""
+        return self._request(worker, request, wait=True)()
+
+    def _request(
+        self, worker: _rpc.RpcClient, request: GetElementsRequest, *, wait: bool = False
+    ) -> Callable[[], _Reply | None]:
+        """Sends one GetElements call (with ``wait``, only once its reply is asked for); the
+        function returned waits for the reply, None if the worker cannot be reached. Replies
+        are asked for in the order of their requests (the shared-memory arena's ring)."""
         sent, offer = self._shm.ask(worker.address, request.to_header())
-        try:
-            frame = worker.call_frame(
-                "GetElements", encode_frame(sent), timeout=_POLL_MS / 1000 + RPC_TIMEOUT_S
-            )
-        except UnavailableError:
-            self._shm.lost(worker.address)
-            return None
-        header, buffers = decode_frame(frame)
-        buffers = self._shm.received(worker.address, header, buffers, offer)
-        reply = ElementsReply.from_header(header)
-        return _Reply(reply, [] if reply.meta is None else unpack_elements(reply.meta, buffers))
+        frame = encode_frame(sent)
+        timeout = _POLL_MS / 1000 + RPC_TIMEOUT_S
+        result: Callable[[], bytes]
+        if wait:
+            result = functools.partial(worker.call_frame, "GetElements", frame, timeout=timeout)
+        else:
+            result = worker.start_frame("GetElements", frame, timeout=timeout)
+
+        def receive() -> _Reply | None:
+            try:
+                answer = result()
+            except UnavailableError:
+                self._shm.lost(worker.address)
+                return None
+            header, buffers = decode_frame(answer)
+            buffers = self._shm.received(worker.address, header, buffers, offer)
+            reply = ElementsReply.from_header(header)
+            elements = [] if reply.meta is None else unpack_elements(reply.meta, buffers)
+            return _Reply(reply, elements, sum(buffer.nbytes for buffer in buffers))
+
+        return receive
 
     def _fetch_first_come(self, task_id: int) -> None:
         queue = self._queue
         trainer = self._trainer
         position = 0 if trainer is None else trainer.fetch_from(task_id)
+        # A trainer asks from its position, which each reply moves: one request at a time.
+        depth = 1 if trainer is not None else IN_FLIGHT
+        pending: collections.deque[_InFlight] = collections.deque()
+        sent = 0
+        # Requests go out together after a large reply (small ones are cheap to copy, and come
+        # fuller one at a time); the worker then knows this consumer's first request, and takes
+        # the others' elements in their order (``seq``).
+        together = False
         try:
             worker = self._connect(queue.address(task_id) or "")
-            while not queue.closed:
-                if not queue.readable(task_id):
-                    return
-                # A batch at a time (a quarter of the queue) while the queue holds elements, not
-                # an element at each step: a consumer of a shared job starts with a queue of 16,
-                # and a trainer reads its own stream from the worker's cache.
-                credits = queue.acquire(max(1, queue.max_elements // 4))
-                if not credits:
-                    return
-                with queue.reading(task_id):
-                    request = GetElementsRequest(
-                        task_id,
-                        wait_ms=_POLL_MS,
-                        consumer=self._client_id,
-                        consumers=self._link.consumers(),
-                        held=len(queue),
-                        max_elements=credits,
-                        max_bytes=REPLY_BYTES,
-                        trainer_id=None if trainer is None else trainer.trainer_id,
-                        index=position,
-                        returned=0 if trainer is None else trainer.returned_in(task_id),
+            while True:
+                if (
+                    (not pending or (together and len(pending) < depth))
+                    and not queue.closed
+                    and queue.readable(task_id)
+                ):
+                    # A batch at a time (a quarter of the queue) while the queue holds elements,
+                    # not an element at each step: a consumer of a shared job starts with a
+                    # queue of 16, and a trainer reads its own stream from the worker's cache.
+                    credits = queue.acquire(
+                        max(1, queue.max_elements // 4),
+                        parts=depth if together else 1,
+                        wait=not pending,
                     )
-                    reply = self._read(worker, request)
-                    if reply is None:
-                        self._deliver([], credits, task_id)
-                    else:
-                        tags = reply.header.tags
-                        first = reply.header.first
-                        if trainer is not None and first is not None:  # their positions
-                            tags = trainer_tags(first, len(reply.elements), tags)
-                            position = first + len(reply.elements)
-                        self._deliver(reply.elements, credits, task_id, tags)
+                    if credits:
+                        request = GetElementsRequest(
+                            task_id,
+                            wait_ms=_POLL_MS,
+                            consumer=self._client_id,
+                            consumers=self._link.consumers(),
+                            held=len(queue),
+                            max_elements=credits,
+                            max_bytes=REPLY_BYTES,
+                            trainer_id=None if trainer is None else trainer.trainer_id,
+                            index=position,
+                            returned=0 if trainer is None else trainer.returned_in(task_id),
+                            seq=sent if depth > 1 else None,
+                        )
+                        number = queue.start_reading(task_id)
+                        pending.append(_InFlight(self._request(worker, request), credits, number))
+                        sent += 1
+                        continue
+                if not pending:
+                    return
+                reply = self._receive(task_id, pending.popleft())
+                if reply is not None and reply.header.first is not None and trainer is not None:
+                    position = reply.header.first + len(reply.elements)
+                together = reply is not None and reply.nbytes >= TOGETHER_BYTES
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
                     queue.wait_closed(0.1)
                 elif reply.header.retry_after_ms:  # the worker did not wait: this side does
@@ -240,12 +297,34 @@ class Fetchers:
                     self._link.fail(error_from_report(reply.header.error))
                     return
                 elif reply.header.eos or reply.header.gone:
+                    while pending:  # what the requests after it brought, if anything
+                        self._receive(task_id, pending.popleft())
                     self._end_tasks([task_id], completed=reply.header.eos)
                     if trainer is not None and reply.header.eos:
                         self._returned_all(worker, task_id, trainer, position)
                     return
         except BaseException as error:
             self._link.fail(error)
+        finally:
+            for call in pending:  # abandoned: the reader failed or closed
+                queue.done_reading(task_id, call.number)
+
+    def _receive(self, task_id: int, call: _InFlight) -> _Reply | None:
+        """Waits for the reply to ``call`` and delivers its elements; None if the worker could
+        not be reached."""
+        try:
+            reply = call.receive()
+            if reply is None:
+                self._deliver([], call.credits, task_id)
+                return None
+            tags = reply.header.tags
+            first = reply.header.first
+            if self._trainer is not None and first is not None:  # their positions
+                tags = trainer_tags(first, len(reply.elements), tags)
+            self._deliver(reply.elements, call.credits, task_id, tags)
+            return reply
+        finally:
+            self._queue.done_reading(task_id, call.number)
 
     def _returned_all(
         self, worker: _rpc.RpcClient, task_id: int, trainer: TrainerPositions, end: int

@@ -102,9 +102,9 @@ class ElementQueue:
         self._tasks: dict[int, str] = {}
         self._completed: set[int] = set()  # the task's input ended and it handed out all
         self._lost: set[int] = set()  # its worker left or was dropped
-        # Tasks with a request in flight: elements a worker handed out before it said it was
+        # Requests in flight, by task: elements a worker handed out before it said it was
         # done may still be on their way here.
-        self._in_flight: set[int] = set()
+        self._in_flight: collections.Counter[int] = collections.Counter()
         # Every request gets a number (``reading``); those still in flight.
         self._requests = 0
         self._outstanding: set[int] = set()
@@ -203,39 +203,52 @@ class ElementQueue:
             return waited
 
     # -- the fetch threads ---------------------------------------------------------------------
-    def acquire(self, minimum: int = 1) -> int:
+    def acquire(self, minimum: int = 1, *, parts: int = 1, wait: bool = True) -> int:
         """Credits for one request, waiting for room (for ``minimum`` credits, or as many as
         the queue holds when it is empty): at most an even share among the tasks that can be
-        read; 0 once the queue is closed."""
+        read, divided by ``parts`` (the requests a fetch thread keeps in flight to its task);
+        0 once the queue is closed, or without ``wait`` when there is no room now."""
         with self._cond:
             while not self._closed.is_set() and (
                 self._credits <= 0
                 or self._bytes >= self._max_bytes
                 or (self._credits < minimum and self._items)
             ):
+                if not wait:
+                    return 0
                 self._cond.wait(0.5)
             if self._closed.is_set():
                 return 0
             active = max(1, sum(1 for t in self._tasks if self._readable(t)))
-            share = max(1, self._credits // active)
+            share = max(1, self._credits // (active * max(1, parts)))
             self._credits -= share
             return share
 
     @contextlib.contextmanager
     def reading(self, task_id: int) -> Iterator[None]:
         """Marks a request to ``task_id`` as in flight (the job cannot end meanwhile)."""
-        with self._cond:
-            self._in_flight.add(task_id)
-            self._requests += 1
-            number = self._requests
-            self._outstanding.add(number)
+        number = self.start_reading(task_id)
         try:
             yield
         finally:
-            with self._cond:
-                self._in_flight.discard(task_id)
-                self._outstanding.discard(number)
-                self._cond.notify_all()
+            self.done_reading(task_id, number)
+
+    def start_reading(self, task_id: int) -> int:
+        """``reading`` for a request that ends elsewhere: its number, for ``done_reading``."""
+        with self._cond:
+            self._in_flight[task_id] += 1
+            self._requests += 1
+            self._outstanding.add(self._requests)
+            return self._requests
+
+    def done_reading(self, task_id: int, number: int) -> None:
+        """The request ``number`` to ``task_id`` (``start_reading``) ended."""
+        with self._cond:
+            self._in_flight[task_id] -= 1
+            if self._in_flight[task_id] <= 0:
+                del self._in_flight[task_id]
+            self._outstanding.discard(number)
+            self._cond.notify_all()
 
     def requests_made(self) -> int:
         """How many requests were made so far (a mark for ``answered_through``)."""

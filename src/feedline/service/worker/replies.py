@@ -8,6 +8,11 @@ consumers for ``_GATHER_S`` first. Round robin: consumer ``i`` gets element ``i`
 it asks for (``TaskBuffer.take_round``). A reply says, besides the elements, ``eos``, ``gone``,
 ``error`` or nothing (``buffer.Ending``); in exactly-once jobs it carries each element's
 ``[split, offset]`` (``tags``).
+
+A consumer may keep two or more first come, first served requests to a task in flight, numbered
+(``seq``): request ``n`` takes its elements only after request ``n - 1`` took its own (or after
+``_TURN_WAIT_S``, should that request never arrive), so the replies carry the task's elements in
+the order of their requests while the first is still being copied and sent.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ _HUNGRY_S = 0.05
 # consumer of the job (two at least) asks: consumers that start together share its first
 # elements. A job read by one consumer alone starts this much later.
 _GATHER_S = 0.1
+# The longest a consumer's numbered request waits for its predecessor to take its elements.
+_TURN_WAIT_S = 1.0
 # Round robin: the most consecutive rounds one reply carries.
 _MAX_ROUNDS = 64
 
@@ -94,6 +101,7 @@ class TaskReplies:
         self._waiting: collections.Counter[int] = collections.Counter()
         self._hungry: dict[int, float] = {}
         self._consumers_hint = 1  # the job's consumers, as the requests tell
+        self._turns: dict[int, int] = {}  # by consumer: its last numbered request that took
         self._first_ask: float | None = None
         self._handed_out = False
         #: Elements and their bytes handed to consumers (for the status pages).
@@ -120,36 +128,65 @@ class TaskReplies:
         max_bytes = max(1, request.max_bytes)
         tags: list[list[int]] = []
         deadline = time.monotonic() + wait_seconds(request)
-        with buffer.cond:
-            self._consumers_hint = max(self._consumers_hint, request.consumers)
-            if self._first_ask is None:
-                self._first_ask = time.monotonic()
-            self._waiting[consumer] += 1
-            buffer.cond.notify_all()  # a gathering task may have waited for this consumer
-            try:
-                limit = self._wait_for_share(consumer, held, max_elements, deadline)
-            finally:
-                self._waiting[consumer] -= 1
-                if not self._waiting[consumer]:
-                    del self._waiting[consumer]
-        if limit > 1 and held > 0:  # outside the lock: the producer goes on meanwhile
-            self._linger(limit, max_bytes, min(deadline, time.monotonic() + _LINGER_S))
-        with buffer.cond:
-            elements, taken = buffer.take_many(limit, max_bytes, tags)
-            if not elements:
-                ending = None if len(buffer) else buffer.ending()
-                if ending is not None:
-                    return end_frame(ending, buffer.failure())
-                if held < _AHEAD:
-                    self._hungry[consumer] = time.monotonic() + _HUNGRY_S
-                    if len(self._hungry) > 64:
-                        now = time.monotonic()
-                        self._hungry = {c: t for c, t in self._hungry.items() if t > now}
-                return NOTHING_YET
-            self._hungry.pop(consumer, None)
-            self._handed_out = True
-            self._count(len(elements), taken)
+        turn = request.seq  # until this request passes the turn on
+        try:
+            with buffer.cond:
+                self._consumers_hint = max(self._consumers_hint, request.consumers)
+                if self._first_ask is None:
+                    self._first_ask = time.monotonic()
+                if turn is not None:
+                    self._wait_turn(consumer, turn)
+                self._waiting[consumer] += 1
+                buffer.cond.notify_all()  # a gathering task may have waited for this consumer
+                try:
+                    limit = self._wait_for_share(consumer, held, max_elements, deadline)
+                finally:
+                    self._waiting[consumer] -= 1
+                    if not self._waiting[consumer]:
+                        del self._waiting[consumer]
+            if limit > 1 and held > 0:  # outside the lock: the producer goes on meanwhile
+                self._linger(limit, max_bytes, min(deadline, time.monotonic() + _LINGER_S))
+            with buffer.cond:
+                elements, taken = buffer.take_many(limit, max_bytes, tags)
+                if turn is not None:
+                    self._pass_turn(consumer, turn)
+                    turn = None
+                if not elements:
+                    ending = None if len(buffer) else buffer.ending()
+                    if ending is not None:
+                        return end_frame(ending, buffer.failure())
+                    if held < _AHEAD:
+                        self._hungry[consumer] = time.monotonic() + _HUNGRY_S
+                        if len(self._hungry) > 64:
+                            now = time.monotonic()
+                            self._hungry = {c: t for c, t in self._hungry.items() if t > now}
+                    return NOTHING_YET
+                self._hungry.pop(consumer, None)
+                self._handed_out = True
+                self._count(len(elements), taken)
+        finally:
+            if turn is not None:  # failed before taking: the next request goes on all the same
+                with buffer.cond:
+                    self._pass_turn(consumer, turn)
         return self._reply(request, elements, tags)
+
+    def _wait_turn(self, consumer: int, seq: int) -> None:
+        """(Under the lock.) Waits until ``consumer``'s request ``seq - 1`` took its elements,
+        for at most ``_TURN_WAIT_S``. A consumer's first numbered request here does not wait:
+        the consumer sends a second one only after a reply with elements, so the first one
+        seen here is the first it sent."""
+        buffer = self._buffer
+        until = time.monotonic() + _TURN_WAIT_S
+        while self._turns.get(consumer, seq - 1) < seq - 1 and not buffer.stopped:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            buffer.cond.wait(remaining)
+
+    def _pass_turn(self, consumer: int, seq: int) -> None:
+        """(Under the lock.) ``consumer``'s request ``seq`` took its elements."""
+        self._turns[consumer] = max(self._turns.get(consumer, -1), seq)
+        self._buffer.cond.notify_all()
 
     def _wait_for_share(self, consumer: int, held: int, wanted: int, deadline: float) -> int:
         """(Under the lock.) Waits until ``consumer`` may take elements, the input ended, or
