@@ -99,9 +99,7 @@ def test_calls_started_together_are_in_flight_together() -> None:
     )
     client = _rpc.RpcClient(f"127.0.0.1:{port}", "test.Service")
     try:
-        waits = [
-            client.start_frame("Meet", encode_frame({"n": n}), timeout=30) for n in (1, 2)
-        ]
+        waits = [client.start_frame("Meet", encode_frame({"n": n}), timeout=30) for n in (1, 2)]
         assert [decode_frame(wait())[0] for wait in waits] == [{"n": 1}, {"n": 2}]
         failed = client.start_frame("NotFound", encode_frame({}), timeout=30)
         with pytest.raises(errors.NotFoundError, match="no such thing"):
