@@ -280,7 +280,11 @@ class Fetchers:
                             seq=sent if depth > 1 else None,
                         )
                         number = queue.start_reading(task_id)
-                        pending.append(_InFlight(self._request(worker, request), credits, number))
+                        # Alone, a blocking call (sent when its reply is asked for): a call
+                        # that does not wait makes gRPC start a thread to follow it whenever
+                        # none is in flight.
+                        call = self._request(worker, request, wait=not together)
+                        pending.append(_InFlight(call, credits, number))
                         sent += 1
                         continue
                 if not pending:

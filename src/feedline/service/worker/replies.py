@@ -102,6 +102,7 @@ class TaskReplies:
         self._hungry: dict[int, float] = {}
         self._consumers_hint = 1  # the job's consumers, as the requests tell
         self._turns: dict[int, int] = {}  # by consumer: its last numbered request that took
+        self._turn_waiting = 0  # requests waiting for their turn
         self._first_ask: float | None = None
         self._handed_out = False
         #: Elements and their bytes handed to consumers (for the status pages).
@@ -181,12 +182,17 @@ class TaskReplies:
             remaining = until - time.monotonic()
             if remaining <= 0:
                 return
-            buffer.cond.wait(remaining)
+            self._turn_waiting += 1
+            try:
+                buffer.cond.wait(remaining)
+            finally:
+                self._turn_waiting -= 1
 
     def _pass_turn(self, consumer: int, seq: int) -> None:
         """(Under the lock.) ``consumer``'s request ``seq`` took its elements."""
         self._turns[consumer] = max(self._turns.get(consumer, -1), seq)
-        self._buffer.cond.notify_all()
+        if self._turn_waiting:
+            self._buffer.cond.notify_all()
 
     def _wait_for_share(self, consumer: int, held: int, wanted: int, deadline: float) -> int:
         """(Under the lock.) Waits until ``consumer`` may take elements, the input ended, or
