@@ -283,8 +283,8 @@ class Fetchers:
                         # Alone, a blocking call (sent when its reply is asked for): a call
                         # that does not wait makes gRPC start a thread to follow it whenever
                         # none is in flight.
-                        call = self._request(worker, request, wait=not together)
-                        pending.append(_InFlight(call, credits, number))
+                        receive = self._request(worker, request, wait=not together)
+                        pending.append(_InFlight(receive, credits, number))
                         sent += 1
                         continue
                 if not pending:
@@ -310,8 +310,8 @@ class Fetchers:
         except BaseException as error:
             self._link.fail(error)
         finally:
-            for call in pending:  # abandoned: the reader failed or closed
-                queue.done_reading(task_id, call.number)
+            for abandoned in pending:  # the reader failed or closed
+                queue.done_reading(task_id, abandoned.number)
 
     def _receive(self, task_id: int, call: _InFlight) -> _Reply | None:
         """Waits for the reply to ``call`` and delivers its elements; None if the worker could
