@@ -263,15 +263,24 @@ def test_a_reply_that_reached_its_bytes_or_the_end_of_the_input_waits_no_more(
 # -- a consumer's requests in flight together (replies.TaskReplies._wait_turn) ------------------
 
 
-def test_numbered_requests_take_their_elements_in_their_order(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(replies, "_TURN_WAIT_S", 30.0)
+def served_request_0(
+    monkeypatch: pytest.MonkeyPatch, turn_wait_s: float, values: int
+) -> replies.TaskReplies:
+    """A task's replies with ``values`` elements buffered, whose request 0 of consumer 1 took
+    the first; a request waits ``turn_wait_s`` at most for its turn."""
+    monkeypatch.setattr(replies, "_TURN_WAIT_S", turn_wait_s)
     buffer = TaskBuffer(7)
-    for value in range(3):
+    for value in range(values):
         buffer.put([np.int64(value)], 8)
     task_replies = first_come(buffer)
     assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    return task_replies
+
+
+def test_numbered_requests_take_their_elements_in_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task_replies = served_request_0(monkeypatch, 30.0, 3)
     later: list[list[int]] = []
     thread = threading.Thread(
         target=lambda: later.append(timed_ask(task_replies, seq=2, max_elements=1)[0]),
@@ -286,12 +295,7 @@ def test_numbered_requests_take_their_elements_in_their_order(
 
 
 def test_a_request_whose_predecessor_never_comes_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replies, "_TURN_WAIT_S", 0.3)
-    buffer = TaskBuffer(7)
-    for value in range(2):
-        buffer.put([np.int64(value)], 8)
-    task_replies = first_come(buffer)
-    assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    task_replies = served_request_0(monkeypatch, 0.3, 2)
     values, took = timed_ask(task_replies, seq=2, max_elements=1)  # request 1 was lost
     assert values == [1] and 0.25 < took < 10
 
@@ -299,12 +303,7 @@ def test_a_request_whose_predecessor_never_comes_goes_on(monkeypatch: pytest.Mon
 def test_only_a_consumers_own_requests_wait_for_each_other(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(replies, "_TURN_WAIT_S", 30.0)  # a reply sooner did not wait for a turn
-    buffer = TaskBuffer(7)
-    for value in range(3):
-        buffer.put([np.int64(value)], 8)
-    task_replies = first_come(buffer)
-    assert timed_ask(task_replies, seq=0, max_elements=1)[0] == [0]
+    task_replies = served_request_0(monkeypatch, 30.0, 3)  # a reply sooner waited for no turn
     # Another consumer's first numbered request (whatever its number) takes at once, and so
     # does an unnumbered one.
     values, took = timed_ask(task_replies, consumer=2, seq=5, max_elements=1)
