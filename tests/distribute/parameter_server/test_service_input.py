@@ -174,17 +174,29 @@ def test_a_killed_worker_repeats_nothing_and_loses_at_most_its_buffer(
                 functools.partial(service_input, data_service, "killed", size)
             )
         )
-        # Phase 1: worker 1 gets stuck inside a step, after reading its ids; kill -9.
+        # Phase 1: worker 1 gets stuck inside a step, after reading its ids; kill -9. Worker 1
+        # runs a function first (it may start long after worker 0 on a loaded machine), and
+        # steps are scheduled until it got stuck (worker 0 may have run all of a batch).
+        _wait(lambda: _runs_on(coordinator) == 1, 60, "worker 1 to run a function")
         (tmp_path / "arm").touch()
-        first = _schedule(coordinator, iterator, range(40), tmp_path)
-        _wait((tmp_path / "stuck").exists, 60, "worker 1 to be inside a step")
+        first: list[Any] = []
+        stuck_file = tmp_path / "stuck"
+        while not stuck_file.exists():
+            assert len(first) < 120, "worker 1 never ran a step past its fourth with ids"
+            batch = _schedule(coordinator, iterator, range(len(first), len(first) + 40), tmp_path)
+            first += batch
+            _wait(
+                lambda: stuck_file.exists() or all(value.done for value in batch),  # noqa: B023
+                60,
+                "worker 1 to be inside a step, or the steps to end",
+            )
         workers.send("worker:1", signal.SIGKILL)
         assert workers.wait_exit("worker:1", timeout=20) == -signal.SIGKILL
         coordinator.join(timeout=60)  # worker 0 runs the rest, and the stuck step again
         # Phase 2: worker 1 comes back; its per-worker iterator joins the same job again.
         with servers(worker_1):
             _wait(lambda: _runs_on(coordinator) == 1, 30, "worker 1 to be back")
-            second = _read_to_end(coordinator, iterator, tmp_path, 40)
+            second = _read_to_end(coordinator, iterator, tmp_path, len(first))
         results = [value.fetch(timeout=10) for value in first] + second
     stuck = json.loads((tmp_path / "stuck").read_text())
     ids = [i for _, _, step_ids, _ in results for i in step_ids]
@@ -203,6 +215,6 @@ def test_a_killed_worker_repeats_nothing_and_loses_at_most_its_buffer(
     unreported = read_on_1 - set(ids)
     assert len(lost - unreported) <= OUTSTANDING, (sorted(lost), sorted(unreported))
     # The restarted worker read new ids from the same job (it did not start the epoch over).
-    again = [i for w, step, s, _ in results if w == 1 and step >= 40 for i in s]
+    again = [i for w, step, s, _ in results if w == 1 and step >= len(first) for i in s]
     assert again and not set(again) & set(stuck["ids"])
     print(f"lost {sorted(lost)}: read by the killed step {stuck['ids']}")
