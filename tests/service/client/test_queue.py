@@ -23,8 +23,9 @@ def fetch(queue: ElementQueue, task_id: int, values: list[int]) -> None:
     last task's end, a view of the job that lists no other task."""
     for value in values:
         credits = queue.acquire()
-        with queue.reading(task_id):
-            queue.put(task_id, [Item(value, 8, task_id)], credits)
+        number = queue.start_reading(task_id)
+        queue.put(task_id, [Item(value, 8, task_id)], credits)
+        queue.done_reading(task_id, number)
     if not queue.end_tasks([task_id], completed=True):
         queue.update([], asked_after=queue.ends())
 
@@ -110,9 +111,10 @@ def test_an_error_reaches_the_reader_at_every_call_even_with_elements_left() -> 
 def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
     queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
     queue.update(running(1), asked_after=0)
-    with queue.reading(1):
-        assert queue.end_tasks([1], completed=True) is False  # no task left to read
-        assert queue.get(0) is None  # a reply may still be on its way
+    number = queue.start_reading(1)
+    assert queue.end_tasks([1], completed=True) is False  # no task left to read
+    assert queue.get(0) is None  # a reply may still be on its way
+    queue.done_reading(1, number)
     assert queue.get(0) is None  # the task ended after the newest view was asked for
     queue.update(running(1), asked_after=queue.ends())  # a newer view lists no other task
     with pytest.raises(StopIteration):

@@ -79,14 +79,18 @@ class ReaderLink(Protocol):
 
 
 class _Reply:
-    """A GetElements reply, its elements unpacked."""
+    """A GetElements reply, its elements unpacked, and the buffers they came in."""
 
     def __init__(
-        self, header: ElementsReply, elements: list[list[np.ndarray]], nbytes: int = 0
+        self, header: ElementsReply, elements: list[list[np.ndarray]], buffers: list[memoryview]
     ) -> None:
         self.header = header
         self.elements = elements
-        self.nbytes = nbytes
+        self._buffers = buffers
+
+    def nbytes(self) -> int:
+        """The bytes of its elements (summed when asked: only a first-come reader asks)."""
+        return sum(buffer.nbytes for buffer in self._buffers)
 
 
 class _InFlight:
@@ -233,7 +237,7 @@ class Fetchers:
             buffers = self._shm.received(worker.address, header, buffers, offer)
             reply = ElementsReply.from_header(header)
             elements = [] if reply.meta is None else unpack_elements(reply.meta, buffers)
-            return _Reply(reply, elements, sum(buffer.nbytes for buffer in buffers))
+            return _Reply(reply, elements, buffers)
 
         return receive
 
@@ -292,7 +296,7 @@ class Fetchers:
                 reply = self._receive(task_id, pending.popleft())
                 if reply is not None and reply.header.first is not None and trainer is not None:
                     position = reply.header.first + len(reply.elements)
-                together = reply is not None and reply.nbytes >= TOGETHER_BYTES
+                together = depth > 1 and reply is not None and reply.nbytes() >= TOGETHER_BYTES
                 if reply is None:  # unreachable: until it answers or the dispatcher drops it
                     queue.wait_closed(0.1)
                 elif reply.header.retry_after_ms:  # the worker did not wait: this side does

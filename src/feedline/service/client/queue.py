@@ -45,10 +45,9 @@ Example:
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from feedline.service.protocol import TaskView
@@ -69,9 +68,9 @@ class Item(NamedTuple):
 class ElementQueue:
     """A bounded, thread-safe queue of a job's elements, and what is known of the job's tasks.
 
-    Fetch threads call ``acquire``, ``reading``, ``put``, ``end_tasks``, ``fail`` and
-    ``wait_closed``; the reader calls ``update`` (with each view of the job), ``get``, and
-    ``close``. See the module's docstring for what ``get`` does.
+    Fetch threads call ``acquire``, ``start_reading``, ``done_reading``, ``put``,
+    ``end_tasks``, ``fail`` and ``wait_closed``; the reader calls ``update`` (with each view of
+    the job), ``get``, and ``close``. See the module's docstring for what ``get`` does.
 
     Args:
       max_elements: the most elements in flight and buffered.
@@ -105,7 +104,7 @@ class ElementQueue:
         # Requests in flight, by task: elements a worker handed out before it said it was
         # done may still be on their way here.
         self._in_flight: collections.Counter[int] = collections.Counter()
-        # Every request gets a number (``reading``); those still in flight.
+        # Every request gets a number (``start_reading``); those still in flight.
         self._requests = 0
         self._outstanding: set[int] = set()
         self._returned: collections.Counter[int] = collections.Counter()
@@ -224,17 +223,9 @@ class ElementQueue:
             self._credits -= share
             return share
 
-    @contextlib.contextmanager
-    def reading(self, task_id: int) -> Iterator[None]:
-        """Marks a request to ``task_id`` as in flight (the job cannot end meanwhile)."""
-        number = self.start_reading(task_id)
-        try:
-            yield
-        finally:
-            self.done_reading(task_id, number)
-
     def start_reading(self, task_id: int) -> int:
-        """``reading`` for a request that ends elsewhere: its number, for ``done_reading``."""
+        """Marks a request to ``task_id`` as in flight (the job cannot end meanwhile): its
+        number, for ``done_reading``."""
         with self._cond:
             self._in_flight[task_id] += 1
             self._requests += 1
