@@ -1,23 +1,26 @@
 """What acknowledging on commit costs: a consumer that commits every step against one that
-acknowledges on receipt, on the same fault-tolerant service, alternated in one run.
+acknowledges on receipt on the same fault-tolerant service, and against a plain (not
+fault-tolerant) service, alternated in one run.
 
 Usage (from the repository root)::
 
     PYTHONPATH=src .venv/bin/python benchmarks/step_commits.py [--trials 5] [--elements 20000]
         [--steps 32,256] [--step-ms 0] [--journal-sync full]
 
-A ``feedline dispatcher --fault-tolerant`` (its journal on this machine's disk, each commit
-fsynced, or with ``--journal-sync normal`` not) and two
-``feedline worker`` processes; this process reads ``distributed_epoch`` jobs of ``--elements``
-elements of 4 KiB (1024 float32) each, a step being ``--steps`` elements taken with ``next``
-(and ``--step-ms`` of simulated training, a sleep). Per trial and step size, each first in
-turn: *receipt* (``acknowledge="on_receipt"``: the plain exactly-once DYNAMIC job),
-*commit* (``acknowledge="on_commit"``, ``commit()`` after every step: one ClientHeartbeat that
-the dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: the
-consumer's next heartbeat carries the acknowledgements, several steps at a time). Prints
-elements/s of each, the CPU seconds of the consumer, dispatcher and workers together, the
-ratios to *receipt*, and per step size the median and range of the ratios over the trials;
-writes ``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
+Two services on this machine, each a dispatcher and two ``feedline worker`` processes: one
+``feedline dispatcher --fault-tolerant`` (its journal on this machine's disk, each commit
+fsynced, or with ``--journal-sync normal`` not), and one plain dispatcher. This process reads
+``distributed_epoch`` jobs of ``--elements`` elements of 4 KiB (1024 float32) each, a step being
+``--steps`` elements taken with ``next`` (and ``--step-ms`` of simulated training, a sleep). Per
+trial and step size, each first in turn: *plain* (the plain service's DYNAMIC job: the peer),
+*receipt* (``acknowledge="on_receipt"``: the exactly-once DYNAMIC job), *commit*
+(``acknowledge="on_commit"``, ``commit()`` after every step: one ClientHeartbeat that the
+dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: the consumer's
+next heartbeat carries the acknowledgements, several steps at a time). Prints elements/s of
+each, the CPU seconds of the consumer and of its service's dispatcher and workers together, the
+ratios to *receipt* and to *plain*, and per step size the median and range of the ratios over
+the trials and the median time from each mode's last element to the end of its input; writes
+``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
 measure of what the protocol costs.
 """
 
@@ -51,11 +54,21 @@ def four_kib(i: Any) -> np.ndarray:
     return np.full(ELEMENT_FLOATS, i, dtype=np.float32)
 
 
-MODES = ("receipt", "commit", "pipelined")
+MODES = ("plain", "receipt", "commit", "pipelined")
+# The ratios reported: (mode, its peer).
+RATIOS = (
+    ("commit", "receipt"),
+    ("pipelined", "receipt"),
+    ("receipt", "plain"),
+    ("pipelined", "plain"),
+)
 
 
-def read_epoch(target: str, name: str, elements: int, step: int, step_s: float, mode: str) -> float:
-    """Reads one epoch in steps of ``step`` elements; elements per second."""
+def read_epoch(
+    target: str, name: str, elements: int, step: int, step_s: float, mode: str
+) -> tuple[float, float]:
+    """Reads one epoch in steps of ``step`` elements; elements per second, and the seconds
+    from the last element to the end of the input."""
     dataset = (
         Dataset.range(elements)
         .map(four_kib)
@@ -70,15 +83,17 @@ def read_epoch(target: str, name: str, elements: int, step: int, step_s: float, 
     )
     iterator = iter(dataset)
     count = 0
-    started = time.perf_counter()
+    started = last = ended = time.perf_counter()
     done = False
     while not done:
         for _ in range(step):
             try:
                 next(iterator)
             except StopIteration:
+                ended = time.perf_counter()
                 done = True
                 break
+            last = time.perf_counter()
             count += 1
         if step_s:
             time.sleep(step_s)
@@ -88,7 +103,7 @@ def read_epoch(target: str, name: str, elements: int, step: int, step_s: float, 
     iterator.close()
     if count != elements:
         raise RuntimeError(f"read {count} of {elements} elements")
-    return count / elapsed
+    return count / elapsed, ended - last
 
 
 def cluster_cpu(cluster: ServiceProcesses, servers: list[str]) -> float:
@@ -106,61 +121,86 @@ def main() -> None:
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as work, ServiceProcesses(timeout=3600) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as work,
+        ServiceProcesses(timeout=3600) as cluster,
+        ServiceProcesses(timeout=3600) as plain,
+    ):
         servers = [
             cluster.start_dispatcher(
                 "--fault-tolerant", "--work-dir", work, "--journal-sync", args.journal_sync
             )
         ]
         servers += [cluster.start_worker() for _ in range(2)]
+        plain_servers = [plain.start_dispatcher()] + [plain.start_worker() for _ in range(2)]
         read_epoch(cluster.target, "warm-up", 2000, 32, 0.0, "pipelined")
+        read_epoch(plain.target, "warm-up", 2000, 32, 0.0, "receipt")
         for trial in range(args.trials):
             for step in steps:
-                rates, cpu = {}, {}
-                for mode in MODES[trial % 3 :] + MODES[: trial % 3]:  # each first in turn
-                    before = cluster_cpu(cluster, servers)
-                    rates[mode] = read_epoch(
-                        cluster.target,
+                rates, tails, cpu = {}, {}, {}
+                for mode in MODES[trial % 4 :] + MODES[: trial % 4]:  # each first in turn
+                    on, on_servers = (
+                        (plain, plain_servers) if mode == "plain" else (cluster, servers)
+                    )
+                    before = cluster_cpu(on, on_servers)
+                    rates[mode], tails[mode] = read_epoch(
+                        on.target,
                         f"t{trial}-s{step}-{mode}",
                         args.elements,
                         step,
                         args.step_ms / 1000,
-                        mode,
+                        "receipt" if mode == "plain" else mode,
                     )
-                    cpu[mode] = cluster_cpu(cluster, servers) - before
-                row = {
+                    cpu[mode] = cluster_cpu(on, on_servers) - before
+                row: dict[str, Any] = {
                     "trial": trial,
                     "step": step,
                     **rates,
                     "cpu": cpu,
-                    "commit_ratio": rates["commit"] / rates["receipt"],
-                    "pipelined_ratio": rates["pipelined"] / rates["receipt"],
-                    "commit_cpu_ratio": cpu["commit"] / cpu["receipt"],
-                    "pipelined_cpu_ratio": cpu["pipelined"] / cpu["receipt"],
-                    "load": os.getloadavg()[0],
+                    "end_ms": {mode: tail * 1000 for mode, tail in tails.items()},
                 }
+                for mode, peer in RATIOS:
+                    row[f"{mode}/{peer}"] = rates[mode] / rates[peer]
+                    row[f"{mode}/{peer} cpu"] = cpu[mode] / cpu[peer]
+                row["load"] = os.getloadavg()[0]
                 rows.append(row)
                 print(
-                    f"trial {trial} step {step}: receipt {rates['receipt']:.0f}/s, commit "
-                    f"{rates['commit']:.0f}/s ({row['commit_ratio']:.3f}), pipelined "
-                    f"{rates['pipelined']:.0f}/s ({row['pipelined_ratio']:.3f}); CPU s "
-                    f"{cpu['receipt']:.2f} / {cpu['commit']:.2f} / {cpu['pipelined']:.2f} "
-                    f"(load {row['load']:.1f})",
+                    f"trial {trial} step {step}: "
+                    + ", ".join(
+                        f"{mode} {rates[mode]:.0f}/s ({cpu[mode]:.2f} CPU s, end "
+                        f"{tails[mode] * 1000:.0f} ms after the last element)"
+                        for mode in MODES
+                    )
+                    + f" (load {row['load']:.1f})",
                     flush=True,
                 )
     print(
-        "\n| elements per step | rate, commit() / receipt | rate, commit(wait=False) / "
-        "receipt | CPU, commit() / receipt | CPU, commit(wait=False) / receipt |\n"
-        "|---:|---|---|---|---|"
+        "\n| elements per step | "
+        + " | ".join(f"{mode} / {peer}: rate (CPU)" for mode, peer in RATIOS)
+        + " |\n|---:|"
+        + "---|" * len(RATIOS)
     )
     summary: dict[str, dict[str, float]] = {}
     for step in steps:
         cells = []
-        for key in ("commit_ratio", "pipelined_ratio", "commit_cpu_ratio", "pipelined_cpu_ratio"):
-            ratios = [row[key] for row in rows if row["step"] == step]
-            summary.setdefault(str(step), {})[key] = statistics.median(ratios)
-            cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+        for mode, peer in RATIOS:
+            of_step = [row for row in rows if row["step"] == step]
+            rate = [row[f"{mode}/{peer}"] for row in of_step]
+            used = [row[f"{mode}/{peer} cpu"] for row in of_step]
+            summary.setdefault(str(step), {})[f"{mode}/{peer}"] = statistics.median(rate)
+            summary[str(step)][f"{mode}/{peer} cpu"] = statistics.median(used)
+            cells.append(
+                f"{statistics.median(rate):.3f} ({min(rate):.3f}-{max(rate):.3f}), "
+                f"CPU {statistics.median(used):.3f}"
+            )
         print(f"| {step} | {' | '.join(cells)} |")
+    print("\n| elements per step | " + " | ".join(MODES) + " |\n|---:|" + "---:|" * len(MODES))
+    for step in steps:
+        ends = [
+            statistics.median(row["end_ms"][mode] for row in rows if row["step"] == step)
+            for mode in MODES
+        ]
+        print(f"| {step} | " + " | ".join(f"{end:.0f} ms" for end in ends) + " |")
     write_results("step_commits", {"args": vars(args), "rows": rows, "median_ratio": summary})
 
 

@@ -753,6 +753,10 @@ class GetSplitRequest:
         of split ``key``.
       handed_out: (exactly-once jobs) the splits whose every element the task handed to
         consumers since its last request.
+      wait_ms: (exactly-once jobs) while the job's splits are all out and not done, how long
+        the dispatcher may wait for one to come back or all to be done before it answers
+        ``wait`` (0: at once). A task asks to wait only while it holds no split it has not
+        handed out whole, whose news its next request would carry.
     """
 
     job_id: int
@@ -761,6 +765,7 @@ class GetSplitRequest:
     request: int | None = None
     finished: tuple[int, int] | None = None
     handed_out: tuple[int, ...] = ()
+    wait_ms: int = 0
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -792,6 +797,9 @@ class GetSplitRequest:
             raise InvalidArgumentError(
                 f"malformed request: handed_out must be a list of split keys, got {handed_out!r}"
             )
+        wait_ms = field(header, "wait_ms", int, 0)
+        if wait_ms < 0:
+            raise InvalidArgumentError(f"malformed request: wait_ms must be >= 0, got {wait_ms}")
         return cls(
             job_id,
             repetition,
@@ -799,6 +807,7 @@ class GetSplitRequest:
             request,
             None if finished is None else (finished[0], finished[1]),
             tuple(handed_out),
+            wait_ms,
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -814,6 +823,8 @@ class GetSplitRequest:
             header["finished"] = list(self.finished)
         if self.handed_out:
             header["handed_out"] = list(self.handed_out)
+        if self.wait_ms:
+            header["wait_ms"] = self.wait_ms
         return header
 
 

@@ -20,7 +20,9 @@ from feedline.data.auto_shard import ShardMode, auto_shard
 from feedline.data.options import AutoShardPolicy
 from feedline.service.client import fetch as _fetch
 from feedline.service.client import job_reader as _job_reader
+from feedline.service.dispatcher import split_handout as _split_handout
 from feedline.service.protocol import JobView
+from feedline.service.worker import task as _task
 from tests.service.conftest import static_cluster, waiting_reads_taken
 
 
@@ -577,6 +579,26 @@ def test_elements_on_their_way_are_read_before_the_end(
     monkeypatch.setattr(_fetch.Fetchers, "_deliver", slow_deliver)
     dataset = Dataset.range(5).apply(service.distribute("parallel_epochs", cluster.target))
     assert ints(dataset) == [0, 1, 2, 3, 4]
+
+
+def test_an_exactly_once_job_ends_when_its_reader_waits_not_at_the_reports_turn(
+    make_cluster: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An exactly-once job ends once its consumers' receipts settle its last splits. With the
+    # consumer's reports 30 s apart and the workers' GetSplit waiting as long at the
+    # dispatcher, the end still comes at once: the reader, finding nothing, has its heartbeat
+    # report now, and the dispatcher answers the waiting GetSplit as the report settles the job.
+    monkeypatch.setattr(_job_reader, "_HEARTBEAT_S", 30.0)
+    monkeypatch.setattr(_job_reader, "_REPORT_S", 30.0)
+    monkeypatch.setattr(_task, "_GRANT_WAIT_MS", 30_000)
+    monkeypatch.setattr(_split_handout, "MAX_SPLIT_WAIT_S", 30.0)
+    cluster = make_cluster(
+        2, work_dir=str(tmp_path), fault_tolerant_mode=True, client_timeout_ms=240_000
+    )
+    dataset = Dataset.range(200).apply(service.distribute("distributed_epoch", cluster.target))
+    started = time.monotonic()
+    assert sorted(ints(dataset)) == list(range(200))
+    assert time.monotonic() - started < 10
 
 
 def test_an_iterator_dropped_unclosed_releases_its_job(make_cluster: Any) -> None:

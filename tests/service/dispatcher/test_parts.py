@@ -13,6 +13,7 @@ import pytest
 from feedline import errors
 from feedline._net.wire import decode_frame
 from feedline.service import DispatcherConfig
+from feedline.service.dispatcher import split_handout
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.datasets import Datasets
 from feedline.service.dispatcher.gc import Collector
@@ -261,6 +262,70 @@ def test_splits_go_out_once_and_a_repeated_request_gets_the_same_split() -> None
     assert split(4) is None
     # A caller without a task number gets the next split of another repetition.
     assert parts.call(parts.splits.get_split, GetSplitRequest(job["job_id"], 1))["split"] == [0]
+
+
+def test_an_exactly_once_get_split_waits_for_its_jobs_splits_to_be_done(tmp_path: Any) -> None:
+    # Every split is out and none is done: a GetSplit that may wait does so at the dispatcher,
+    # and answers the end of the repetition as soon as the consumer's receipts settle the last
+    # split, not at the task's next ask; with nothing new it answers ``wait`` after its
+    # ``wait_ms``; one that may not wait answers at once.
+    parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    job, task_id = parts.dynamic_job()
+    job_id = job["job_id"]
+
+    def get_split(request: int, finished: Any = None, wait_ms: int = 0) -> dict[str, Any]:
+        asked = GetSplitRequest(job_id, 0, task_id, request, finished, wait_ms=wait_ms)
+        return parts.call(parts.splits.get_split, asked)
+
+    keys = [get_split(n, None if n == 0 else (n - 1, 1))["key"] for n in range(4)]
+    assert keys == [0, 1, 2, 3]
+
+    def report(key: int) -> None:
+        request = ClientHeartbeatRequest(job["client_id"], received=[[key, [[0, 1]]]])
+        parts.call(parts.long_poll.client_heartbeat, request)
+
+    for key in (0, 1, 2):
+        report(key)
+    started = time.monotonic()
+    assert get_split(4, (3, 1)) == {"split": None, "wait": True}
+    assert time.monotonic() - started < 0.3
+    started = time.monotonic()
+    assert get_split(5, wait_ms=300) == {"split": None, "wait": True}
+    assert 0.3 <= time.monotonic() - started < 2.0
+    replies: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: replies.append(get_split(6, wait_ms=30_000)))
+    waiter.start()
+    try:
+        waiter.join(0.1)
+        assert waiter.is_alive() and replies == []  # split 3 is not done yet
+        started = time.monotonic()
+        report(3)
+        waiter.join(5.0)
+        assert time.monotonic() - started < 1.0  # answered at once, not after its wait
+    finally:
+        waiter.join(5.0)
+    assert replies == [{"split": None}]
+
+
+def test_a_get_split_waits_no_longer_than_the_bound_nor_past_the_waiting_calls_bound(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(split_handout, "MAX_SPLIT_WAIT_S", 0.2)
+    parts = make_parts(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    job, task_id = parts.dynamic_job()
+    for n in range(4):
+        request = GetSplitRequest(job["job_id"], 0, task_id, n, None if n == 0 else (n - 1, 1))
+        parts.call(parts.splits.get_split, request)
+
+    def waited(request: int) -> float:
+        started = time.monotonic()
+        asked = GetSplitRequest(job["job_id"], 0, task_id, request, wait_ms=60_000)
+        assert parts.call(parts.splits.get_split, asked) == {"split": None, "wait": True}
+        return time.monotonic() - started
+
+    assert 0.2 <= waited(4) < 2.0
+    monkeypatch.setattr(split_handout, "_MAX_WAITING_TASKS", 0)
+    assert waited(5) < 0.2
 
 
 def test_a_split_is_held_to_the_first_version_pinned_for_each_object(tmp_path: Any) -> None:

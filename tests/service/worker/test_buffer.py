@@ -165,16 +165,19 @@ def test_a_drained_end_is_gone() -> None:
 
 def test_a_split_is_handed_out_once_its_last_element_is_taken() -> None:
     buffer = TaskBuffer(1)
+    assert not buffer.splits_in_hand()
     for offset in range(2):
         assert buffer.put([offset], 8, [5, offset])
+    assert buffer.splits_in_hand()
     buffer.split_done(5)
     buffer.split_done(6)  # produced nothing: handed out at once
     assert buffer.handed_out_splits() == [6]
     tags: list[list[int]] = []
     assert buffer.take(tags) == [0]
-    assert buffer.handed_out_splits() == []
+    assert buffer.handed_out_splits() == [] and buffer.splits_in_hand()
     assert buffer.take(tags) == [1]
     assert tags == [[5, 0], [5, 1]]
+    assert not buffer.splits_in_hand()
     assert buffer.handed_out_splits() == [5]
     assert buffer.handed_out_splits() == []
 

@@ -55,18 +55,21 @@ class SplitReceipts:
         with self._lock:
             self._closed.update(task_ids)
 
-    def report(self, wait_ms: int) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """The fields of a heartbeat: the offsets received since the last report (all of them
-        after a failed one), the splits held, the tasks closed, and ``wait_ms`` (0 while
-        offsets wait to be reported)."""
+        after a failed one), the splits held, and the tasks closed."""
         with self._lock:
             everything, self._report_all = self._report_all, False
             return {
                 "received": self._receipts.report(everything),
                 "holding": self._receipts.holding(),
                 "closed": sorted(self._closed),
-                "wait_ms": 0 if self._receipts.unreported() else wait_ms,
             }
+
+    def unreported(self) -> bool:
+        """Whether offsets received wait to be reported."""
+        with self._lock:
+            return self._receipts.unreported()
 
     def report_failed(self) -> None:
         """The last report may not have arrived: the next one sends everything."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import secrets
 import threading
 import time
@@ -95,6 +96,12 @@ _IDLE_HEARTBEAT_S = 4.0
 # The longest time between the reports of a consumer of an exactly-once job (what it received:
 # a split is done, and the job can end, only once its elements are reported).
 _REPORT_S = 0.1
+# A reader of an exactly-once job that waits this long for an element has its heartbeat report
+# at once (``_nudge_report``): the job's last splits are done, and its end comes, only once the
+# consumers' receipts are reported. At most every _NUDGE_EVERY_S, so that a reader that often
+# waits does not turn every wait into a report.
+_NUDGE_AFTER_S = 0.005
+_NUDGE_EVERY_S = 0.02
 
 
 class StepWaits:
@@ -220,6 +227,7 @@ class _JobReader:
         self._idle_heartbeat_s = max(self._heartbeat_s, idle_s)
         # Exactly-once jobs (``ledger``): the [split, offset] received and returned.
         self._splits: SplitReceipts | None = None
+        self._nudged_at = -math.inf  # when the reader last nudged the heartbeat (monotonic)
         if joined.view.exactly_once:
             self._splits = SplitReceipts(
                 resume if isinstance(resume, SplitPosition) else None,
@@ -295,7 +303,9 @@ class _JobReader:
             asked_after = self.queue.ends()
             with self._lock:
                 version = self._version
-            wait_ms = int(interval * 1000)
+            # A consumer of an exactly-once job does not wait at the dispatcher: its reports
+            # go every _REPORT_S, and at once when the reader nudges (``_nudge_report``).
+            wait_ms = 0 if self._splits is not None else int(interval * 1000)
             committed_tags: list[Sequence[int]] = []  # (on commit) acknowledged by this one
             request = ClientHeartbeatRequest(
                 self._client_id, version, wait_ms, input_wait=self._input_wait.report()
@@ -306,14 +316,10 @@ class _JobReader:
                 flushed = (
                     0 if commits is None else commits.flush_report(self.queue.answered_through)
                 )
-                request = dataclasses.replace(
-                    request, **self._splits.report(wait_ms), flushed=flushed
-                )
+                request = dataclasses.replace(request, **self._splits.report(), flushed=flushed)
                 if self._commits is not None:  # steps committed with commit(wait=False)
                     committed, committed_tags = self._commits.take_unsent()
                     request = dataclasses.replace(request, committed=committed)
-                    if self._commits.flush_pending() or committed:
-                        request = dataclasses.replace(request, wait_ms=0)
             try:
                 header, _ = self._dispatcher.call(
                     "ClientHeartbeat", request.to_header(), timeout=interval + RPC_TIMEOUT_S
@@ -354,7 +360,7 @@ class _JobReader:
             elif (
                 not news
             ):  # no news: the next waits its turn, and while none comes, longer each time
-                self.queue.wait_closed(max(0.0, interval - (time.monotonic() - started)))
+                self.queue.wait_nudged(max(0.0, interval - (time.monotonic() - started)))
                 interval = min(interval * 2, self._idle_heartbeat_s)
 
     def _view_now(self, within_s: float = 0.0) -> HeartbeatReply:
@@ -532,12 +538,18 @@ class _JobReader:
             self._input_wait.step(started, time.monotonic())
 
     def _next(self) -> Any:
+        # Exactly-once: while what it received waits to be reported, the reader waits briefly,
+        # and has the heartbeat report it if nothing came (``_nudge_report``).
+        nudge = self._splits is not None
         while True:
             item = None if self._commits is None else self._commits.again()
+            wait_s = self._get_wait_s()
+            if nudge:
+                wait_s = min(wait_s, _NUDGE_AFTER_S)
             try:
                 # A failed job raises at every call, even where a reply that was on its way
                 # when the error came left elements behind: the job is over.
-                item = item or self.queue.get(self._get_wait_s())
+                item = item or self.queue.get(wait_s)
             except BaseException:  # the job's error, or StopIteration
                 self.release()
                 raise
@@ -549,6 +561,12 @@ class _JobReader:
                 elif item.tag is not None and self._splits is not None:
                     self._splits.returned(item.tag)
                 return item.element
+            if nudge:
+                assert self._splits is not None
+                if self._splits.unreported():
+                    self._nudge_report()
+                else:
+                    nudge = False
             if (
                 self._commits is not None
                 and self._commits.step_size
@@ -624,6 +642,15 @@ class _JobReader:
                 "with a dispatcher started with fault_tolerant_mode=True"
             )
         return self._commits
+
+    def _nudge_report(self) -> None:
+        """The reader found nothing for ``_NUDGE_AFTER_S`` and what it received is not yet
+        reported: the heartbeat reports it now, not at its next turn (at most every
+        ``_NUDGE_EVERY_S``), for at the end of an epoch the last splits wait for it."""
+        now = time.monotonic()
+        if now - self._nudged_at >= _NUDGE_EVERY_S:
+            self._nudged_at = now
+            self.queue.nudge()
 
     def _get_wait_s(self) -> float:
         """How long ``next`` waits on the queue before looking again: briefly while its own

@@ -88,6 +88,7 @@ class ElementQueue:
     def __init__(self, max_elements: int, max_bytes: int, most_elements: int | None = None) -> None:
         self._cond = threading.Condition()
         self._closed = threading.Event()
+        self._nudged = threading.Event()  # the reader's heartbeat goes now (``nudge``)
         self._items: collections.deque[Item] = collections.deque()
         self._credits = max_elements
         self.max_elements = max_elements
@@ -272,6 +273,7 @@ class ElementQueue:
         """Nothing more comes: waiting fetch threads and ``get`` return. Idempotent."""
         with self._cond:
             self._closed.set()
+            self._nudged.set()
             self._cond.notify_all()
 
     @property
@@ -288,6 +290,18 @@ class ElementQueue:
     def wait_closed(self, seconds: float) -> bool:
         """Sleeps ``seconds`` or until the queue closes; whether it is closed."""
         return self._closed.wait(seconds)
+
+    def nudge(self) -> None:
+        """Ends the heartbeat's ``wait_nudged`` now (the reader waits for what a report of
+        its receipts lets come)."""
+        self._nudged.set()
+
+    def wait_nudged(self, seconds: float) -> bool:
+        """Sleeps ``seconds``, or until ``nudge`` is called or the queue closes; whether it is
+        closed."""
+        self._nudged.wait(seconds)
+        self._nudged.clear()
+        return self._closed.is_set()
 
     def held(self) -> list[Any]:
         """The elements buffered, in order."""

@@ -116,7 +116,13 @@ class DispatcherCore:
         self.state.apply(update)
         if self.log is not None:
             self.log.append(update)
-        for key in self._affected(update):
+        affected = self._affected(update)
+        # A GetSplit that waits for an exactly-once job's splits (``split_handout``) hears of
+        # every change of its job.
+        jobs = {key[1] for key in affected if key[0] == "job"}
+        jobs.add(getattr(update, "job_id", None))
+        affected.update(("splits", job_id) for job_id in jobs if job_id is not None)
+        for key in affected:
             if key[0] == "job":
                 self.job_versions[key[1]] += 1
             entry = self._wakeups.get(key)

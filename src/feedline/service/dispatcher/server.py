@@ -53,7 +53,8 @@ GetSplit            the next split of a DYNAMIC job's repetition, or none; a tas
                     again with the same ``request`` number gets the same split (its reply was
                     lost), so that a dispatcher killed mid-reply skips nothing; in an
                     exactly-once job, a split run again comes with the object versions its
-                    first run opened
+                    first run opened, and while the job's splits are out and not done the
+                    call waits up to its ``wait_ms`` for one to come back or all to be done
 PinSplitVersion     (exactly-once jobs) a task opened an object of a split as a version -> the
                     version the split is held to (the first pinned)
 SplitVersions       (exactly-once jobs) a consumer saving its position asks for the versions
@@ -72,10 +73,11 @@ Every reply to a heartbeat and to GetOrCreateJob carries the dispatcher's ``inca
 at random at each start; every job, task and consumer id carries it too (``state``), so that
 workers and consumers recognise what belongs to an earlier life of a restarted dispatcher.
 
-A heartbeat waits here for news of its own job or worker only: an update wakes the heartbeats it
-concerns (``core``), never all of them, and at most ``long_poll._MAX_WAITING_CONSUMERS`` consumer
-heartbeats wait at once (past that a heartbeat is answered at once and the consumer waits on its
-side), so that long polls never take every thread of the server.
+A heartbeat waits here for news of its own job or worker only, and a GetSplit of an
+exactly-once job whose splits are out for a change of its job: an update wakes the calls it
+concerns (``core``), never all of them, and at most 16 of each kind (consumer and worker
+heartbeats, GetSplit) wait at once (past that a call is answered at once and its sender waits on
+its side), so that long polls never take every thread of the server.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ reply was lost), so that a dispatcher killed mid-reply skips nothing. Exactly-on
 to skip, and end a repetition only once every split is done; a run of one of their splits tells
 the dispatcher the version of each object it opens (PinSplitVersion), and a run again gets those
 versions with the split, so that it reads the objects the first run read or raises
-``DataLossError``, never the rest of another version.
+``DataLossError``, never the rest of another version. While its splits are all out and not yet
+done, a GetSplit that asks to (``wait_ms``, up to ``MAX_SPLIT_WAIT_S``) waits here for a change
+of the job, so that the task hears at once that one came back or that the repetition ended.
 
 A GetSplit costs O(1) under the dispatcher's lock whatever the number of units: the cursor
 only moves there (``SplitCursor.take``), and the split's units are computed after the lock is
@@ -17,6 +19,7 @@ released (``SplitCursor.units``, an index-to-position function of the plan's see
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
@@ -41,7 +44,14 @@ from feedline.service.protocol import (
 )
 from feedline.service.splits import SplitCursor, SplitPlan
 
-__all__ = ["SplitHandout"]
+__all__ = ["MAX_SPLIT_WAIT_S", "SplitHandout"]
+
+#: The longest a GetSplit of an exactly-once job waits (its ``wait_ms``, at most this) for a
+#: split to come back or the job's splits to be done, before it answers ``wait``.
+MAX_SPLIT_WAIT_S = 2.0
+# The most GetSplit calls that wait at once (each holds a server thread); past that one is
+# answered ``wait`` at once and the task waits on its side.
+_MAX_WAITING_TASKS = 16
 
 
 class SplitHandout:
@@ -53,6 +63,7 @@ class SplitHandout:
 
     def __init__(self, core: DispatcherCore) -> None:
         self._core = core
+        self._waiting_tasks = 0  # GetSplit calls waiting now (under the lock)
 
     def get_split(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
         """GetSplit: a ``GetSplitReply`` with the next split (None at the end of the
@@ -113,60 +124,86 @@ class SplitHandout:
     ) -> GetSplitReply | tuple[SplitCursor, tuple[int, int], dict[str, Any]]:
         """(Takes the lock.) The reply, or the cursor and positions of the split to hand out
         with the reply's other fields."""
-        job_id, repetition, task_id = request.job_id, request.repetition, request.task_id
+        deadline = time.monotonic() + min(request.wait_ms / 1000, MAX_SPLIT_WAIT_S)
         core = self._core
         with core.lock:
-            state = core.state
-            job = state.jobs.get(job_id)
-            if job is None and incarnation_of(job_id) != core.incarnation:
-                raise FailedPreconditionError(
-                    f"job {job_id} belongs to an earlier life of this dispatcher, which "
-                    "has restarted since without a journal: the job is gone"
-                )
-            if job is None or job.finished:  # None: it ended and was collected
-                return GetSplitReply(None)
-            record = state.datasets[job.dataset_id]
-            if record.split_plan is None:
-                raise FailedPreconditionError(f"job {job_id} reads a dataset without splits")
-            task = state.tasks.get(task_id) if task_id is not None else None
-            if task is not None and task.job_id != job_id:
-                raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
-            ledger = state.ledgers.get(job_id)
-            if ledger is not None:
-                return self._get_exactly_once(job, record, ledger, task, request)
-            last = None if task is None else task.last_split
-            if (
-                request.request is not None
-                and last is not None
-                and last["request"] == request.request
-                and last["repetition"] == repetition
-            ):
-                # The worker asks again: the reply to its request was lost (the dispatcher
-                # restarted, or the call timed out). The same split, recomputed from the cursor
-                # it came from: nothing is skipped.
-                cursor = SplitCursor.from_json(last["cursor"])
-                taken = cursor.take()
+            while True:
+                outcome = self._hand_out_locked(request)
+                remaining = deadline - time.monotonic()
+                if (
+                    not isinstance(outcome, GetSplitReply)
+                    or not outcome.wait
+                    or remaining <= 0
+                    or core.stopped.is_set()
+                    or self._waiting_tasks >= _MAX_WAITING_TASKS
+                ):
+                    return outcome
+                # An exactly-once job's splits are out and not done: wait here for a change of
+                # its ledger (a consumer's receipts settle them, or one comes back), so that
+                # the task hears of it at once rather than at its next ask.
+                self._waiting_tasks += 1
+                try:
+                    core.wait(f"task {request.task_id}", remaining, ("splits", request.job_id))
+                finally:
+                    self._waiting_tasks -= 1
+
+    def _hand_out_locked(
+        self, request: GetSplitRequest
+    ) -> GetSplitReply | tuple[SplitCursor, tuple[int, int], dict[str, Any]]:
+        """``_hand_out``'s answer now (under the lock)."""
+        job_id, repetition, task_id = request.job_id, request.repetition, request.task_id
+        core = self._core
+        state = core.state
+        job = state.jobs.get(job_id)
+        if job is None and incarnation_of(job_id) != core.incarnation:
+            raise FailedPreconditionError(
+                f"job {job_id} belongs to an earlier life of this dispatcher, which "
+                "has restarted since without a journal: the job is gone"
+            )
+        if job is None or job.finished:  # None: it ended and was collected
+            return GetSplitReply(None)
+        record = state.datasets[job.dataset_id]
+        if record.split_plan is None:
+            raise FailedPreconditionError(f"job {job_id} reads a dataset without splits")
+        task = state.tasks.get(task_id) if task_id is not None else None
+        if task is not None and task.job_id != job_id:
+            raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
+        ledger = state.ledgers.get(job_id)
+        if ledger is not None:
+            return self._get_exactly_once(job, record, ledger, task, request)
+        last = None if task is None else task.last_split
+        if (
+            request.request is not None
+            and last is not None
+            and last["request"] == request.request
+            and last["repetition"] == repetition
+        ):
+            # The worker asks again: the reply to its request was lost (the dispatcher
+            # restarted, or the call timed out). The same split, recomputed from the cursor
+            # it came from: nothing is skipped.
+            cursor = SplitCursor.from_json(last["cursor"])
+            taken = cursor.take()
+        else:
+            saved = state.split_cursors.get((job_id, repetition))
+            if saved is None:
+                plan = SplitPlan.from_json(record.split_plan)
+                cursor = SplitCursor.start(plan, repetition, max(1, len(job.task_ids)))
             else:
-                saved = state.split_cursors.get((job_id, repetition))
-                if saved is None:
-                    plan = SplitPlan.from_json(record.split_plan)
-                    cursor = SplitCursor.start(plan, repetition, max(1, len(job.task_ids)))
-                else:
-                    cursor = SplitCursor.from_json(saved)
-                previous = cursor.to_json()
-                taken = cursor.take()
-                mine = task is not None and request.request is not None
-                core.apply(
-                    MoveSplitCursor(
-                        job_id,
-                        repetition,
-                        cursor.to_json(),
-                        task_id if mine else None,
-                        request.request if mine else None,
-                        previous if mine else None,
-                    )
+                cursor = SplitCursor.from_json(saved)
+            previous = cursor.to_json()
+            taken = cursor.take()
+            mine = task is not None and request.request is not None
+            core.apply(
+                MoveSplitCursor(
+                    job_id,
+                    repetition,
+                    cursor.to_json(),
+                    task_id if mine else None,
+                    request.request if mine else None,
+                    previous if mine else None,
                 )
-            return GetSplitReply(None) if taken is None else (cursor, taken, {})
+            )
+        return GetSplitReply(None) if taken is None else (cursor, taken, {})
 
     def _get_exactly_once(
         self,

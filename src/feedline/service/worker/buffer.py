@@ -151,6 +151,12 @@ class TaskBuffer:
             else:
                 self._splits_out.append(key)
 
+    def splits_in_hand(self) -> bool:
+        """Whether an element of a split put is still here (its split is not handed out whole:
+        news that the producer's next GetSplit carries)."""
+        with self.cond:
+            return bool(self._pending)
+
     def handed_out_splits(self) -> list[int]:
         """The splits handed out whole since the last call."""
         with self.cond:

@@ -47,6 +47,9 @@ logger = logging.getLogger("feedline.service.worker.server")
 
 # How often an exactly-once task whose input ran out asks whether a split came back.
 _GRANT_POLL_S = 0.05
+# How long such a task's GetSplit may wait at the dispatcher for a split to come back or the
+# job's splits to be done, when it holds no split it has not handed out whole.
+_GRANT_WAIT_MS = 500
 
 
 class _DispatcherSplits:
@@ -70,13 +73,14 @@ class _DispatcherSplits:
         return None if reply is None or reply.split is None else list(reply.split)
 
     def next_grant(
-        self, finished: tuple[int, int] | None, handed_out: list[int]
+        self, finished: tuple[int, int] | None, handed_out: list[int], wait_ms: int = 0
     ) -> GetSplitReply | None:
         """The next split of an exactly-once job (with its ``key`` and ``skip``), a reply that
         says ``wait`` while the job's other splits are not done, None at the end (or when
         draining). ``finished`` (``(key, count)``) reports the split this task produced last,
-        ``handed_out`` the splits whose every element it has handed to consumers since."""
-        reply = self._ask(0, finished, tuple(handed_out))
+        ``handed_out`` the splits whose every element it has handed to consumers since;
+        ``wait_ms``: how long the dispatcher may wait for a split to come back or the end."""
+        reply = self._ask(0, finished, tuple(handed_out), wait_ms)
         if reply is None or reply.wait:
             return reply
         return None if reply.split is None else reply
@@ -86,6 +90,7 @@ class _DispatcherSplits:
         repetition: int,
         finished: tuple[int, int] | None = None,
         handed_out: tuple[int, ...] = (),
+        wait_ms: int = 0,
     ) -> GetSplitReply | None:
         """GetSplit of ``repetition`` (with an exactly-once task's ``finished`` and
         ``handed_out``, see ``GetSplitRequest``) and this task's next request number, which
@@ -96,7 +101,13 @@ class _DispatcherSplits:
             return None
         with self._requests_lock:
             request = GetSplitRequest(
-                self._job_id, repetition, self._task_id, self._requests, finished, handed_out
+                self._job_id,
+                repetition,
+                self._task_id,
+                self._requests,
+                finished,
+                handed_out,
+                wait_ms,
             )
             reply, _ = self._host.call_dispatcher(
                 "GetSplit",
@@ -348,7 +359,10 @@ class Task:
         finished: tuple[int, int] | None = None
         index = 0
         while True:
-            grant = self._splits.next_grant(finished, self._buffer.handed_out_splits())
+            # Waiting at the dispatcher would hold back the news of a split handed out whole
+            # meanwhile (the job may wait for it): only a task that holds none waits there.
+            wait_ms = 0 if self._buffer.splits_in_hand() else _GRANT_WAIT_MS
+            grant = self._splits.next_grant(finished, self._buffer.handed_out_splits(), wait_ms)
             finished = None
             if grant is None:
                 return
