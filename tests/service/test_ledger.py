@@ -55,6 +55,16 @@ def test_receipts_drop_what_was_received_and_report_only_news() -> None:
     assert not receipts.take(9, 1)  # a done split: anything of it that comes is a duplicate
 
 
+def test_receipts_in_order_extend_the_last_range_and_out_of_order_find_their_place() -> None:
+    receipts = Receipts()
+    assert all(receipts.take(0, offset) for offset in range(5))
+    assert not receipts.take(0, 4) and not receipts.take(0, 0)
+    assert receipts.take(0, 9) and receipts.take(0, 10)
+    assert receipts.take(0, 6) and receipts.take(0, 5) and not receipts.take(0, 10)
+    assert receipts.take(0, 8) and receipts.take(0, 7)
+    assert receipts.report() == [[0, [[0, 11]]]]
+
+
 def test_a_split_is_done_once_its_count_is_known_and_covered() -> None:
     ledger = SplitLedger()
     ledger.grant(0, task_id=1)

@@ -171,6 +171,9 @@ def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:
 
 def _insert(ranges: Ranges, offset: int) -> bool:
     """Adds ``offset`` to ``ranges`` in place; False if it was there."""
+    if ranges and ranges[-1][1] == offset:  # the next offset of the last range: most often
+        ranges[-1][1] = offset + 1
+        return True
     index = _last_start(ranges, offset)
     if index >= 0 and offset < ranges[index][1]:
         return False

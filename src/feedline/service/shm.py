@@ -538,6 +538,7 @@ class WorkerSegments:
 
     def __init__(self, enabled: bool) -> None:
         self._identity = host_identity() if enabled else None
+        self._namespace = _pid_namespace()  # a stat of /proc: once, not per reply
         self._enabled = enabled
         self._lock = threading.Lock()
         self._mapped: dict[str, _Mapped] = {}
@@ -593,7 +594,7 @@ class WorkerSegments:
             or int(named.group(2)) != pid
         ):
             return None, "malformed offer"
-        if int(named.group(1)) != _pid_namespace():
+        if int(named.group(1)) != self._namespace:
             return None, "another pid namespace"
         name = named.group(0)
         self._forget_idle()

@@ -8,6 +8,7 @@ it returned (``returned``), which is the consumer's position (``position``).
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,6 +35,9 @@ class SplitReceipts:
         self._returned = Returned(
             resume.done if resume else None, resume.partial if resume else None
         )
+        # The tags ``returned`` and not yet counted in ``_returned`` (``_fold``): a deque, whose
+        # append and popleft need no lock.
+        self._unfolded: collections.deque[Sequence[int]] = collections.deque()
         self._closed: set[int] = set()  # lost tasks this consumer takes nothing more from
         self._report_all = False  # the last report may not have arrived: send everything
 
@@ -59,6 +63,7 @@ class SplitReceipts:
         """The fields of a heartbeat: the offsets received since the last report (all of them
         after a failed one), the splits held, and the tasks closed."""
         with self._lock:
+            self._fold()  # (not reported: it keeps the queue short)
             everything, self._report_all = self._report_all, False
             return {
                 "received": self._receipts.report(everything),
@@ -84,12 +89,20 @@ class SplitReceipts:
             self._returned.counted(done)
 
     def returned(self, tag: Sequence[int]) -> None:
-        """``next`` returned the element tagged ``tag`` (``[split, offset]``)."""
-        key, offset = tag
-        with self._lock:
-            self._returned.take(key, offset)
+        """``next`` returned the element tagged ``tag`` (``[split, offset]``). Only queued
+        here (``next`` calls it for every element); counted by the next ``report`` or
+        ``position``."""
+        self._unfolded.append(tag)
 
     def position(self) -> tuple[dict[int, int], dict[int, Ranges]]:
         """The splits returned in full (``key: count``) and the offsets returned of others."""
         with self._lock:
+            self._fold()
             return self._returned.position()
+
+    def _fold(self) -> None:
+        """(Under the lock.) Counts the elements ``returned`` queued."""
+        unfolded, take = self._unfolded, self._returned.take
+        for _ in range(len(unfolded)):
+            key, offset = unfolded.popleft()
+            take(key, offset)
