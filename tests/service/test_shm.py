@@ -233,7 +233,7 @@ iterator = iter(
         )
     )
 )
-got = [next(iterator) for _ in range(400)]  # replies of up to 64 rounds: several per task
+got = [next(iterator) for _ in range(1600)]  # replies of up to 256 rounds: several per task
 iterator.close()
 result = {
     "takes": len(takes),

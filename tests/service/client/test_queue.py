@@ -238,6 +238,45 @@ def test_a_queue_that_follows_its_reader_holds_what_it_reads_in_hold_s(
     assert got and got[0] >= 1 and queue.credits == 16 - got[0]
 
 
+def test_a_queue_that_starts_fast_grows_within_a_few_hundred_elements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
+
+    def read(queue: ElementQueue, count: int, seconds_each: float) -> list[int]:
+        """Reads ``count`` elements ``seconds_each`` apart, fetched as credits allow; the
+        queue's size after each."""
+        sizes = []
+        for _ in range(count):
+            if not len(queue):
+                credits = queue.acquire()
+                queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
+            now[0] += seconds_each
+            assert queue.get(0) is not None
+            sizes.append(queue.max_elements)
+        return sizes
+
+    fast = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
+    fast.update(running(1), asked_after=0)
+    sizes = read(fast, 1400, 1e-5)  # 100,000 a second, for 14 ms: well within RATE_S
+    assert sorted(set(sizes)) == [16, 64, 256, 1024]  # at most 4x a measurement
+    assert sizes.index(1024) < 1400 - 50
+    # A reader that takes 200 elements as fast and pauses holds at most 64 meanwhile; after
+    # the pause its queue follows measurements of RATE_S only: reading as fast again, it
+    # does not grow within a few hundred elements (a consumer that shares a job with others).
+    pausing = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
+    pausing.update(running(1), asked_after=0)
+    assert read(pausing, 200, 1e-5)[-1] == 64
+    now[0] += 0.5
+    assert read(pausing, 1, 1e-5) == [16]
+    assert set(read(pausing, 1000, 1e-5)) == {16}
+    # A consumer that shares its job with another does not start fast either.
+    shared = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
+    shared.update(running(1), asked_after=0, consumers=2)
+    assert set(read(shared, 1400, 1e-5)) == {16}
+
+
 def test_a_queue_of_a_fixed_size_does_not_follow_its_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -127,16 +127,27 @@ def test_round_robin_gives_consumer_i_element_i_of_each_round() -> None:
     }
 
 
-def test_a_round_not_complete_in_time_is_none_and_a_dropped_round_an_error() -> None:
+def test_a_round_not_complete_in_time_is_none_and_a_consumer_ahead_waits_for_the_slowest() -> None:
     buffer = TaskBuffer(1, round_window=2)
     assert buffer.put([0], 8)
     assert buffer.take_round(0, 0, 2, timeout=0.05) is None  # ask again
     for value in range(1, 10):
         assert buffer.put([value], 8)
-    assert buffer.take_round(4, 1, 2, timeout=0) == [9]
-    assert buffer.take_round(3, 0, 2, timeout=0) == [6]  # within the window: rounds 3 and 4
-    with pytest.raises(OutOfRangeError, match="round 2 of task 1 was dropped"):
-        buffer.take_round(2, 0, 2, timeout=0)
+    # Rounds 0 and 1 are cut and consumer 0 took neither: consumer 1 cannot be 4 ahead.
+    assert buffer.take_round(4, 1, 2, timeout=0.05) is None
+    got: list[Any] = []
+    ahead = threading.Thread(target=lambda: got.append(buffer.take_round(4, 1, 2, timeout=10)))
+    ahead.start()
+    for round_index in range(3):
+        assert buffer.take_round(round_index, 0, 2, timeout=0) == [2 * round_index]
+        assert buffer.take_round(round_index, 1, 2, timeout=0) == [2 * round_index + 1]
+    ahead.join(10)  # woken when rounds 2 and 3 are cut
+    assert got == [[9]]
+    assert buffer.take_round(3, 0, 2, timeout=0) == [6]
+    assert buffer.take_round(3, 0, 2, timeout=0) == [6]  # again (a reply that was lost)
+    assert buffer.take_round(3, 1, 2, timeout=0) == [7]
+    with pytest.raises(OutOfRangeError, match="round 3 of task 1 is gone: every consumer"):
+        buffer.take_round(3, 0, 2, timeout=0)
 
 
 def test_stop_wakes_the_producer_and_drops_what_is_buffered() -> None:

@@ -78,9 +78,9 @@ _DEFAULT_OUTSTANDING = 1024
 _SHARED_OUTSTANDING = 16
 # The same for a round-robin consumer (num_consumers), at most: its fetch thread also holds the
 # rounds of each task that one reply brought beyond the one due (as many as the queue had room
-# for), and a worker keeps 256 rounds behind the newest (``buffer.ROUND_WINDOW``): consumers must
-# stay within that of each other.
-_ROUNDS_AHEAD = 64
+# for). A worker keeps at most 256 rounds that not every consumer took (``buffer.ROUND_WINDOW``):
+# a consumer further ahead waits for the others.
+_ROUNDS_AHEAD = 512
 # Elements' bytes a consumer keeps in flight and buffered.
 _BUFFER_BYTES = 64 << 20
 # The size of a shared-memory arena's slot: the most bytes a reply carries.
@@ -442,7 +442,7 @@ class _JobReader:
             self._streams.update((stream.task_id, stream) for stream in view.streams)
         if self._splits is not None:  # nothing more is taken from a lost task
             self._splits.close_tasks(task.task_id for task in view.tasks if task.state == "lost")
-        new = self.queue.update(listed, asked_after, view.finished)
+        new = self.queue.update(listed, asked_after, view.finished, view.consumers)
         if view.error is not None:
             self.fail(error_from_report(view.error))
         elif self._params.num_consumers is not None:

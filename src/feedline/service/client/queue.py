@@ -82,8 +82,11 @@ class ElementQueue:
 
     #: With ``most_elements``: the seconds of reading that the queue holds ahead.
     HOLD_S = 0.05
-    #: With ``most_elements``: how long each measurement of the reading rate lasts.
+    #: With ``most_elements``: how long each measurement of the reading rate lasts (at most).
     RATE_S = 0.2
+    #: With ``most_elements``, until the first measurement of ``RATE_S``: a measurement also
+    #: ends once this many times the queue's size was read, and grows it at most as many times.
+    GROWTH = 4
 
     def __init__(self, max_elements: int, max_bytes: int, most_elements: int | None = None) -> None:
         self._cond = threading.Condition()
@@ -95,6 +98,7 @@ class ElementQueue:
         self._least = max_elements
         self._most = most_elements
         self._taken = 0  # elements ``get`` returned since ``_since``
+        self._starting = True  # no measurement of RATE_S yet (``_follow_reader``)
         self._since: float | None = None
         self._bytes = 0
         self._max_bytes = max_bytes
@@ -120,12 +124,18 @@ class ElementQueue:
 
     # -- the job's tasks ----------------------------------------------------------------------
     def update(
-        self, tasks: Iterable[TaskView], asked_after: int, finished: bool = False
+        self,
+        tasks: Iterable[TaskView],
+        asked_after: int,
+        finished: bool = False,
+        consumers: int = 1,
     ) -> list[int]:
-        """Takes in a view of the job: its ``tasks`` and whether it ``finished``, asked for once
-        ``asked_after`` tasks had ended here (``ends``). The ids of the tasks new here, sorted.
-        """
+        """Takes in a view of the job: its ``tasks``, whether it ``finished`` and how many
+        ``consumers`` read it, asked for once ``asked_after`` tasks had ended here (``ends``).
+        The ids of the tasks new here, sorted."""
         with self._cond:
+            if consumers > 1:  # it shares its job: no fast start (``_follow_reader``)
+                self._starting = False
             listed = list(tasks)
             for task in listed:
                 if task.state == "done":
@@ -345,17 +355,29 @@ class ElementQueue:
     def _follow_reader(self) -> None:
         """Counts an element returned; once per ``RATE_S``, sizes ``max_elements`` to hold
         ``HOLD_S`` of the rate at which they were returned (credits move with it: a queue
-        that shrinks below what it holds makes no request until it is under again)."""
+        that shrinks below what it holds makes no request until it is under again). Until the
+        first such measurement, and while the consumer has its job to itself (``update``), one
+        also ends once ``GROWTH`` times the queue's size was returned, growing it at most
+        ``GROWTH`` times: so a reader that reads fast from the start has 1,024 in ~1,300
+        elements, not after ``RATE_S`` at 16, and one that reads a few and pauses still holds
+        few. Consumers that share a job grow by measurements of ``RATE_S`` only, so that none
+        holds many elements ahead at the job's end when all read fast."""
         now = time.monotonic()
         if self._since is None:
             self._since = now
             return
         self._taken += 1
         elapsed = now - self._since
-        if elapsed < self.RATE_S:
+        if elapsed < self.RATE_S and not (
+            self._starting and self._taken >= self.GROWTH * self.max_elements
+        ):
             return
         assert self._most is not None
-        wanted = round(self._taken / elapsed * self.HOLD_S)
+        wanted = round(self._taken / max(elapsed, 1e-6) * self.HOLD_S)
+        if elapsed < self.RATE_S:
+            wanted = min(wanted, self.GROWTH * self.max_elements)
+        else:
+            self._starting = False
         size = min(self._most, max(self._least, wanted))
         self._credits += size - self.max_elements
         self.max_elements = size

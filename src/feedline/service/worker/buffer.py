@@ -4,9 +4,11 @@ The producer (``task.Task``) ``put``s each element, waiting while the buffer hol
 ``max_bytes`` or ``max_elements`` already, and ends with ``finish`` (after ``fail`` when the
 input raised). The replies (``replies.TaskReplies``) ``take`` elements first come, first served,
 or read them in rounds (``take_round``): the buffer cuts its elements into rounds of
-``num_consumers`` and consumer ``i`` gets element ``i`` of each round; rounds more than
-``round_window`` behind the newest are dropped. Whoever must see several of its values at once
-holds ``cond`` (a reentrant condition) around the calls; every method is thread-safe alone.
+``num_consumers`` and consumer ``i`` gets element ``i`` of each round, and keeps at most
+``round_window`` rounds that not every consumer took: a consumer further ahead of the slowest
+one waits (as in TensorFlow, where round-robin consumers move in lockstep). Whoever must see
+several of its values at once holds ``cond`` (a reentrant condition) around the calls; every
+method is thread-safe alone.
 
 In exactly-once jobs each element carries its tag ``[split key, offset]``, and the buffer keeps
 track of the splits whose every element was handed out (``handed_out_splits``).
@@ -38,7 +40,8 @@ __all__ = ["BUFFER_BYTES", "BUFFER_ELEMENTS", "ROUND_WINDOW", "Ending", "TaskBuf
 #: A task's buffer holds at most this many bytes and elements.
 BUFFER_BYTES = 64 << 20
 BUFFER_ELEMENTS = 4096
-#: Round-robin rounds kept behind the newest one asked for.
+#: The most round-robin rounds a task keeps cut and not yet taken by every consumer: a consumer
+#: that asks for a round further ahead of the slowest one waits for it.
 ROUND_WINDOW = 256
 # How often a producer held back by the worker's shared bound (not its own) looks again: other
 # tasks' buffers free that memory, and they do not notify this one.
@@ -65,7 +68,7 @@ class TaskBuffer:
       max_bytes: ``put`` waits while the buffer holds elements and the new one would pass
         this many bytes...
       max_elements: ...or while it holds this many elements.
-      round_window: round-robin rounds kept behind the newest.
+      round_window: the most round-robin rounds cut and not yet taken by every consumer.
       memory: the bound this buffer shares with the worker's other buffers
         (``memory.BufferMemory``); None: only its own bounds.
     """
@@ -361,12 +364,17 @@ class TaskBuffer:
         seconds (ask again).
 
         Raises:
-          OutOfRangeError: the round was dropped (``round_window``).
+          OutOfRangeError: every consumer took the round already (this one too).
         """
         deadline = time.monotonic() + timeout
         with self.cond:
             while self._next_round <= round_index:
-                if len(self._elements) >= num_consumers:
+                # (rounds are cut in order, so the dict's first key is the oldest one kept)
+                oldest = next(iter(self._rounds), self._next_round)
+                if (
+                    len(self._elements) >= num_consumers
+                    and self._next_round - oldest < self.round_window
+                ):
                     self._cut_round(num_consumers)
                     continue
                 if self._ended or self._stopped:
@@ -378,14 +386,16 @@ class TaskBuffer:
                 self.cond.wait(remaining)
             if round_index not in self._rounds:
                 raise OutOfRangeError(
-                    f"round {round_index} of task {self.task_id} was dropped: consumer "
-                    f"{consumer} fell more than {self.round_window} rounds behind the others"
+                    f"round {round_index} of task {self.task_id} is gone: every consumer took "
+                    f"it, consumer {consumer} too (round-robin consumers read each round once, "
+                    "from round 0: one that starts again cannot)"
                 )
             element = self._rounds[round_index][consumer]
             taken = self._round_taken[round_index]
             taken.add(consumer)
             if len(taken) == num_consumers:
                 del self._rounds[round_index], self._round_taken[round_index]
+                self.cond.notify_all()  # a consumer ahead may wait for room (round_window)
         return element
 
     def _cut_round(self, num_consumers: int) -> None:
@@ -393,8 +403,6 @@ class TaskBuffer:
         self._rounds[self._next_round] = [self.take() for _ in range(num_consumers)]
         self._round_taken[self._next_round] = set()
         self._next_round += 1
-        for old in [r for r in self._rounds if r < self._next_round - self.round_window]:
-            del self._rounds[old], self._round_taken[old]
 
     def _clear(self) -> None:
         """(Under the lock.) Drops what is buffered."""

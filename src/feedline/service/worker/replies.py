@@ -49,7 +49,7 @@ _GATHER_S = 0.1
 # The longest a consumer's numbered request waits for its predecessor to take its elements.
 _TURN_WAIT_S = 1.0
 # Round robin: the most consecutive rounds one reply carries.
-_MAX_ROUNDS = 64
+_MAX_ROUNDS = 256
 
 
 #: The reply that says nothing yet: the consumer asks again.
