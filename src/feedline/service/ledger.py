@@ -148,7 +148,13 @@ def ranges_of(offsets: Iterable[int]) -> Ranges:
       >>> ranges_of([3, 0, 1, 4, 7])
       [[0, 2], [3, 5], [7, 8]]
     """
-    return add_ranges([], ([o, o + 1] for o in offsets))
+    ranges: Ranges = []
+    for offset in sorted(offsets):  # (nearly always in order already: a linear sort)
+        if not ranges or offset > ranges[-1][1]:
+            ranges.append([offset, offset + 1])
+        elif offset == ranges[-1][1]:
+            ranges[-1][1] = offset + 1
+    return ranges
 
 
 def covers(ranges: Sequence[Sequence[int]], count: int) -> bool:

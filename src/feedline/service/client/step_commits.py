@@ -73,10 +73,11 @@ class StepCommits:
         """The ``[split, offset]`` of the current step's elements."""
         return [item.tag for item in self._step if item.tag is not None]
 
-    def step_ranges(self) -> list[list[Any]]:
-        """The current step's elements as a report's ``[[key, ranges], ...]``."""
+    def step_ranges(self, tags: list[Sequence[int]] | None = None) -> list[list[Any]]:
+        """The current step's elements (or those tagged ``tags``) as a report's ``[[key,
+        ranges], ...]``."""
         offsets: dict[int, list[int]] = {}
-        for key, offset in self.step_tags():
+        for key, offset in self.step_tags() if tags is None else tags:
             offsets.setdefault(int(key), []).append(int(offset))
         return [[key, ranges_of(found)] for key, found in sorted(offsets.items())]
 
@@ -94,9 +95,10 @@ class StepCommits:
     def send_later(self) -> None:
         """The current step committed; the heartbeat carries its acknowledgement (a new step
         starts)."""
+        tags = self.step_tags()
         with self._lock:
-            self._unsent.extend(self.step_ranges())
-            self._unsent_tags.extend(self.step_tags())
+            self._unsent.extend(self.step_ranges(tags))
+            self._unsent_tags.extend(tags)
         self._step.clear()
 
     # -- the heartbeat thread (or ``release``) ------------------------------------------------
