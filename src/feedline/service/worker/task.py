@@ -381,7 +381,7 @@ class Task:
             pin = functools.partial(self._splits.pin, key)
             for offset, element in enumerate(runner.run(key, units, grant.versions, pin)):
                 count = offset + 1
-                if contains(skip, offset):
+                if skip and contains(skip, offset):
                     self._buffer.made_not_kept()  # made all the same: the worker's rate
                     continue
                 if not self._put(element, index, expected, [key, offset]):
