@@ -70,7 +70,8 @@ class ElementQueue:
 
     Fetch threads call ``acquire``, ``start_reading``, ``done_reading``, ``put``,
     ``end_tasks``, ``fail`` and ``wait_closed``; the reader calls ``update`` (with each view of
-    the job), ``get``, and ``close``. See the module's docstring for what ``get`` does.
+    the job), ``get``, ``nudge`` and ``close``, its heartbeat ``wait_nudged``. See the module's
+    docstring for what ``get`` does.
 
     Args:
       max_elements: the most elements in flight and buffered.
