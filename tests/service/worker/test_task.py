@@ -156,6 +156,36 @@ def test_a_round_robin_reply_carries_the_complete_rounds_after_the_one_asked_for
     assert ask(task, consumer_index=0, round=5, max_elements=64, wait_ms=2000)[0]["eos"]
 
 
+def test_a_round_robin_consumer_held_by_a_slower_one_is_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # With round_window rounds kept that consumer 1 has not taken, consumer 0 waits for it,
+    # and the worker says so (once per _HELD_WARNING_S).
+    buffer = TaskBuffer(7, round_window=2)
+    for value in range(10):
+        buffer.put([np.int64(value)], 8)
+    task_replies = replies.TaskReplies(7, buffer, FakeHost(Dataset.range(1)), 2, False)
+
+    def ask_round(consumer: int, round_index: int) -> list[int]:
+        request = {"task_id": 7, "consumer_index": consumer, "round": round_index}
+        request.update(wait_ms=50, max_elements=64)
+        header, buffers = decode_frame(
+            task_replies.get_elements(GetElementsRequest.from_header(request))
+        )
+        meta = header.get("meta")
+        return [] if meta is None else [int(e[0]) for e in unpack_elements(meta, buffers)]
+
+    with caplog.at_level("WARNING", logger="feedline.service.worker.server"):
+        assert ask_round(0, 0) == [0, 2]  # rounds 0 and 1: the two the buffer keeps
+        assert ask_round(0, 2) == []
+        assert ask_round(0, 2) == []
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "consumer 0 waits for round 2: consumer(s) 1 have not taken round 0" in warning
+    # Consumer 1 takes rounds 0 and 1, which makes room for 2 and 3: its reply has them too.
+    assert ask_round(1, 0) == [1, 3, 5, 7]
+    assert ask_round(0, 2) == [4, 6, 8]  # each round it takes makes room for the next
+
+
 def test_a_round_robin_request_needs_its_consumer_index() -> None:
     task = start_task(FakeHost(Dataset.range(2)), num_consumers=2)
     with pytest.raises(InvalidArgumentError, match="'consumer_index' is missing"):

@@ -398,6 +398,16 @@ class TaskBuffer:
                 self.cond.notify_all()  # a consumer ahead may wait for room (round_window)
         return element
 
+    def laggards(self, num_consumers: int) -> tuple[int, list[int]]:
+        """When the buffer keeps ``round_window`` rounds (a consumer further ahead waits): the
+        oldest round kept and the consumers that have not taken it; ``(-1, [])`` otherwise."""
+        with self.cond:
+            oldest = next(iter(self._rounds), self._next_round)
+            if self._next_round - oldest < self.round_window:
+                return -1, []
+            taken = self._round_taken[oldest]
+            return oldest, [c for c in range(num_consumers) if c not in taken]
+
     def _cut_round(self, num_consumers: int) -> None:
         """(Under the lock.) The next round, from the first ``num_consumers`` elements."""
         self._rounds[self._next_round] = [self.take() for _ in range(num_consumers)]

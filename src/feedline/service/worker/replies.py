@@ -18,6 +18,7 @@ the order of their requests while the first is still being copied and sent.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Any
 
@@ -28,6 +29,9 @@ from feedline.service.protocol import ElementsReply, GetElementsRequest
 from feedline.service.worker.buffer import Ending, TaskBuffer
 from feedline.service.worker.host import TaskHost
 from feedline.service.worker.trainer_cache import TrainerCache
+
+# The worker's logger.
+logger = logging.getLogger("feedline.service.worker.server")
 
 __all__ = ["NOTHING_YET", "TaskReplies", "wait_seconds"]
 
@@ -50,6 +54,8 @@ _GATHER_S = 0.1
 _TURN_WAIT_S = 1.0
 # Round robin: the most consecutive rounds one reply carries.
 _MAX_ROUNDS = 256
+# Round robin: the shortest time between two warnings that a consumer waits for a slower one.
+_HELD_WARNING_S = 10.0
 
 
 #: The reply that says nothing yet: the consumer asks again.
@@ -105,6 +111,7 @@ class TaskReplies:
         self._turn_waiting = 0  # requests waiting for their turn
         self._first_ask: float | None = None
         self._handed_out = False
+        self._held_warned_at = -_HELD_WARNING_S  # (round robin: ``_warn_if_held``)
         #: Elements and their bytes handed to consumers (for the status pages).
         self.served_elements = 0
         self.served_bytes = 0
@@ -268,6 +275,7 @@ class TaskReplies:
                 return end_frame(got, buffer.failure())
             if got is None:
                 # nothing yet: the consumer asks again
+                self._warn_if_held(consumer, round_index, num_consumers)
                 return NOTHING_YET
             elements = [got]
             size = sum(leaf.nbytes for leaf in got)
@@ -288,6 +296,26 @@ class TaskReplies:
                 size += sum(leaf.nbytes for leaf in more)
             self._count(len(elements), size)
         return self._reply(request, elements)
+
+    def _warn_if_held(self, consumer: int, round_index: int, num_consumers: int) -> None:
+        """Logs (at most every ``_HELD_WARNING_S``) that round-robin ``consumer`` waits because
+        others have not taken the oldest round kept: they read slower, or stopped reading."""
+        oldest, behind = self._buffer.laggards(num_consumers)
+        now = time.monotonic()
+        if not behind or now - self._held_warned_at < _HELD_WARNING_S:
+            return
+        self._held_warned_at = now
+        logger.warning(
+            "task %d: round-robin consumer %d waits for round %d: consumer(s) %s have not taken "
+            "round %d yet, and the worker keeps at most %d rounds that not every consumer took "
+            "(round-robin consumers move in step: one that stopped reading holds the others)",
+            self.task_id,
+            consumer,
+            round_index,
+            ", ".join(map(str, behind)),
+            oldest,
+            self._buffer.round_window,
+        )
 
     def get_cached(self, request: GetElementsRequest, cache: TrainerCache) -> bytes:
         """The reply frame to a trainer's ``request`` in a cross-trainer job: the elements
