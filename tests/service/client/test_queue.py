@@ -30,6 +30,28 @@ def fetch(queue: ElementQueue, task_id: int, values: list[int]) -> None:
         queue.update([], asked_after=queue.ends())
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The queue's clock, which only the test moves (``now[0]``)."""
+    now = [0.0]
+    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
+    return now
+
+
+def read_paced(queue: ElementQueue, now: list[float], count: int, seconds_each: float) -> list[int]:
+    """Reads ``count`` elements of task 1 ``seconds_each`` apart on the ``clock``, fetched as
+    credits allow; the queue's size after each."""
+    sizes = []
+    for _ in range(count):
+        if not len(queue):
+            credits = queue.acquire()
+            queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
+        now[0] += seconds_each
+        assert queue.get(0) is not None
+        sizes.append(queue.max_elements)
+    return sizes
+
+
 def drain(queue: ElementQueue) -> list[Item]:
     got = []
     while True:
@@ -196,22 +218,15 @@ def test_close_wakes_the_reader_and_the_fetch_threads() -> None:
 
 
 def test_a_queue_that_follows_its_reader_holds_what_it_reads_in_hold_s(
-    monkeypatch: pytest.MonkeyPatch,
+    clock: list[float],
 ) -> None:
-    now = [0.0]  # the queue's clock, moved by the reader below
-    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
     queue = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
     queue.update(running(1), asked_after=0)
 
     def read(seconds: float, seconds_each: float) -> None:
-        """Elements fetched as credits allow, read ``seconds_each`` apart for ``seconds`` (two
-        measurements of the rate at least: the last one of this rate alone)."""
-        for _ in range(round(seconds / seconds_each)):
-            if not len(queue):
-                credits = queue.acquire()
-                queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
-            now[0] += seconds_each
-            assert queue.get(0) is not None
+        """Elements read ``seconds_each`` apart for ``seconds`` (two measurements of the rate
+        at least: the last one of this rate alone)."""
+        read_paced(queue, clock, round(seconds / seconds_each), seconds_each)
 
     read(0.5, 1e-4)  # 10,000 elements a second
     assert queue.max_elements == round(10_000 * ElementQueue.HOLD_S) == 500
@@ -232,34 +247,18 @@ def test_a_queue_that_follows_its_reader_holds_what_it_reads_in_hold_s(
     thread.join(0.3)
     assert got == []  # nothing asked for while it holds more than its size
     while len(queue):  # read at the same slow pace
-        now[0] += 0.01
+        clock[0] += 0.01
         assert queue.get(0) is not None
     thread.join(5)
     assert got and got[0] >= 1 and queue.credits == 16 - got[0]
 
 
 def test_a_queue_that_starts_fast_grows_within_a_few_hundred_elements(
-    monkeypatch: pytest.MonkeyPatch,
+    clock: list[float],
 ) -> None:
-    now = [0.0]
-    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
-
-    def read(queue: ElementQueue, count: int, seconds_each: float) -> list[int]:
-        """Reads ``count`` elements ``seconds_each`` apart, fetched as credits allow; the
-        queue's size after each."""
-        sizes = []
-        for _ in range(count):
-            if not len(queue):
-                credits = queue.acquire()
-                queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
-            now[0] += seconds_each
-            assert queue.get(0) is not None
-            sizes.append(queue.max_elements)
-        return sizes
-
     fast = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
     fast.update(running(1), asked_after=0)
-    sizes = read(fast, 1400, 1e-5)  # 100,000 a second, for 14 ms: well within RATE_S
+    sizes = read_paced(fast, clock, 1400, 1e-5)  # 100,000 a second, for 14 ms: well within RATE_S
     assert sorted(set(sizes)) == [16, 64, 256, 1024]  # at most 4x a measurement
     assert sizes.index(1024) < 1400 - 50
     # A reader that takes 200 elements as fast and pauses holds at most 64 meanwhile; after
@@ -267,27 +266,18 @@ def test_a_queue_that_starts_fast_grows_within_a_few_hundred_elements(
     # does not grow within a few hundred elements (a consumer that shares a job with others).
     pausing = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
     pausing.update(running(1), asked_after=0)
-    assert read(pausing, 200, 1e-5)[-1] == 64
-    now[0] += 0.5
-    assert read(pausing, 1, 1e-5) == [16]
-    assert set(read(pausing, 1000, 1e-5)) == {16}
+    assert read_paced(pausing, clock, 200, 1e-5)[-1] == 64
+    clock[0] += 0.5
+    assert read_paced(pausing, clock, 1, 1e-5) == [16]
+    assert set(read_paced(pausing, clock, 1000, 1e-5)) == {16}
     # A consumer that shares its job with another does not start fast either.
     shared = ElementQueue(max_elements=16, max_bytes=1 << 30, most_elements=1024)
     shared.update(running(1), asked_after=0, consumers=2)
-    assert set(read(shared, 1400, 1e-5)) == {16}
+    assert set(read_paced(shared, clock, 1400, 1e-5)) == {16}
 
 
-def test_a_queue_of_a_fixed_size_does_not_follow_its_reader(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    now = [0.0]
-    monkeypatch.setattr(queue_module.time, "monotonic", lambda: now[0])
+def test_a_queue_of_a_fixed_size_does_not_follow_its_reader(clock: list[float]) -> None:
     queue = ElementQueue(max_elements=16, max_bytes=1 << 30)
     queue.update(running(1), asked_after=0)
-    for _ in range(100):
-        credits = queue.acquire()
-        queue.put(1, [Item(i, 8, 1) for i in range(credits)], credits)
-        for _ in range(credits):
-            now[0] += 1e-4
-            assert queue.get(0) is not None
+    read_paced(queue, clock, 1600, 1e-4)
     assert (queue.max_elements, queue.credits) == (16, 16)
