@@ -18,6 +18,13 @@ def running(*task_ids: int) -> list[TaskView]:
     return [TaskView(t, f"host:{t}", "running") for t in task_ids]
 
 
+def one_task_queue(max_elements: int) -> ElementQueue:
+    """A queue of ``max_elements`` (and 1 MiB) of a job whose one task, 1, runs."""
+    queue = ElementQueue(max_elements=max_elements, max_bytes=1 << 20)
+    queue.update(running(1), asked_after=0)
+    return queue
+
+
 def fetch(queue: ElementQueue, task_id: int, values: list[int]) -> None:
     """A fetch thread: one element per request, then the end of the task's input; after the
     last task's end, a view of the job that lists no other task."""
@@ -118,8 +125,7 @@ def test_bytes_buffered_bound_the_requests() -> None:
 
 
 def test_an_error_reaches_the_reader_at_every_call_even_with_elements_left() -> None:
-    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(4)
     queue.put(1, [Item("a", 1, 1)], queue.acquire())
     error = InvalidArgumentError("bad element")
     queue.fail(error)
@@ -131,8 +137,7 @@ def test_an_error_reaches_the_reader_at_every_call_even_with_elements_left() -> 
 
 
 def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
-    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(4)
     number = queue.start_reading(1)
     assert queue.end_tasks([1], completed=True) is False  # no task left to read
     assert queue.get(0) is None  # a reply may still be on its way
@@ -144,8 +149,7 @@ def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
 
 
 def test_two_requests_in_flight_to_a_task_each_hold_off_the_end() -> None:
-    queue = ElementQueue(max_elements=8, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(8)
     assert queue.acquire(parts=2) == 4  # half the task's share: another request may follow
     assert queue.acquire(parts=2, wait=False) == 2
     first, second = queue.start_reading(1), queue.start_reading(1)
@@ -162,8 +166,7 @@ def test_two_requests_in_flight_to_a_task_each_hold_off_the_end() -> None:
 
 
 def test_acquire_without_waiting_returns_nothing_when_there_is_no_room() -> None:
-    queue = ElementQueue(max_elements=2, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(2)
     assert queue.acquire() == 2
     assert queue.acquire(wait=False) == 0  # waiting, it would wait for ever: none come back
     queue.put(1, [], 2)
@@ -171,8 +174,7 @@ def test_acquire_without_waiting_returns_nothing_when_there_is_no_room() -> None
 
 
 def test_a_newer_view_with_another_task_is_no_end() -> None:
-    queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(4)
     queue.end_tasks([1], completed=True)
     assert queue.update(running(1, 2), asked_after=queue.ends()) == [2]
     assert queue.get(0) is None
@@ -196,8 +198,7 @@ def test_a_job_whose_tasks_were_all_lost_is_idle_not_ended() -> None:
 
 
 def test_close_wakes_the_reader_and_the_fetch_threads() -> None:
-    queue = ElementQueue(max_elements=1, max_bytes=1 << 20)
-    queue.update(running(1), asked_after=0)
+    queue = one_task_queue(1)
     assert queue.acquire() == 1
     results: list[object] = []
     threads = [
