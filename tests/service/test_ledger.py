@@ -15,6 +15,7 @@ from feedline.service import ledger as ledger_module
 from feedline.service.dispatcher import state as st
 from feedline.service.ledger import (
     Receipts,
+    Returned,
     SplitLedger,
     add_ranges,
     check_report,
@@ -63,6 +64,41 @@ def test_receipts_in_order_extend_the_last_range_and_out_of_order_find_their_pla
     assert receipts.take(0, 6) and receipts.take(0, 5) and not receipts.take(0, 10)
     assert receipts.take(0, 8) and receipts.take(0, 7)
     assert receipts.report() == [[0, [[0, 11]]]]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tags_taken_a_reply_at_a_time_are_what_taking_each_gives(seed: int) -> None:
+    # Replies as workers send them: runs of consecutive offsets of a split, from several splits
+    # at once, with replays (offsets sent again, some received and some not) and a split done.
+    rng = random.Random(seed)
+    cursors = dict.fromkeys(range(6), 0)
+    replies: list[list[list[int]]] = []
+    for _ in range(300):
+        tags: list[list[int]] = []
+        for _ in range(rng.randrange(1, 4)):
+            key = rng.randrange(6)
+            start = cursors[key]
+            if start and rng.random() < 0.3:  # sent again: from anywhere, or just before
+                start = rng.choice((rng.randrange(start), start - 1, max(0, start - 2)))
+            count = rng.randrange(1, 40)
+            tags += [[key, offset] for offset in range(start, start + count)]
+            cursors[key] = max(cursors[key], start + count + rng.choice((0, 0, 3)))
+        replies.append(tags)
+    by_run, by_tag = Receipts(), Receipts()
+    returned_by_run, returned_by_tag = Returned(), Returned()
+    for number, tags in enumerate(replies):
+        kept = by_run.take_tags(tags)
+        assert kept == [by_tag.take(key, offset) for key, offset in tags]
+        returned_by_run.take_tags([tag for tag, k in zip(tags, kept, strict=True) if k])
+        for (key, offset), k in zip(tags, kept, strict=True):
+            if k:
+                returned_by_tag.take(key, offset)
+        if number == 150:
+            by_run.forget([2])
+            by_tag.forget([2])
+    assert by_run.report(everything=True) == by_tag.report(everything=True)
+    assert returned_by_run.position() == returned_by_tag.position()
+    assert by_run.take_tags([]) == []
 
 
 def test_a_split_is_done_once_its_count_is_known_and_covered() -> None:

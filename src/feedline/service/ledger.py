@@ -103,7 +103,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline.errors import InvalidArgumentError
@@ -119,6 +120,7 @@ __all__ = [
     "covers",
     "ranges_of",
     "subtract_ranges",
+    "tag_runs",
 ]
 
 Ranges = list[list[int]]
@@ -194,6 +196,41 @@ def _insert(ranges: Ranges, offset: int) -> bool:
     else:
         ranges.insert(index + 1, [offset, offset + 1])
     return True
+
+
+def _append_run(ranges: Ranges, start: int, stop: int) -> bool:
+    """Adds ``start .. stop - 1`` to ``ranges`` in place where they all lie past its last
+    range (the way offsets arrive, in order); False, and ``ranges`` unchanged, otherwise."""
+    if not ranges:
+        ranges.append([start, stop])
+    elif ranges[-1][1] == start:
+        ranges[-1][1] = stop
+    elif ranges[-1][1] < start:
+        ranges.append([start, stop])
+    else:
+        return False
+    return True
+
+
+def tag_runs(tags: Sequence[Sequence[int]]) -> Iterator[tuple[int, int, int]]:
+    """``(key, start, stop)`` of each run of consecutive offsets of one split in ``tags``
+    (``[key, offset]`` pairs), in order.
+
+    Example:
+      >>> list(tag_runs([[4, 0], [4, 1], [4, 2], [5, 9], [4, 3]]))
+      [(4, 0, 3), (5, 9, 10), (4, 3, 4)]
+    """
+    if not tags:
+        return
+    key, start = tags[0]
+    stop = start + 1
+    for tag_key, offset in itertools.islice(tags, 1, None):
+        if offset == stop and tag_key == key:
+            stop += 1
+        else:
+            yield key, start, stop
+            key, start, stop = tag_key, offset, offset + 1
+    yield key, start, stop
 
 
 def subtract_ranges(ranges: Sequence[Sequence[int]], minus: Sequence[Sequence[int]]) -> Ranges:
@@ -773,6 +810,20 @@ class Receipts:
         self._changed.add(key)
         return True
 
+    def take_tags(self, tags: Sequence[Sequence[int]]) -> list[bool]:
+        """Records each ``[key, offset]`` of ``tags``; per tag, whether it is new (``take``).
+        A run of offsets past what a split has is recorded in one step."""
+        kept: list[bool] = []
+        for key, start, stop in tag_runs(tags):
+            if key not in self._done and _append_run(
+                self._received.setdefault(key, []), start, stop
+            ):
+                self._changed.add(key)
+                kept.extend(itertools.repeat(True, stop - start))
+            else:
+                kept.extend([self.take(key, offset) for offset in range(start, stop)])
+        return kept
+
     def report(self, everything: bool = False) -> list[list[Any]]:
         """``[[key, ranges], ...]`` of the splits received since the last report (or of every
         open split), to send; ``changed`` is cleared."""
@@ -811,6 +862,15 @@ class Returned:
 
     def take(self, key: int, offset: int) -> None:
         _insert(self._ranges.setdefault(key, []), offset)
+
+    def take_tags(self, tags: Sequence[Sequence[int]]) -> None:
+        """``take`` of each ``[key, offset]`` of ``tags``; a run past what a split has in one
+        step."""
+        for key, start, stop in tag_runs(tags):
+            ranges = self._ranges.setdefault(key, [])
+            if not _append_run(ranges, start, stop):
+                for offset in range(start, stop):
+                    _insert(ranges, offset)
 
     def counted(self, counts: Iterable[Sequence[int]]) -> None:
         """``[[key, count], ...]`` of splits done at the dispatcher."""

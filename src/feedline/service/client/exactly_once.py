@@ -52,7 +52,7 @@ class SplitReceipts:
                 return [False] * count
             if tags is None or len(tags) != count:
                 return None
-            return [self._receipts.take(key, offset) for key, offset in tags]
+            return self._receipts.take_tags(tags)
 
     def close_tasks(self, task_ids: Iterable[int]) -> None:
         """Nothing more is taken from ``task_ids`` (their workers were lost)."""
@@ -102,7 +102,5 @@ class SplitReceipts:
 
     def _fold(self) -> None:
         """(Under the lock.) Counts the elements ``returned`` queued."""
-        unfolded, take = self._unfolded, self._returned.take
-        for _ in range(len(unfolded)):
-            key, offset = unfolded.popleft()
-            take(key, offset)
+        unfolded = self._unfolded
+        self._returned.take_tags([unfolded.popleft() for _ in range(len(unfolded))])

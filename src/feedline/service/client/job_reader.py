@@ -543,9 +543,7 @@ class _JobReader:
         nudge = self._splits is not None
         while True:
             item = None if self._commits is None else self._commits.again()
-            wait_s = self._get_wait_s()
-            if nudge:
-                wait_s = min(wait_s, _NUDGE_AFTER_S)
+            wait_s = _NUDGE_AFTER_S if nudge else self._get_wait_s()
             try:
                 # A failed job raises at every call, even where a reply that was on its way
                 # when the error came left elements behind: the job is over.

@@ -446,11 +446,13 @@ _UPDATES: dict[str, type] = {kind.__name__: kind for kind in typing.get_args(Upd
 
 def update_to_json(update: Update) -> dict[str, Any]:
     """``update`` as a JSON-able dict (bytes fields as base64)."""
-    fields = dataclasses.asdict(update)
     if isinstance(update, RegisterDataset):
+        fields = dataclasses.asdict(update)
         record = fields["record"]
         for key in ("payload", "element_spec"):
             record[key] = base64.b64encode(record[key]).decode("ascii")
+    else:  # fields of JSON values: no copy (``asdict`` copies each, 20 µs an update)
+        fields = {field.name: getattr(update, field.name) for field in dataclasses.fields(update)}
     return {"type": type(update).__name__, **fields}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import itertools
 import threading
 import time
 from typing import Any
@@ -308,7 +309,7 @@ class TaskBuffer:
                 self._memory.give_back(size)
             self.cond.notify_all()
             if tag is not None:
-                self._tag_taken(tag, tags)
+                self._tags_taken([tag], tags)
         return leaves
 
     def take_many(
@@ -321,6 +322,7 @@ class TaskBuffer:
             elements: list[list[Any]] = []
             taken = 0
             queue = self._elements
+            tagged: list[list[int]] = []
             while queue and len(elements) < limit:
                 size = queue[0][1]
                 if elements and taken + size > max_bytes:
@@ -329,7 +331,9 @@ class TaskBuffer:
                 taken += size
                 elements.append(leaves)
                 if tag is not None:
-                    self._tag_taken(tag, tags)
+                    tagged.append(tag)
+            if tagged:
+                self._tags_taken(tagged, tags)
             if elements:
                 self._bytes -= taken
                 if self._memory is not None:
@@ -343,17 +347,21 @@ class TaskBuffer:
         with self.cond:
             return self._bytes
 
-    def _tag_taken(self, tag: list[int], tags: list[list[int]] | None) -> None:
-        """(Under the lock.) The element of ``tag`` was taken."""
-        key = tag[0]
-        self._pending[key] -= 1
-        if not self._pending[key]:
-            del self._pending[key]
+    def _tags_taken(self, taken: list[list[int]], tags: list[list[int]] | None) -> None:
+        """(Under the lock.) The elements of tags ``taken`` were taken; their tags are appended
+        to ``tags``."""
+        pending = self._pending
+        for key, group in itertools.groupby(tag[0] for tag in taken):
+            left = pending[key] - sum(1 for _ in group)
+            if left:
+                pending[key] = left
+                continue
+            del pending[key]
             if key in self._produced:
                 self._produced.discard(key)
                 self._splits_out.append(key)
         if tags is not None:
-            tags.append(tag)
+            tags.extend(taken)
 
     def take_round(
         self, round_index: int, consumer: int, num_consumers: int, timeout: float

@@ -117,14 +117,21 @@ class SplitRunner:
         versions: Mapping[str, Any] | None = None,
         pin: Callable[[str, Any], Any] | None = None,
     ) -> Iterator[Any]:
-        """The elements of split ``key`` (its source units ``units``), in order: reading the
-        objects of a store as ``versions`` (by URL, what an earlier run of the split opened),
-        and telling ``pin`` (``IteratorContext.pin_version``) the version of each object it
-        opens, before any element of it."""
+        """The elements of split ``key`` (its source units ``units``), in order and as
+        operations see them (``raw_elements``, as a task's other pipelines give them): reading
+        the objects of a store as ``versions`` (by URL, what an earlier run of the split
+        opened), and telling ``pin`` (``IteratorContext.pin_version``) the version of each
+        object it opens, before any element of it."""
         self._provider.units = list(units)
         ctx = IteratorContext(self._options, mix_seed(key), dict(versions or {}), pin_version=pin)
         iterator = self._dataset._iterator(ctx)
+        pull = iterator._next  # (``raw_elements``, without a generator more per element)
         try:
-            yield from iterator
+            while True:
+                try:
+                    element = pull()
+                except StopIteration:
+                    return
+                yield element
         finally:
             iterator.close()
