@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 import enum
-import itertools
+import operator
 import threading
 import time
 from typing import Any
@@ -351,8 +351,8 @@ class TaskBuffer:
         """(Under the lock.) The elements of tags ``taken`` were taken; their tags are appended
         to ``tags``."""
         pending = self._pending
-        for key, group in itertools.groupby(tag[0] for tag in taken):
-            left = pending[key] - sum(1 for _ in group)
+        for key, count in collections.Counter(map(operator.itemgetter(0), taken)).items():
+            left = pending[key] - count
             if left:
                 pending[key] = left
                 continue
