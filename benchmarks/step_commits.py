@@ -19,7 +19,8 @@ dispatcher journals before it answers) and *pipelined* (``commit(wait=False)``: 
 next heartbeat carries the acknowledgements, several steps at a time). Prints elements/s of
 each, the CPU seconds of the consumer and of its service's dispatcher and workers together, the
 ratios to *receipt* and to *plain*, and per step size the median and range of the ratios over
-the trials and the median time from each mode's last element to the end of its input; writes
+the trials, the median time from each mode's last element to the end of its input and the
+median CPU microseconds an element of the consumer, the dispatcher and the workers; writes
 ``benchmarks/results/step_commits.json``. On a loaded machine the CPU ratio is the steadier
 measure of what the protocol costs.
 """
@@ -106,9 +107,17 @@ def read_epoch(
     return count / elapsed, ended - last
 
 
-def cluster_cpu(cluster: ServiceProcesses, servers: list[str]) -> float:
-    """The CPU seconds used so far by this process (the consumer) and the servers."""
-    return time.process_time() + sum(cluster.cpu_seconds(name) for name in servers)
+ROLES = ("consumer", "dispatcher", "workers")
+
+
+def role_cpu(cluster: ServiceProcesses, servers: list[str]) -> dict[str, float]:
+    """The CPU seconds used so far by this process (the consumer), the dispatcher
+    (``servers[0]``) and the workers (the others)."""
+    return {
+        "consumer": time.process_time(),
+        "dispatcher": cluster.cpu_seconds(servers[0]),
+        "workers": sum(cluster.cpu_seconds(name) for name in servers[1:]),
+    }
 
 
 def main() -> None:
@@ -137,12 +146,12 @@ def main() -> None:
         read_epoch(plain.target, "warm-up", 2000, 32, 0.0, "receipt")
         for trial in range(args.trials):
             for step in steps:
-                rates, tails, cpu = {}, {}, {}
+                rates, tails, cpu, per_role = {}, {}, {}, {}
                 for mode in MODES[trial % 4 :] + MODES[: trial % 4]:  # each first in turn
                     on, on_servers = (
                         (plain, plain_servers) if mode == "plain" else (cluster, servers)
                     )
-                    before = cluster_cpu(on, on_servers)
+                    before = role_cpu(on, on_servers)
                     rates[mode], tails[mode] = read_epoch(
                         on.target,
                         f"t{trial}-s{step}-{mode}",
@@ -151,12 +160,17 @@ def main() -> None:
                         args.step_ms / 1000,
                         "receipt" if mode == "plain" else mode,
                     )
-                    cpu[mode] = cluster_cpu(on, on_servers) - before
+                    after = role_cpu(on, on_servers)
+                    cpu[mode] = sum(after.values()) - sum(before.values())
+                    per_role[mode] = {  # microseconds of CPU an element
+                        role: (after[role] - before[role]) / args.elements * 1e6 for role in ROLES
+                    }
                 row: dict[str, Any] = {
                     "trial": trial,
                     "step": step,
                     **rates,
                     "cpu": cpu,
+                    "cpu_us_per_element": per_role,
                     "end_ms": {mode: tail * 1000 for mode, tail in tails.items()},
                 }
                 for mode, peer in RATIOS:
@@ -201,6 +215,24 @@ def main() -> None:
             for mode in MODES
         ]
         print(f"| {step} | " + " | ".join(f"{end:.0f} ms" for end in ends) + " |")
+    print(
+        "\nCPU microseconds an element (medians): consumer + dispatcher + workers = all\n\n"
+        "| elements per step | " + " | ".join(MODES) + " |\n|---:|" + "---|" * len(MODES)
+    )
+    for step in steps:
+        cells = []
+        for mode in MODES:
+            by_role = {
+                role: statistics.median(
+                    row["cpu_us_per_element"][mode][role] for row in rows if row["step"] == step
+                )
+                for role in ROLES
+            }
+            cells.append(
+                " + ".join(f"{by_role[role]:.2f}" for role in ROLES)
+                + f" = {sum(by_role.values()):.1f}"
+            )
+        print(f"| {step} | " + " | ".join(cells) + " |")
     write_results("step_commits", {"args": vars(args), "rows": rows, "median_ratio": summary})
 
 
