@@ -95,7 +95,7 @@ def _list(store_pid: int) -> dict[str, Any]:
     }
 
 
-def _hand_out(policy: str, fault_tolerant: bool) -> dict[str, Any]:
+def _hand_out(policy: str, fault_tolerant: bool, journal_sync: str = "full") -> dict[str, Any]:
     """One consumer reads every name through a dispatcher in this process and a worker process."""
     from tests.service.procs import ServiceProcesses
 
@@ -107,7 +107,7 @@ def _hand_out(policy: str, fault_tolerant: bool) -> dict[str, Any]:
     with ServiceProcesses() as cluster, tempfile.TemporaryDirectory() as work_dir:
         config: dict[str, Any] = {"port": cluster.port}
         if fault_tolerant:
-            config.update(work_dir=work_dir, fault_tolerant_mode=True)
+            config.update(work_dir=work_dir, fault_tolerant_mode=True, journal_sync=journal_sync)
         dispatcher = service.DispatchServer(service.DispatcherConfig(**config))
         try:
             worker = cluster.start_worker()
@@ -147,6 +147,12 @@ def main() -> None:
         "--max-files-per-split",
         default="64",
         help="comma-separated bounds on the files of a split to run the hand-out with",
+    )
+    parser.add_argument(
+        "--journal-sync",
+        choices=("full", "normal"),
+        default="full",
+        help="the fault-tolerant dispatcher's journal_sync (full: each commit fsynced)",
     )
     args = parser.parse_args()
 
@@ -188,7 +194,10 @@ def main() -> None:
         )
         for policy, fault_tolerant, bound in rows:
             splits._MAX_FILE_SPLIT = default_bound if bound is None else bound
-            runs = [_hand_out(policy, fault_tolerant) for _ in range(args.repetitions)]
+            runs = [
+                _hand_out(policy, fault_tolerant, args.journal_sync)
+                for _ in range(args.repetitions)
+            ]
             splits._MAX_FILE_SPLIT = default_bound
             name = f"{policy}/{'fault-tolerant' if fault_tolerant else 'plain'}/{bound}"
             results[name] = runs

@@ -24,6 +24,7 @@ from typing import Any, Self
 from feedline._net.rpc import field, is_int64
 from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
+from feedline.service.ledger import tag_runs
 
 __all__ = [
     "DISPATCHER_SERVICE",
@@ -1479,10 +1480,44 @@ class HeartbeatReply:
         return header
 
 
+#: The most elements whose tags one reply may carry.
+_MAX_TAGGED = 1 << 20
+
+
+def _tags_of_runs(runs: list[Any]) -> list[list[int]]:
+    """The ``[split, offset]`` tag of each element from the runs ``[split, first offset,
+    count]`` that an ``ElementsReply`` carries.
+
+    Raises:
+      InvalidArgumentError: a run is not three integers, an offset negative or a count not
+        positive, or the runs tag more than ``_MAX_TAGGED`` elements.
+    """
+    total = 0
+    for run in runs:
+        if (
+            type(run) is not list
+            or len(run) != 3
+            or not all(type(number) is int for number in run)  # (``bool`` is no ``int`` here)
+            or run[1] < 0
+            or run[2] < 1
+        ):
+            raise InvalidArgumentError(
+                "malformed reply: every item of field 'tags' must be [split, first offset, "
+                f"count] (integers, a count of at least 1), got {run!r:.100}"
+            )
+        total += run[2]
+        if total > _MAX_TAGGED:
+            raise InvalidArgumentError(
+                f"malformed reply: field 'tags' tags more than {_MAX_TAGGED} elements"
+            )
+    return [[key, offset] for key, start, count in runs for offset in range(start, start + count)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ElementsReply:
     """A worker's reply to GetElements. Exactly one of: elements (``meta`` describes them, see
-    ``feedline._net.elements``; ``tags`` their ``[split, offset]`` in an exactly-once job),
+    ``feedline._net.elements``; ``tags`` their ``[split, offset]`` in an exactly-once job, on
+    the wire as runs of consecutive offsets, ``[split, first offset, count]``),
     nothing yet (``eos`` False, no ``meta``), the end of the task's input (``eos``), the task is
     ``gone`` (stopped, or ended and drained), or the ``error`` report of the task's pipeline.
     ``shm`` and ``shm_refused`` are the shared-memory fields (``feedline.service.shm``), which
@@ -1516,23 +1551,11 @@ class ElementsReply:
         Raises:
           InvalidArgumentError: a field is mistyped.
         """
-        tags = field(header, "tags", (list, type(None)), None)
-        if tags is not None:  # one per element: checked in one pass (``_rows`` is slower)
-            for tag in tags:
-                if (
-                    type(tag) is not list
-                    or len(tag) != 2
-                    or type(tag[0]) is not int  # (``bool`` is no ``int`` here)
-                    or type(tag[1]) is not int
-                ):
-                    raise InvalidArgumentError(
-                        "malformed reply: every item of field 'tags' must be [int, int], got "
-                        f"{tag!r}"
-                    )
+        runs = field(header, "tags", (list, type(None)), None)
         return cls(
             eos=field(header, "eos", bool, False),
             meta=field(header, "meta", (dict, type(None)), None),
-            tags=tags,
+            tags=None if runs is None else _tags_of_runs(runs),
             error=field(header, "error", (dict, type(None)), None),
             gone=field(header, "gone", bool, False),
             shm=field(header, "shm", (dict, type(None)), None),
@@ -1550,8 +1573,8 @@ class ElementsReply:
         header: dict[str, Any] = {"eos": self.eos}
         if self.meta is not None:
             header["meta"] = self.meta
-        if self.tags:
-            header["tags"] = self.tags
+        if self.tags:  # on the wire as runs of offsets: [[split, first offset, count], ...]
+            header["tags"] = [[key, start, end - start] for key, start, end in tag_runs(self.tags)]
         if self.shm is not None:
             header["shm"] = self.shm
         if self.shm_refused is not None:

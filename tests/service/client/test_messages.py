@@ -98,7 +98,8 @@ def test_a_malformed_join_reply_is_an_invalid_argument(change: dict[str, Any], m
 @pytest.mark.parametrize(
     "header",
     [
-        {"eos": False, "meta": {"signatures": [], "count": 2}, "tags": [[0, 0], [0, 1]]},
+        {"eos": False, "meta": {"signatures": [], "count": 2}, "tags": [[0, 0, 2]]},
+        {"eos": False, "meta": {"signatures": [], "count": 4}, "tags": [[3, 7, 2], [1, 0, 2]]},
         {"eos": False, "meta": {"signatures": [], "count": 1}},
         {"eos": False},
         {"eos": False, "retry_after_ms": 500},
@@ -111,9 +112,31 @@ def test_an_elements_reply_reads_and_writes_the_same_bytes(header: dict[str, Any
     assert json.dumps(ElementsReply.from_header(header).to_header()) == json.dumps(header)
 
 
-def test_a_malformed_elements_reply_is_an_invalid_argument() -> None:
+def test_an_elements_replys_tags_travel_as_runs_of_offsets() -> None:
+    tags = [[3, 7], [3, 8], [1, 0], [3, 9], [3, 11], [3, 12]]
+    header = ElementsReply(meta={"signatures": [], "count": 6}, tags=tags).to_header()
+    assert header["tags"] == [[3, 7, 2], [1, 0, 1], [3, 9, 1], [3, 11, 2]]
+    assert ElementsReply.from_header(json.loads(json.dumps(header))).tags == tags
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [
+        [[0, "1", 1]],
+        [[0, 1]],  # a pair, not a run
+        [[0, 1, 0]],  # no element
+        [[0, -1, 2]],
+        [[0, 0, True]],
+        [[0, 0, 1 << 20], [1, 0, 1]],  # more elements than a reply carries
+        [7],
+    ],
+)
+def test_a_malformed_elements_reply_is_an_invalid_argument(tags: list[Any]) -> None:
     with pytest.raises(InvalidArgumentError, match="field 'tags'"):
-        ElementsReply.from_header({"eos": False, "tags": [[0, "1"]]})
+        ElementsReply.from_header({"eos": False, "tags": tags})
+
+
+def test_an_elements_reply_with_a_mistyped_field_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgumentError, match="field 'eos'"):
         ElementsReply.from_header({"eos": "yes"})
 
