@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from feedline.data.dataset import Dataset, IteratorContext, mix_seed, walk
+from feedline.data.dataset import Dataset, IteratorContext, mix_seed, raw_elements, walk
 from feedline.errors import InvalidArgumentError
 from feedline.service.worker.split_source import with_split_source
 
@@ -125,13 +125,7 @@ class SplitRunner:
         self._provider.units = list(units)
         ctx = IteratorContext(self._options, mix_seed(key), dict(versions or {}), pin_version=pin)
         iterator = self._dataset._iterator(ctx)
-        pull = iterator._next  # (``raw_elements``, without a generator more per element)
         try:
-            while True:
-                try:
-                    element = pull()
-                except StopIteration:
-                    return
-                yield element
+            yield from raw_elements(iterator)
         finally:
             iterator.close()
