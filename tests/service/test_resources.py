@@ -120,12 +120,16 @@ report(time.time())
 
 
 def test_a_script_that_never_stops_its_servers_exits_quietly_and_at_once() -> None:
+    exits = []
     for _ in range(3):
         (result,) = run(NEVER_STOPPED, [("script", {})], timeout=60).values()
-        exit_took = time.time() - result.result
+        exits.append(time.time() - result.result)
         assert result.stdout.strip() == str(sorted(list(range(10)) * 2))
         assert result.stderr == "", result.stderr  # no traceback, no warning
-        assert exit_took < 1.0, f"the process took {exit_took:.2f} s to exit"
+    # ~0.15 s here. An exit that waits for a call or a poll to time out waits every time; a
+    # machine loaded by other work slows one run now and then (1.06 s once, under -n 4 on 2
+    # cores): the fastest of three says which.
+    assert min(exits) < 1.0, f"the process took {', '.join(f'{s:.2f}' for s in exits)} s to exit"
 
 
 # A consumer whose job ended just before the interpreter exits: its heartbeat is still waiting
