@@ -288,7 +288,7 @@ def test_an_exactly_once_get_split_waits_for_its_jobs_splits_to_be_done(tmp_path
         report(key)
     started = time.monotonic()
     assert get_split(4, (3, 1)) == {"split": None, "wait": True}
-    assert time.monotonic() - started < 0.3
+    assert time.monotonic() - started < 1.0  # it may not wait: answered at once
     started = time.monotonic()
     assert get_split(5, wait_ms=300) == {"split": None, "wait": True}
     assert 0.3 <= time.monotonic() - started < 2.0
@@ -301,7 +301,7 @@ def test_an_exactly_once_get_split_waits_for_its_jobs_splits_to_be_done(tmp_path
         started = time.monotonic()
         report(3)
         waiter.join(5.0)
-        assert time.monotonic() - started < 1.0  # answered at once, not after its wait
+        assert time.monotonic() - started < 4.0  # answered at once, not after its 30 s
     finally:
         waiter.join(5.0)
     assert replies == [{"split": None}]
