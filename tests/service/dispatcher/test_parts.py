@@ -460,9 +460,9 @@ def test_worker_heartbeats_past_the_bound_are_answered_at_once_with_a_retry_time
             time.sleep(0.01)
         assert len(parts.core.waiting) == bound
         started = time.monotonic()
-        reply = parts.heartbeat(f"w{bound}", wait_ms=1000)
-        assert time.monotonic() - started < 0.5
-        assert 0 < reply["retry_after_ms"] <= 1000
+        reply = parts.heartbeat(f"w{bound}", wait_ms=5000)
+        assert time.monotonic() - started < 2.5  # answered at once, not after its 5 s
+        assert 0 < reply["retry_after_ms"] <= 5000
     finally:
         for waiter in waiters:
             waiter.join(5)
