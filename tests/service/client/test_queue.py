@@ -184,14 +184,16 @@ def test_a_newer_view_with_another_task_is_no_end() -> None:
         queue.get(0)
 
 
-def test_a_job_whose_tasks_were_all_lost_is_idle_not_ended() -> None:
+def test_a_job_whose_tasks_were_all_lost_is_idle_not_ended(clock: list[float]) -> None:
     queue = ElementQueue(max_elements=4, max_bytes=1 << 20)
     queue.update([TaskView(1, "host:1", "lost")], asked_after=0)
     assert queue.get(0) is None
     assert queue.lost_addresses() == ["host:1"]
-    time.sleep(0.05)
-    assert queue.idle_overdue(0.01) is not None
+    clock[0] += 0.05
+    assert queue.idle_overdue(0.01) == pytest.approx(0.05)
     assert queue.idle_overdue(0.01) is None  # reported once; the clock starts again
+    clock[0] += 0.02
+    assert queue.idle_overdue(0.01) == pytest.approx(0.02)
     queue.update([], asked_after=0, finished=True)  # the dispatcher ended the job
     with pytest.raises(StopIteration):
         queue.get(0)

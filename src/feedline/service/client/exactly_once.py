@@ -94,6 +94,10 @@ class SplitReceipts:
         ``position``."""
         self._unfolded.append(tag)
 
+    def returned_all(self, tags: Iterable[Sequence[int]]) -> None:
+        """``returned`` of each of ``tags`` (a step's, once it committed)."""
+        self._unfolded.extend(tags)
+
     def position(self) -> tuple[dict[int, int], dict[int, Ranges]]:
         """The splits returned in full (``key: count``) and the offsets returned of others."""
         with self._lock:

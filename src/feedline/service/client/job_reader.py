@@ -338,8 +338,8 @@ class _JobReader:
             with self._lock:
                 self._answered_at = time.monotonic()
             if self._splits is not None and self._commits is not None:
-                for tag in committed_tags:  # acknowledged: they count in the position
-                    self._splits.returned(tag)
+                # Acknowledged: they count in the position.
+                self._splits.returned_all(committed_tags)
             # A trainer keeps what it has of a split done for the job: restored from its
             # checkpoint, it may read the split again.
             if self._splits is not None and self.trainer is None:
@@ -619,9 +619,8 @@ class _JobReader:
             lambda timeout: self._dispatcher.call("ClientHeartbeat", request, timeout=timeout),
             attempt_s=RPC_TIMEOUT_S,
         )
-        for tag in tags:
-            if self._splits is not None:  # always: commits come with receipts
-                self._splits.returned(tag)
+        if self._splits is not None:  # always: commits come with receipts
+            self._splits.returned_all(tags)
 
     def abort(self) -> int:
         """The current step is aborted: ``next`` returns its elements again, in order; how
