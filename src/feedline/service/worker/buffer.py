@@ -377,12 +377,7 @@ class TaskBuffer:
         deadline = time.monotonic() + timeout
         with self.cond:
             while self._next_round <= round_index:
-                # (rounds are cut in order, so the dict's first key is the oldest one kept)
-                oldest = next(iter(self._rounds), self._next_round)
-                if (
-                    len(self._elements) >= num_consumers
-                    and self._next_round - oldest < self.round_window
-                ):
+                if len(self._elements) >= num_consumers and self._oldest_round() is None:
                     self._cut_round(num_consumers)
                     continue
                 if self._ended or self._stopped:
@@ -410,11 +405,18 @@ class TaskBuffer:
         """When the buffer keeps ``round_window`` rounds (a consumer further ahead waits): the
         oldest round kept and the consumers that have not taken it; ``(-1, [])`` otherwise."""
         with self.cond:
-            oldest = next(iter(self._rounds), self._next_round)
-            if self._next_round - oldest < self.round_window:
+            oldest = self._oldest_round()
+            if oldest is None:
                 return -1, []
             taken = self._round_taken[oldest]
             return oldest, [c for c in range(num_consumers) if c not in taken]
+
+    def _oldest_round(self) -> int | None:
+        """(Under the lock.) The oldest round kept when ``round_window`` rounds are (no more
+        is cut until every consumer took it); None while there is room for another."""
+        # Rounds are cut in order, so the dict's first key is the oldest one kept.
+        oldest = next(iter(self._rounds), self._next_round)
+        return oldest if self._next_round - oldest >= self.round_window else None
 
     def _cut_round(self, num_consumers: int) -> None:
         """(Under the lock.) The next round, from the first ``num_consumers`` elements."""
