@@ -147,7 +147,8 @@ def main() -> None:
         for trial in range(args.trials):
             for step in steps:
                 rates, tails, cpu, per_role = {}, {}, {}, {}
-                for mode in MODES[trial % 4 :] + MODES[: trial % 4]:  # each first in turn
+                # Each mode first in turn.
+                for mode in MODES[trial % len(MODES) :] + MODES[: trial % len(MODES)]:
                     on, on_servers = (
                         (plain, plain_servers) if mode == "plain" else (cluster, servers)
                     )
