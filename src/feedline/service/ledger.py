@@ -177,10 +177,23 @@ def contains(ranges: Sequence[Sequence[int]], offset: int) -> bool:
     return index >= 0 and offset < ranges[index][1]
 
 
+def _append_run(ranges: Ranges, start: int, stop: int) -> bool:
+    """Adds ``start .. stop - 1`` to ``ranges`` in place where they all lie past its last
+    range (the way offsets arrive, in order); False, and ``ranges`` unchanged, otherwise."""
+    if not ranges:
+        ranges.append([start, stop])
+    elif ranges[-1][1] == start:
+        ranges[-1][1] = stop
+    elif ranges[-1][1] < start:
+        ranges.append([start, stop])
+    else:
+        return False
+    return True
+
+
 def _insert(ranges: Ranges, offset: int) -> bool:
     """Adds ``offset`` to ``ranges`` in place; False if it was there."""
-    if ranges and ranges[-1][1] == offset:  # the next offset of the last range: most often
-        ranges[-1][1] = offset + 1
+    if _append_run(ranges, offset, offset + 1):  # past the last range: most often
         return True
     index = _last_start(ranges, offset)
     if index >= 0 and offset < ranges[index][1]:
@@ -195,20 +208,6 @@ def _insert(ranges: Ranges, offset: int) -> bool:
         ranges[index + 1][0] = offset
     else:
         ranges.insert(index + 1, [offset, offset + 1])
-    return True
-
-
-def _append_run(ranges: Ranges, start: int, stop: int) -> bool:
-    """Adds ``start .. stop - 1`` to ``ranges`` in place where they all lie past its last
-    range (the way offsets arrive, in order); False, and ``ranges`` unchanged, otherwise."""
-    if not ranges:
-        ranges.append([start, stop])
-    elif ranges[-1][1] == start:
-        ranges[-1][1] = stop
-    elif ranges[-1][1] < start:
-        ranges.append([start, stop])
-    else:
-        return False
     return True
 
 
