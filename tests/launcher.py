@@ -173,10 +173,17 @@ class Torchrun:
     # Whether this agent hosts the rendezvous store (None: the first on ``port`` does): agents
     # told False only connect, so that they can start with the host, not after it listens.
     is_host: bool | None = None
+    # "feedline": launched as ``feedline torchrun`` (``python -m feedline.cli torchrun``).
+    launcher: str = "torch"
 
     def command(self, log_dir: Path) -> list[str]:
+        module = (
+            ["feedline.cli", "torchrun"]
+            if self.launcher == "feedline"
+            else ["torch.distributed.run"]
+        )
         common = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            sys.executable, "-m", *module, "--nproc-per-node",
             str(self.nproc_per_node), "--max-restarts", str(self.max_restarts), "--log-dir",
             str(log_dir), "--redirects", "3",
         ]  # fmt: skip

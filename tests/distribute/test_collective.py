@@ -3,9 +3,10 @@ agents joined the rendezvous in different rounds (and so count different restart
 process group, and see each other's heartbeats.
 
 torch's own agents hang when a node joins a later round while they share their rendezvous store
-with the workers (pytorch#135712), so the agents run with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
-as docs/fault_tolerance.md tells; the workers' meeting in a shared agent store (one agent,
-restarted) is what test_shared_service_jobs.py and train/test_backup_and_restore.py run."""
+with the workers (pytorch#135712): the agents run as ``feedline torchrun``, which turns the
+sharing off, and a worker of torchrun's agents says so where it may happen
+(``shared_store_warning``); the workers' meeting in a shared agent store (one agent, restarted)
+is what test_shared_service_jobs.py and train/test_backup_and_restore.py run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from feedline.distribute.collective import _meeting_generation
+from feedline.cli._torchrun import SHARE_STORE_VARIABLE
+from feedline.distribute.collective import _meeting_generation, shared_store_warning
 from feedline.errors import UnavailableError
 from tests.launcher import Processes, Torchrun, free_port
 
@@ -48,7 +50,12 @@ fdist.collective.active().barrier()   # neither ends before the other read its b
 """
 
 
-def test_agents_that_joined_in_different_rounds_meet(tmp_path: pathlib.Path) -> None:
+def test_agents_that_joined_in_different_rounds_meet(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `feedline torchrun` sets the variable: with torch's default the second node's agent
+    # waits for ever for the first round's store (pytorch#135712).
+    monkeypatch.delenv(SHARE_STORE_VARIABLE, raising=False)
     port = free_port()
 
     def node(name: str, env: dict[str, str]) -> Processes:
@@ -56,9 +63,10 @@ def test_agents_that_joined_in_different_rounds_meet(tmp_path: pathlib.Path) -> 
             _WORKER,
             [(name, env)],
             argv=[str(tmp_path)],
-            torchrun=Torchrun(nproc_per_node=1, max_restarts=3, port=port, nnodes="1:2"),
+            torchrun=Torchrun(
+                nproc_per_node=1, max_restarts=3, port=port, nnodes="1:2", launcher="feedline"
+            ),
             timeout=150,
-            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
         )
 
     with node("first", {"FAIL_ONCE": "1"}) as first:
@@ -66,6 +74,8 @@ def test_agents_that_joined_in_different_rounds_meet(tmp_path: pathlib.Path) -> 
         with node("second", {}) as second:  # joins in a later round: no restart counted
             results = {**first.wait(), **second.wait()}
             reports = [*first.reports().values(), *second.reports().values()]
+            logs = [*first.worker_outputs("first", "stderr").values()]
+            logs += second.worker_outputs("second", "stderr").values()
     assert all(r.returncode == 0 for r in results.values()), [
         r.describe() for r in results.values()
     ]
@@ -74,6 +84,60 @@ def test_agents_that_joined_in_different_rounds_meet(tmp_path: pathlib.Path) -> 
         (1, 2.0, True),
     ]
     assert sorted(r["restarts"] for r in reports) == [0, 1]
+    # Their store was not shared: no worker warned of it.
+    assert len(logs) >= 2 and not any("pytorch#135712" in log for log in logs)
+
+
+_WARNS = """
+import feedline.distribute as fdist
+from tests.launcher import report
+strategy = fdist.MultiWorkerMirroredStrategy(
+    communication_options=fdist.experimental.CommunicationOptions(timeout_seconds=30))
+report({"workers": strategy.num_replicas_in_sync})
+"""
+
+
+def test_a_worker_of_agents_that_share_their_store_says_a_later_node_would_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SHARE_STORE_VARIABLE, raising=False)
+    torchrun = Torchrun(nproc_per_node=1, max_restarts=1, port=free_port(), nnodes="1:2")
+    with Processes(_WARNS, [("node", {})], torchrun=torchrun, timeout=90) as node:
+        result = node.wait()["node"]
+        assert result.returncode == 0, result.describe()
+        assert [*node.reports().values()] == [{"workers": 1}]
+        (log,) = node.worker_outputs("node", "stderr").values()
+    assert "pytorch#135712" in log and "feedline torchrun" in log, log
+
+
+@pytest.mark.parametrize(
+    ("environ", "warns"),
+    [
+        # c10d rendezvous (a run id), restarts allowed, the store shared: a later node waits.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "train-42"}, True),
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"}, True),
+        # Not shared (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or not under torchrun).
+        ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
+        ({}, False),
+        # No restarts: nothing joins a later round.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
+        # One node's static launch (`torchrun --nproc-per-node 8 --max-restarts 3`).
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none"}, False),
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "x"}, False),
+    ],
+)  # fmt: skip
+def test_shared_store_warning_names_the_launcher_where_a_later_node_would_wait(
+    environ: dict[str, str], warns: bool
+) -> None:
+    warning = shared_store_warning(environ)
+    assert (warning is not None) == warns
+    if warning is not None:
+        assert "feedline torchrun" in warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning
 
 
 def test_each_start_of_a_group_meets_under_one_generation_in_a_store_that_outlives_it() -> None:

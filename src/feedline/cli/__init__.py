@@ -31,12 +31,19 @@
     feedline server [--cluster-spec JSON --job ps|worker --task I]
         a ps or worker task of a ParameterServerStrategy cluster (from TF_CONFIG unless
         --cluster-spec is given), until SIGTERM or SIGINT
+    feedline membership-store [--host 127.0.0.1] [--port 29400]
+        the store where the workers of elastic MultiWorkerMirroredStrategy jobs meet
+        (ElasticClusterResolver), until SIGTERM or SIGINT
+    feedline torchrun TORCHRUN-ARGS
+        torchrun (python -m torch.distributed.run) with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+        unless set: its agents can join a running job's later rendezvous rounds
     feedline --version
 
 ``feedline COMMAND --help`` lists a command's options. Exit codes: 0 on success and after
 SIGTERM or SIGINT; 2 for every failure, reported as one line ``feedline COMMAND: error: ...``:
 a bad argument, a bad configuration, a file or folder it may not use, a server that stops on
 its own (a worker whose dispatcher stayed unreachable, a dispatcher whose journal failed).
+``feedline torchrun`` becomes torchrun: its help, output and exit codes are torchrun's.
 
 Example:
   >>> from feedline.cli import main

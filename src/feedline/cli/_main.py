@@ -10,6 +10,7 @@ from feedline.cli._parser import RUN, build_parser, parameter_server_demo_parser
 from feedline.errors import FeedlineError
 
 _PARAMETER_SERVER = "--parameter-server"
+_TORCHRUN = "torchrun"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Args:
       argv: the arguments after ``feedline``; default ``sys.argv[1:]``.
 
+    ``feedline torchrun ARGS`` hands ARGS to torchrun unparsed (``feedline.cli._torchrun``).
     A feedline error or ``OSError`` that a command raises is one line on stderr,
     ``feedline COMMAND: error: ...``, and exit code 2.
 
@@ -26,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         after one line on stderr).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_TORCHRUN]:  # every argument after it is torchrun's, --help too
+        return _runner("feedline.cli._torchrun:torchrun")(argv[1:])
     # `feedline demo --parameter-server` has options of its own (its --workers are cluster
     # tasks): its own parser, whose --help lists them.
     if argv[:1] == ["demo"] and _PARAMETER_SERVER in argv[1:]:

@@ -80,8 +80,8 @@ def json_object(text: str) -> dict[str, Any]:
 
 def build_parser() -> Parser:
     """The ``feedline`` parser: ``demo``, ``pipeline-demo``, ``dispatcher``, ``worker``,
-    ``server``, ``autoscale``, ``diagnose``, ``membership-store``, each a sub-command with its
-    own options."""
+    ``server``, ``autoscale``, ``diagnose``, ``membership-store``, ``torchrun``, each a
+    sub-command with its own options (``torchrun``'s are torchrun's)."""
     parser = Parser(
         prog="feedline",
         description="feedline: TensorFlow's distributed input system for PyTorch.",
@@ -98,6 +98,7 @@ def build_parser() -> Parser:
     _add_autoscale(commands)
     _add_diagnose(commands)
     _add_membership_store(commands)
+    _add_torchrun(commands)
     parser.commands.update(commands.choices)
     return parser
 
@@ -166,6 +167,21 @@ def _add_membership_store(commands: Commands) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
     parser.add_argument("--port", type=int, default=29400, help="port, 0: any (%(default)s)")
+
+
+def _add_torchrun(commands: Commands) -> None:
+    # Listed here for `feedline --help`; `main` hands every argument after it to torchrun.
+    _command(
+        commands,
+        "torchrun",
+        "feedline.cli._torchrun:torchrun",
+        "torchrun, with agents that can join a running job's later rendezvous rounds",
+        "torchrun's elastic launcher (python -m torch.distributed.run) given the same\n"
+        "arguments, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 unless the environment sets it:\n"
+        "with torch's default, an agent that joins a later round of the c10d rendezvous (a\n"
+        "node added under --nnodes MIN:MAX, or one replacing a lost node) waits for ever\n"
+        "(pytorch#135712). `feedline torchrun --help` is torchrun's.",
+    )
 
 
 def _add_demo(commands: Commands) -> None:

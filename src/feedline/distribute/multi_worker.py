@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +34,11 @@ import torch
 
 from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute._devices import ReplicaDevice, parse_devices
-from feedline.distribute.collective import DEFAULT_TIMEOUT_SECONDS, Collective
+from feedline.distribute.collective import (
+    DEFAULT_TIMEOUT_SECONDS,
+    Collective,
+    shared_store_warning,
+)
 from feedline.distribute.collective_mirroring import CollectiveMirroring
 from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective, Generation
 from feedline.distribute.mirroring import Mirroring
@@ -136,6 +141,10 @@ class MultiWorkerMirroredStrategy(Strategy):
             )
             return
         world_size, rank, host, port = resolvers.sync_group(self._resolver)
+        torchrun = isinstance(self._resolver, resolvers.TorchrunClusterResolver)
+        warning = shared_store_warning(os.environ) if torchrun and rank == 0 else None
+        if warning is not None:
+            logging.getLogger(__name__).warning(warning)
         if world_size > 1:
             self._collective = Collective(
                 rank=rank,
@@ -145,7 +154,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 backend=_backend(self._options.implementation, local),  # type: ignore[arg-type]
                 timeout_seconds=self._options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS,
                 addresses=_addresses(self._resolver, world_size),
-                use_env=isinstance(self._resolver, resolvers.TorchrunClusterResolver),
+                use_env=torchrun,
             )
         super().__init__(StrategyExtended(local, num_workers=world_size, worker_index=rank))
 
