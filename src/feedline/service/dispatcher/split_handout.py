@@ -253,7 +253,7 @@ class SplitHandout:
         elif self._next_open(cursor, ledger):
             key = cursor.position
             previous = cursor.to_json()
-            cursor.next()
+            cursor.take()  # the units are computed outside the lock, as in _hand_out_locked
             core.apply(
                 MoveSplitCursor(job.job_id, 0, cursor.to_json(), task.task_id, number, previous)
             )
@@ -276,5 +276,5 @@ class SplitHandout:
         """Moves ``cursor`` past the splits a resumed position already has (done, or handed out
         from the replay queue); whether a split is left to hand out."""
         while not cursor.done and ledger.known(cursor.position):
-            cursor.next()
+            cursor.take()
         return not cursor.done
