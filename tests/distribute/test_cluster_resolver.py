@@ -15,6 +15,7 @@ from feedline.distribute.cluster_resolver import (
     TorchrunClusterResolver,
     multi_worker_environment,
     resolve,
+    shared_store_warning,
     sync_group,
 )
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
@@ -566,3 +567,33 @@ def test_processes_started_like_torchrun_resolve_and_meet() -> None:
         "rank:0": ["TorchrunClusterResolver", "worker", 0, [2, 0, "127.0.0.1", port], members],
         "rank:1": ["TorchrunClusterResolver", "worker", 1, [2, 1, "127.0.0.1", port], members],
     }
+
+
+@pytest.mark.parametrize(
+    ("environ", "warns"),
+    [
+        # c10d rendezvous (a run id), restarts allowed, the store shared: a later node waits.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "train-42"}, True),
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"}, True),
+        # Not shared (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or not under torchrun).
+        ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
+        ({}, False),
+        # No restarts: nothing joins a later round.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0",
+          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
+        # One node's static launch (`torchrun --nproc-per-node 8 --max-restarts 3`).
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none"}, False),
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "x"}, False),
+    ],
+)  # fmt: skip
+def test_shared_store_warning_names_the_launcher_where_a_later_node_would_wait(
+    environ: dict[str, str], warns: bool
+) -> None:
+    warning = shared_store_warning(environ)
+    assert (warning is not None) == warns
+    if warning is not None:
+        assert "feedline torchrun" in warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning

@@ -18,7 +18,7 @@ import pytest
 import torch.distributed as dist
 
 from feedline.cli._torchrun import SHARE_STORE_VARIABLE
-from feedline.distribute.collective import _meeting_generation, shared_store_warning
+from feedline.distribute.collective import _meeting_generation
 from feedline.errors import UnavailableError
 from tests.launcher import Processes, Torchrun, free_port
 
@@ -108,36 +108,6 @@ def test_a_worker_of_agents_that_share_their_store_says_a_later_node_would_wait(
         assert [*node.reports().values()] == [{"workers": 1}]
         (log,) = node.worker_outputs("node", "stderr").values()
     assert "pytorch#135712" in log and "feedline torchrun" in log, log
-
-
-@pytest.mark.parametrize(
-    ("environ", "warns"),
-    [
-        # c10d rendezvous (a run id), restarts allowed, the store shared: a later node waits.
-        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
-          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "train-42"}, True),
-        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
-          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"}, True),
-        # Not shared (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or not under torchrun).
-        ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3",
-          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
-        ({}, False),
-        # No restarts: nothing joins a later round.
-        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0",
-          "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
-        # One node's static launch (`torchrun --nproc-per-node 8 --max-restarts 3`).
-        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
-          "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none"}, False),
-        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "x"}, False),
-    ],
-)  # fmt: skip
-def test_shared_store_warning_names_the_launcher_where_a_later_node_would_wait(
-    environ: dict[str, str], warns: bool
-) -> None:
-    warning = shared_store_warning(environ)
-    assert (warning is not None) == warns
-    if warning is not None:
-        assert "feedline torchrun" in warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning
 
 
 def test_each_start_of_a_group_meets_under_one_generation_in_a_store_that_outlives_it() -> None:

@@ -678,6 +678,36 @@ def sync_group(resolver: ClusterResolver) -> SyncGroup:
     return SyncGroup(sum(counts.values()), rank, host, port)
 
 
+def shared_store_warning(environ: Mapping[str, str]) -> str | None:
+    """What a worker says when torchrun's environment ``environ`` may leave a later node
+    waiting for ever, or None.
+
+    torch's c10d rendezvous shares its agent's store with the workers unless
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``; an agent that then joins a later round of the
+    rendezvous (a node added, or one replacing a lost node) waits for ever for the first round's
+    store (pytorch#135712). Workers see the sharing (``TORCHELASTIC_USE_AGENT_STORE``), not the
+    rendezvous: they speak up where the job restarts (``--max-restarts`` > 0) and spans nodes or
+    names a rendezvous (a run id other than torchrun's default ``none``), which a single node's
+    static launch does not.
+    """
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    if restarts < 1 or (nodes < 2 and environ.get("TORCHELASTIC_RUN_ID", "none") == "none"):
+        return None
+    return (
+        "torchrun's agents share their rendezvous store with the workers: an agent that joins "
+        "a later round of the rendezvous (a node added under --nnodes MIN:MAX, or one that "
+        "replaces a lost node) will wait for ever (pytorch#135712). Launch with `feedline "
+        "torchrun` instead of `torchrun`, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 where the "
+        "agents start"
+    )
+
+
 def resolve(cluster_resolver: ClusterResolver | None = None) -> ClusterResolver:
     """The cluster resolver a strategy uses when given ``cluster_resolver`` (None: find one).
 

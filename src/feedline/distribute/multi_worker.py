@@ -34,11 +34,7 @@ import torch
 
 from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute._devices import ReplicaDevice, parse_devices
-from feedline.distribute.collective import (
-    DEFAULT_TIMEOUT_SECONDS,
-    Collective,
-    shared_store_warning,
-)
+from feedline.distribute.collective import DEFAULT_TIMEOUT_SECONDS, Collective
 from feedline.distribute.collective_mirroring import CollectiveMirroring
 from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective, Generation
 from feedline.distribute.mirroring import Mirroring
@@ -142,7 +138,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             return
         world_size, rank, host, port = resolvers.sync_group(self._resolver)
         torchrun = isinstance(self._resolver, resolvers.TorchrunClusterResolver)
-        warning = shared_store_warning(os.environ) if torchrun and rank == 0 else None
+        warning = resolvers.shared_store_warning(os.environ) if torchrun and rank == 0 else None
         if warning is not None:
             logging.getLogger(__name__).warning(warning)
         if world_size > 1:
