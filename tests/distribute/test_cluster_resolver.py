@@ -584,6 +584,14 @@ def test_processes_started_like_torchrun_resolve_and_meet() -> None:
         # No restarts: nothing joins a later round.
         ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0",
           "GROUP_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "train-42"}, False),
+        # One node's `torchrun --standalone --max-restarts 3`: nothing else joins its rendezvous.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+          "TORCHELASTIC_RUN_ID": "637db0fe-1bc1-4b37-83f9-fe0477eae979"}, False),
+        # A rendezvous at an address, even one named by a UUID, may take another node.
+        ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
+          "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "10.0.0.1",
+          "TORCHELASTIC_RUN_ID": "637db0fe-1bc1-4b37-83f9-fe0477eae979"}, True),
         # One node's static launch (`torchrun --nproc-per-node 8 --max-restarts 3`).
         ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3",
           "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none"}, False),

@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -687,8 +688,8 @@ def shared_store_warning(environ: Mapping[str, str]) -> str | None:
     rendezvous (a node added, or one replacing a lost node) waits for ever for the first round's
     store (pytorch#135712). Workers see the sharing (``TORCHELASTIC_USE_AGENT_STORE``), not the
     rendezvous: they speak up where the job restarts (``--max-restarts`` > 0) and spans nodes or
-    names a rendezvous (a run id other than torchrun's default ``none``), which a single node's
-    static launch does not.
+    names a rendezvous (a run id other than torchrun's default ``none``), unless it is
+    ``--standalone``'s own (``localhost`` and a random run id): no other node joins that one.
     """
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -697,7 +698,8 @@ def shared_store_warning(environ: Mapping[str, str]) -> str | None:
         nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))
     except ValueError:
         return None
-    if restarts < 1 or (nodes < 2 and environ.get("TORCHELASTIC_RUN_ID", "none") == "none"):
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+    if restarts < 1 or (nodes < 2 and (run_id == "none" or _standalone(environ, run_id))):
         return None
     return (
         "torchrun's agents share their rendezvous store with the workers: an agent that joins "
@@ -706,6 +708,16 @@ def shared_store_warning(environ: Mapping[str, str]) -> str | None:
         "torchrun` instead of `torchrun`, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 where the "
         "agents start"
     )
+
+
+def _standalone(environ: Mapping[str, str], run_id: str) -> bool:
+    """Whether the rendezvous is ``torchrun --standalone``'s: on ``localhost``, named by a
+    random UUID."""
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        return False
+    return environ.get("MASTER_ADDR") == "localhost"
 
 
 def resolve(cluster_resolver: ClusterResolver | None = None) -> ClusterResolver:
