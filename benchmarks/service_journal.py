@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import pathlib
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -91,7 +93,9 @@ def per_update(folder: pathlib.Path, count: int) -> dict[str, float]:
                 journal.append(update)
                 if (index + 1) % batch == 0:
                     journal.commit()
+                    journal.sync(journal.commits)  # what a reply waits for (FULL: an fsync)
             journal.commit()
+            journal.sync(journal.commits)
             elapsed = time.perf_counter() - started
             journal.close()
             label = "commit each" if batch == 1 else f"commit per {batch}"
@@ -126,6 +130,68 @@ def _populate(target: str, jobs: int) -> dict[str, float]:
         client.call("GetSplit", request, timeout=10)
         times["GetSplit"] += time.perf_counter() - started
     return {method: total / jobs * 1e3 for method, total in times.items()}
+
+
+def concurrent_requests(
+    folder: pathlib.Path, jobs: int, clients: Sequence[int], calls: int
+) -> dict[int, dict[str, float]]:
+    """GetSplit calls/s of ``clients`` client processes at once (each asking for the next
+    split of its share of ``jobs`` named DYNAMIC jobs, ``calls`` calls in all), each call a
+    journaled update: what many workers asking at once get from a fault-tolerant dispatcher;
+    and the journal's fsyncs per call."""
+    context = multiprocessing.get_context("spawn")
+    results: dict[int, dict[str, float]] = {}
+    for count in clients:
+        work_dir = folder / f"concurrent-{count}"
+        shutil.rmtree(work_dir, ignore_errors=True)
+        with DispatchServer(_config(work_dir)) as dispatcher:
+            _populate(dispatcher.target, jobs)
+            tasks = _job_tasks(dispatcher)
+            journal = dispatcher._journal
+            assert journal is not None
+            barrier = context.Barrier(count + 1)
+            each = calls // count
+            processes = [
+                context.Process(
+                    target=_ask,
+                    args=(dispatcher.target, tasks[index::count], each, barrier),
+                    daemon=True,
+                )
+                for index in range(count)
+            ]
+            for process in processes:
+                process.start()
+            barrier.wait(120)  # every client started and connected
+            fsyncs = journal.fsyncs
+            started = time.perf_counter()
+            for process in processes:
+                process.join(600)
+                if process.exitcode != 0:
+                    raise SystemExit(f"a client process ended with {process.exitcode}")
+            seconds = time.perf_counter() - started
+            results[count] = {
+                "calls_per_s": each * count / seconds,
+                "fsyncs_per_call": (journal.fsyncs - fsyncs) / (each * count),
+            }
+    return results
+
+
+def _ask(target: str, tasks: list[tuple[int, int]], calls: int, barrier: Any) -> None:
+    """(A client process.) ``calls`` GetSplits, each the next split of one of ``tasks``."""
+    client = _rpc.RpcClient(_rpc.parse_service(target), SERVICE_NAME, _rpc.resolve_token(None))
+    barrier.wait(120)
+    for call in range(calls):
+        job_id, task_id = tasks[call % len(tasks)]
+        number = 1 + call // len(tasks)  # request 0 was _populate's
+        request = {"job_id": job_id, "repetition": 0, "task_id": task_id, "request": number}
+        client.call("GetSplit", request, timeout=30)
+
+
+def _job_tasks(dispatcher: DispatchServer) -> list[tuple[int, int]]:
+    """(job_id, first task_id) of every job of ``dispatcher``."""
+    with dispatcher._lock:
+        state = dispatcher._state
+        return [(job_id, min(job.task_ids)) for job_id, job in sorted(state.jobs.items())]
 
 
 def _config(work_dir: pathlib.Path | None, port: int = 0) -> DispatcherConfig:
@@ -207,10 +273,23 @@ def main() -> None:
     parser.add_argument("--work-dir", type=pathlib.Path, default=None)
     parser.add_argument("--epoch-elements", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--clients", default="1,4,8", help="client processes asking at once, per run"
+    )
+    parser.add_argument("--calls", type=int, default=2000, help="GetSplit calls per run")
+    parser.add_argument("--only-concurrent", action="store_true", help="only that measurement")
     args = parser.parse_args()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = args.work_dir or ROOT / "benchmarks" / "results" / f"service-journal-{stamp}"
     folder.mkdir(parents=True, exist_ok=True)
+    clients = [int(c) for c in args.clients.split(",")]
+    concurrent = concurrent_requests(folder, min(args.jobs, 256), clients, args.calls)
+    print(f"\n{args.calls} GetSplit calls (each a journaled update) from processes at once:\n")
+    print("| client processes | calls/s | fsyncs per call |\n|---:|---:|---:|")
+    for count, row in concurrent.items():
+        print(f"| {count} | {row['calls_per_s']:,.0f} | {row['fsyncs_per_call']:.2f} |")
+    if args.only_concurrent:
+        return
     updates = per_update(folder, args.updates)
     print(f"\nper update ({args.updates} MoveSplitCursor updates), mean µs:\n")
     print("| journal | µs per update |\n|---|---:|")
@@ -242,7 +321,13 @@ def main() -> None:
     out = folder / "results.json"
     out.write_text(
         json.dumps(
-            {"per_update_us": updates, **dispatcher, "epoch_elements_per_s": epochs}, indent=2
+            {
+                "per_update_us": updates,
+                **dispatcher,
+                "concurrent_getsplit": concurrent,
+                "epoch_elements_per_s": epochs,
+            },
+            indent=2,
         )
     )
     print(f"\nraw numbers: {out}")

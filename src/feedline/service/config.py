@@ -131,7 +131,8 @@ class DispatcherConfig:
         before the reply that depends on it, so that a dispatcher started again on the same
         ``work_dir`` (and port) resumes its datasets, jobs, tasks, split cursors and consumers.
       journal_sync: how durable a journaled change is before its reply: ``"full"`` (the
-        default: each commit is fsynced, so it survives a crash of the machine too) or
+        default: each commit is fsynced before the reply, outside the dispatcher's lock and
+        shared by the requests that commit meanwhile, so it survives a crash of the machine) or
         ``"normal"`` (SQLite's ``synchronous=NORMAL`` in WAL mode: it survives the
         dispatcher's own crash, kill -9 included, but a power cut or a kernel crash may lose
         the last commits; a commit costs tens of microseconds instead of an fsync).

@@ -267,8 +267,10 @@ def test_one_dispatcher_at_a_time_per_work_dir(tmp_path: Path) -> None:
     service.DispatchServer(config).stop()  # stopped, it let go of the work_dir
 
 
-@pytest.mark.parametrize(("sync", "pragma"), [("full", 2), ("normal", 1)])
-def test_journal_sync_sets_how_the_journal_commits(tmp_path: Path, sync: str, pragma: int) -> None:
+@pytest.mark.parametrize(("sync", "fsyncs"), [("full", True), ("normal", False)])
+def test_journal_sync_sets_whether_a_reply_waits_for_an_fsync(
+    tmp_path: Path, sync: str, fsyncs: bool
+) -> None:
     config = service.DispatcherConfig(
         work_dir=str(tmp_path), fault_tolerant_mode=True, journal_sync=sync
     )
@@ -276,13 +278,97 @@ def test_journal_sync_sets_how_the_journal_commits(tmp_path: Path, sync: str, pr
     try:
         journal = server._journal
         assert journal is not None
-        assert journal._connection().execute("PRAGMA synchronous").fetchone()[0] == pragma
+        # SQLite writes a commit without an fsync; the journal fsyncs before a reply (FULL).
+        assert journal._connection().execute("PRAGMA synchronous").fetchone()[0] == 1
+        before = journal.fsyncs
+        register_dataset(server.target, Dataset.range(3))
+        assert journal.commits >= 1
+        assert (journal.fsyncs > before) == fsyncs
     finally:
         server.stop()
     with pytest.raises(
         errors.InvalidArgumentError, match="journal_sync must be one of full, normal"
     ):
         service.DispatcherConfig(work_dir=str(tmp_path), journal_sync="FULL")
+
+
+def test_a_reply_is_sent_once_its_commit_is_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = service.DispatchServer(
+        service.DispatcherConfig(work_dir=str(tmp_path), fault_tolerant_mode=True)
+    )
+    try:
+        journal = server._journal
+        assert journal is not None
+        synced: list[int] = []  # the commits made when each fsync began
+        fsync = journal._fsync_wal
+
+        def slow_fsync() -> None:
+            seen = journal.commits
+            time.sleep(0.2)  # a slow disk: the reply must wait for it, not pass it
+            fsync()
+            synced.append(seen)
+
+        monkeypatch.setattr(journal, "_fsync_wal", slow_fsync)
+        register_dataset(server.target, Dataset.range(5))
+        committed = journal.commits
+        # The registration's commit was fsynced before its reply came back.
+        assert synced and max(synced) == committed
+    finally:
+        server.stop()
+
+
+def test_commits_made_during_an_fsync_share_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = _journal.open_journal(tmp_path, incarnation=0)
+    opened = journal.fsyncs  # the new journal's schema, fsynced before its marker
+    dispatcher_lock = threading.Lock()  # the dispatcher's: commits are made under it
+    first_started, release_first = threading.Event(), threading.Event()
+    fsync = journal._fsync_wal
+    fsynced: list[int] = []
+
+    def gated_fsync() -> None:
+        fsynced.append(journal.commits)  # the commits it covers
+        if len(fsynced) == 1:
+            first_started.set()
+            assert release_first.wait(30)
+        fsync()
+
+    monkeypatch.setattr(journal, "_fsync_wal", gated_fsync)
+    updates = iter(_history())
+
+    def request() -> None:
+        with dispatcher_lock:
+            update = next(updates)
+            journal.state.apply(update)
+            journal.append(update)
+            journal.commit()
+            through = journal.commits
+        journal.sync(through)  # outside the lock, as the dispatcher's reply waits for it
+
+    first = threading.Thread(target=request)
+    first.start()
+    assert first_started.wait(30)  # its fsync runs, and is slow
+    others = [threading.Thread(target=request) for _ in range(4)]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while journal.commits < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the four commit (the lock is free) and wait for an fsync
+    assert journal.commits == 5 and all(thread.is_alive() for thread in others)
+    release_first.set()
+    for thread in [first, *others]:
+        thread.join(30)
+        assert not thread.is_alive()
+    # Five commits, two fsyncs: the first one's, and one for the four made while it ran.
+    assert fsynced == [1, 5]
+    assert journal.fsyncs - opened == 2
+    journal.close()
+    reopened = _journal.open_journal(tmp_path, incarnation=1)
+    assert reopened.replayed == 5
+    reopened.close()
 
 
 def test_fault_tolerant_mode_needs_a_work_dir() -> None:
@@ -298,12 +384,14 @@ def test_the_command_line_refuses_a_damaged_journal(tmp_path: Path) -> None:
         assert "error: the dispatcher journal" in process.output("dispatcher", "stdout")
 
 
+@pytest.mark.parametrize("fails", ["write", "fsync"])
 def test_a_journal_that_cannot_be_written_stops_the_dispatcher(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
 ) -> None:
-    """The dispatcher never answers what it could not make durable: it stops, and started
-    again it has what the journal holds. The client whose call failed tries it again, as for
-    any dispatcher that stops, and is answered by the dispatcher started again."""
+    """The dispatcher never answers what it could not make durable (an update it cannot
+    write, or a commit it cannot fsync): it stops, and started again it has what the journal
+    holds. The client whose call failed tries it again, as for any dispatcher that stops, and
+    is answered by the dispatcher started again."""
     config = service.DispatcherConfig(work_dir=str(tmp_path), fault_tolerant_mode=True)
     dispatcher = service.DispatchServer(config)
     port = int(dispatcher.target.rsplit(":", 1)[1])
@@ -314,7 +402,13 @@ def test_a_journal_that_cannot_be_written_stops_the_dispatcher(
     def disk_full(update: st.Update) -> None:
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(journal, "append", disk_full)
+    def io_error() -> None:
+        raise OSError(5, "Input/output error")
+
+    if fails == "write":
+        monkeypatch.setattr(journal, "append", disk_full)
+    else:
+        monkeypatch.setattr(journal, "_fsync_wal", io_error)
     registered: list[str] = []
     registering = threading.Thread(
         target=lambda: registered.append(register_dataset(dispatcher.target, Dataset.range(4))),
@@ -329,7 +423,9 @@ def test_a_journal_that_cannot_be_written_stops_the_dispatcher(
     monkeypatch.undo()
     assert registering.is_alive() and not registered  # refused: it tries again
     with service.DispatchServer(dataclasses.replace(config, port=port), start=False) as again:
-        assert list(again._state.datasets) == [dataset_id]
+        held = list(again._state.datasets)
+        # A commit that was written but not fsynced may be held: nobody was told of it.
+        assert held[0] == dataset_id and (len(held) == 1 or fails == "fsync")
         again.start()
         registering.join(30)
         assert registered and list(again._state.datasets) == [dataset_id, registered[0]]

@@ -3,10 +3,12 @@ durable, and what happens when it cannot be written.
 
 ``Durability`` opens the journal of ``work_dir`` (``journal``) and hands the state it replayed,
 with its incarnation, to the core (``core.DispatcherCore.resume``), whose updates it then logs:
-every update the core applies is appended (``append``) and committed (``commit``) before any
-reply is sent (``durable``) and before a heartbeat waits. A journal that cannot be written stops
-the dispatcher rather than let it tell anyone what it could forget; ``error`` then says why, so
-that ``feedline dispatcher`` exits non-zero and a supervisor restarts it.
+every update the core applies is appended (``append``) and committed (``commit``) before a
+heartbeat waits and before any reply is sent (``durable``), and the reply waits, outside the
+dispatcher's lock, for the journal's fsync of every commit made so far (``Journal.sync``; one
+fsync serves every request that committed while the one before ran). A journal that cannot be
+written stops the dispatcher rather than let it tell anyone what it could forget; ``error`` then
+says why, so that ``feedline dispatcher`` exits non-zero and a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -88,7 +90,16 @@ class Durability:
             except sqlite3.Error as error:
                 self._failed(error)
 
-    def _failed(self, error: sqlite3.Error) -> NoReturn:
+    def sync(self, through: int) -> None:
+        """Waits until commits up to number ``through`` are durable (outside the lock)."""
+        if self.journal is not None:
+            try:
+                self.journal.sync(through)
+            except OSError as error:
+                with self._core.lock:
+                    self._failed(error)
+
+    def _failed(self, error: sqlite3.Error | OSError) -> NoReturn:
         """The journal cannot be written: the dispatcher stops rather than tell anyone what it
         could forget; started again, it resumes from what the journal holds."""
         logger.critical("writing the dispatcher journal failed (%s); the dispatcher stops", error)
@@ -102,7 +113,8 @@ class Durability:
         raise failure from error
 
     def durable(self, handler: _rpc.Handler) -> _rpc.Handler:
-        """``handler``, committing the journal before its reply (or error) is sent."""
+        """``handler``, its reply (or error) sent once the journal holds, fsynced, every update
+        made before it: its own and those of the state it read."""
 
         def handle(header: dict[str, Any], buffers: list[memoryview]) -> Any:
             try:
@@ -110,6 +122,8 @@ class Durability:
             finally:
                 with self._core.lock:
                     self.commit()
+                    through = 0 if self.journal is None else self.journal.commits
+                self.sync(through)
 
         return handle
 
@@ -120,5 +134,5 @@ class Durability:
         with self._core.lock:
             try:
                 self.journal.close()
-            except sqlite3.Error as error:
+            except (sqlite3.Error, OSError) as error:
                 logger.error("closing the dispatcher journal failed: %s", error)

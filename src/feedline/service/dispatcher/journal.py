@@ -29,9 +29,13 @@ since the snapshot larger than twice the snapshot (and 1 MiB) replaces both with
 in the same transaction, so that replay time follows the state's size, not the service's age,
 at an amortised constant cost per update.
 
-Durability: ``PRAGMA synchronous=FULL``, so every commit is fsynced: an update survives a crash
-of the machine too, not only of the process (``NORMAL`` in WAL mode would survive kill -9 but
-may lose the last commits to a power cut; ``benchmarks/service_journal.py`` measures both). One
+Durability: with ``synchronous="FULL"`` (the default) every commit is fsynced before a reply that
+may depend on it is sent: an update survives a crash of the machine too, not only of the process
+(``NORMAL`` survives kill -9 but may lose the last commits to a power cut;
+``benchmarks/service_journal.py`` measures both). The fsync is the journal's own, of the WAL
+file, outside the dispatcher's lock (``sync``): SQLite writes each commit to the WAL without
+one (``PRAGMA synchronous=NORMAL``), and requests that commit while one fsync runs share the next
+(group commit), so that a request's fsync neither holds the lock nor waits for another's. One
 dispatcher at a time uses a ``work_dir``: ``dispatcher.lock`` is held with ``flock`` while the
 journal is open, and the kernel releases it when the process dies.
 
@@ -49,6 +53,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -94,7 +99,7 @@ _SYNCHRONOUS = ("FULL", "NORMAL")
 
 class Journal:
     """An open journal of ``state``; made by ``open_journal``. Not thread-safe: the dispatcher
-    calls it under its lock.
+    calls it under its lock, except ``sync`` (any thread, outside the lock).
 
     Attributes:
       path: the database file.
@@ -102,6 +107,9 @@ class Journal:
       replayed: how many updates the opening replayed after the snapshot.
       replay_seconds: how long opening and replaying took.
       snapshots: how many snapshots this journal object has written.
+      commits: how many commits this journal object has made (``sync`` takes one of these).
+      fsyncs: how many fsyncs ``sync`` has made.
+      syncs: whether ``sync`` fsyncs (``synchronous="FULL"``) or does nothing (``"NORMAL"``).
     """
 
     def __init__(
@@ -123,6 +131,13 @@ class Journal:
         self._pending = 0
         self._snapshot_bytes = snapshot_bytes
         self._log_bytes = log_bytes
+        self.commits = 0
+        self.fsyncs = 0
+        self.syncs = True
+        self._synced = 0  # every commit up to this one is fsynced
+        self._syncing = False  # an fsync is running (one at a time)
+        self._sync_cond = threading.Condition()
+        self._wal: int | None = None  # the WAL file, opened for the first fsync
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -151,6 +166,45 @@ class Journal:
             self._write_snapshot(db)
         db.execute("COMMIT")
         self._pending = 0
+        self.commits += 1
+
+    def sync(self, through: int) -> None:
+        """Returns once commits up to number ``through`` (``commits`` read after them, under
+        the dispatcher's lock) are fsynced; call it outside that lock. One fsync of the WAL
+        file at a time: a caller that finds one running waits for it, then makes the next,
+        which covers every commit made meanwhile (group commit). Nothing to do with
+        ``synchronous="NORMAL"``.
+
+        Raises:
+          OSError: the fsync failed (the commits may not be durable).
+        """
+        if not self.syncs:
+            return
+        through = min(through, self.commits)  # never more than were made
+        with self._sync_cond:
+            while self._synced < through:
+                if self._syncing:
+                    self._sync_cond.wait()
+                    continue
+                self._syncing = True
+                target = self.commits  # >= through: commits only grow
+                try:
+                    self._sync_cond.release()
+                    try:
+                        self._fsync_wal()
+                    finally:
+                        self._sync_cond.acquire()
+                finally:
+                    self._syncing = False
+                    self._sync_cond.notify_all()
+                self._synced = max(self._synced, target)
+
+    def _fsync_wal(self) -> None:
+        if self._wal is None:  # made by the first commit; kept while the database is open
+            self._wal = _work_dir.open_file(Path(f"{self.path}-wal"), os.O_RDONLY)
+            _fsync_folder(self.path.parent)  # the WAL file's name, once
+        os.fsync(self._wal)
+        self.fsyncs += 1
 
     def _write_snapshot(self, db: sqlite3.Connection) -> None:
         body = json.dumps(state_to_json(self.state), separators=(",", ":"))
@@ -174,9 +228,13 @@ class Journal:
             return
         try:
             self.commit()
+            self.sync(self.commits)
         finally:
-            self._db.close()
+            self._db.close()  # the last connection: checkpoints (fsynced) and removes the WAL
             self._db = None
+            if self._wal is not None:
+                os.close(self._wal)
+                self._wal = None
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
 
@@ -296,6 +354,11 @@ def _write_marker(folder: Path, incarnation: int) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, folder / MARKER_FILE)
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsyncs ``folder``: the names made or replaced in it are durable."""
     directory = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(directory)
@@ -334,7 +397,9 @@ def _replay(
         mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode != "wal":
             raise _damaged(path, f"it cannot be put in WAL mode (it is in {mode!r} mode)")
-        db.execute(f"PRAGMA synchronous={synchronous}")
+        # Commits go to the WAL without an fsync; with FULL, ``Journal.sync`` makes them durable
+        # before any reply (group commit, outside the dispatcher's lock).
+        db.execute("PRAGMA synchronous=NORMAL")
         if not tables:
             db.execute("BEGIN IMMEDIATE")
             for statement in _SCHEMA.strip().split(";")[:-1]:
@@ -345,10 +410,14 @@ def _replay(
             )
             db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
             db.execute("COMMIT")
-            _write_marker(path.parent, incarnation)
             logger.info("dispatcher journal %s created (incarnation %x)", path, incarnation)
-            return Journal(path, db, lock, DispatcherState(incarnation), 0, 0)
+            journal = Journal(path, db, lock, DispatcherState(incarnation), 0, 0)
+            journal.syncs = synchronous == "FULL"
+            journal._fsync_wal()  # the schema, before the marker says that a journal is here
+            _write_marker(path.parent, incarnation)
+            return journal
         journal = _read(path, db, lock)
+        journal.syncs = synchronous == "FULL"
         if marker is None:  # a journal of a feedline from before markers
             _write_marker(path.parent, journal.state.incarnation)
         elif marker != journal.state.incarnation:
