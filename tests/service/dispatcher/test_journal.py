@@ -365,9 +365,22 @@ def test_commits_made_during_an_fsync_share_the_next(
     # Five commits, two fsyncs: the first one's, and one for the four made while it ran.
     assert fsynced == [1, 5]
     assert journal.fsyncs - opened == 2
-    journal.close()
+
+    def io_error() -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(journal, "_fsync_wal", io_error)
+    with pytest.raises(OSError, match="Input/output error"):
+        request()  # the sixth commit's fsync fails...
+    with pytest.raises(OSError, match="an earlier fsync failed"):
+        journal.sync(journal.commits)  # ...and no later sync says it is durable
+    monkeypatch.setattr(journal, "_fsync_wal", fsync)
+    with pytest.raises(OSError, match="an earlier fsync failed"):
+        journal.sync(journal.commits)
+    with pytest.raises(OSError, match="an earlier fsync failed"):
+        journal.close()  # closed all the same (the dispatcher stops)
     reopened = _journal.open_journal(tmp_path, incarnation=1)
-    assert reopened.replayed == 5
+    assert reopened.replayed == 6
     reopened.close()
 
 

@@ -138,6 +138,9 @@ class Journal:
         self._syncing = False  # an fsync is running (one at a time)
         self._sync_cond = threading.Condition()
         self._wal: int | None = None  # the WAL file, opened for the first fsync
+        # The first fsync that failed: every later sync fails too (after a failed fsync the
+        # kernel may have dropped the pages, and a later fsync succeed without them).
+        self._sync_error: OSError | None = None
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
@@ -176,13 +179,17 @@ class Journal:
         ``synchronous="NORMAL"``.
 
         Raises:
-          OSError: the fsync failed (the commits may not be durable).
+          OSError: this fsync, or an earlier one, failed (the commits may not be durable).
         """
         if not self.syncs:
             return
         through = min(through, self.commits)  # never more than were made
         with self._sync_cond:
             while self._synced < through:
+                if self._sync_error is not None:
+                    raise OSError(
+                        self._sync_error.errno, f"an earlier fsync failed: {self._sync_error}"
+                    )
                 if self._syncing:
                     self._sync_cond.wait()
                     continue
@@ -194,6 +201,9 @@ class Journal:
                         self._fsync_wal()
                     finally:
                         self._sync_cond.acquire()
+                except OSError as error:
+                    self._sync_error = error
+                    raise
                 finally:
                     self._syncing = False
                     self._sync_cond.notify_all()
