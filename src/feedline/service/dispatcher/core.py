@@ -51,10 +51,11 @@ class UpdateLog(Protocol):
     """Where every applied update also goes (the journal, ``durability.Durability``)."""
 
     def append(self, update: Update) -> None:
-        """Adds ``update``, durable once ``commit`` ran."""
+        """Adds ``update``, committed by the next ``commit``."""
 
     def commit(self) -> None:
-        """Makes the updates appended so far durable."""
+        """Commits the updates appended so far (the journal fsyncs them before any reply that
+        may depend on them: ``durability.Durability.durable``)."""
 
 
 class DispatcherCore:
@@ -112,7 +113,7 @@ class DispatcherCore:
     # -- the state --------------------------------------------------------------------------
     def apply(self, update: Update) -> None:
         """Applies ``update``; the one place state changes. With a log, the update is also
-        appended to it, durable once ``commit`` ran. Wakes the heartbeats it concerns."""
+        appended to it, committed by the next ``commit``. Wakes the heartbeats it concerns."""
         self.state.apply(update)
         if self.log is not None:
             self.log.append(update)
@@ -154,7 +155,8 @@ class DispatcherCore:
         return set()
 
     def commit(self) -> None:
-        """Makes the logged updates durable: before any reply, and before a heartbeat waits."""
+        """Commits the logged updates: before any reply (which then waits for their fsync), and
+        before a heartbeat waits."""
         if self.log is not None:
             self.log.commit()
 
@@ -198,7 +200,7 @@ class DispatcherCore:
     # -- waiting ----------------------------------------------------------------------------
     def wait(self, who: str | int, seconds: float, key: WakeKey) -> None:
         """Waits until an update concerns ``key`` or ``seconds`` pass, ``who`` counting as
-        alive meanwhile. Commits the log first: nobody waits on what could be forgotten."""
+        alive meanwhile. Commits the log first: no transaction stays open while it waits."""
         self.waiting[who] += 1
         entry = self._wakeups.get(key)
         if entry is None:

@@ -195,19 +195,17 @@ class Journal:
                     continue
                 self._syncing = True
                 target = self.commits  # >= through: commits only grow
+                self._sync_cond.release()  # commits go on meanwhile; the next fsync has them
                 try:
-                    self._sync_cond.release()
-                    try:
-                        self._fsync_wal()
-                    finally:
-                        self._sync_cond.acquire()
+                    self._fsync_wal()
                 except OSError as error:
                     self._sync_error = error
                     raise
                 finally:
+                    self._sync_cond.acquire()
                     self._syncing = False
                     self._sync_cond.notify_all()
-                self._synced = max(self._synced, target)
+                self._synced = target
 
     def _fsync_wal(self) -> None:
         if self._wal is None:  # made by the first commit; kept while the database is open
@@ -300,7 +298,8 @@ def open_journal(
         _unlock(lock)
         raise
     try:
-        journal = _replay(path, db, lock, incarnation, synchronous, marker)
+        journal = _replay(path, db, lock, incarnation, marker)
+        journal.syncs = synchronous == "FULL"
     except BaseException:
         db.close()
         _unlock(lock)
@@ -390,7 +389,6 @@ def _replay(
     db: sqlite3.Connection,
     lock: IO[str],
     incarnation: int,
-    synchronous: str,
     marker: int | None,
 ) -> Journal:
     try:
@@ -422,12 +420,10 @@ def _replay(
             db.execute("COMMIT")
             logger.info("dispatcher journal %s created (incarnation %x)", path, incarnation)
             journal = Journal(path, db, lock, DispatcherState(incarnation), 0, 0)
-            journal.syncs = synchronous == "FULL"
             journal._fsync_wal()  # the schema, before the marker says that a journal is here
             _write_marker(path.parent, incarnation)
             return journal
         journal = _read(path, db, lock)
-        journal.syncs = synchronous == "FULL"
         if marker is None:  # a journal of a feedline from before markers
             _write_marker(path.parent, journal.state.incarnation)
         elif marker != journal.state.incarnation:
