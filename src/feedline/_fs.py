@@ -34,7 +34,7 @@ from fsspec.core import split_protocol
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
-from feedline._s3_session import use_fast_timestamps
+from feedline._s3_session import use_fast_session
 from feedline.errors import (
     AlreadyExistsError,
     DataLossError,
@@ -174,7 +174,7 @@ def filesystem(
             f"pip install {package}{hint}"
         ) from None
     if protocol in ("s3", "s3a"):
-        use_fast_timestamps(fs)
+        use_fast_session(fs)
     return fs, inner
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import pathlib
 import pickle
@@ -155,7 +156,7 @@ def test_a_listing_does_not_replace_the_versions_a_pipeline_holds(s3_bucket: str
     for url in urls:
         gfile.GFile(url, "wb").write(b"x\n")
     listing = Dataset.list_files(f"{s3_bucket}/held/*.txt", shuffle=False)
-    ctx = IteratorContext(listing.options(), 0, {urls[0]: '"first-run"'})
+    ctx = IteratorContext(listing.options(), 0, collections.ChainMap({urls[0]: '"first-run"'}))
     iterator = listing._iterator(ctx)
     assert ctx.listed_versions[urls[0]] == '"first-run"'
     assert ctx.listed_versions[urls[1]] not in (None, '"first-run"')  # the listing's ETag

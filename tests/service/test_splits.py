@@ -173,6 +173,18 @@ def test_split_plan_of_list_files(tmp_path: pathlib.Path) -> None:
     assert split_plan(reader) == SplitPlan(5, True, 3, "file")
 
 
+def test_split_plan_of_objects_listed_with_their_sizes(s3_bucket: str) -> None:
+    from feedline import _fs
+
+    fs, root = _fs.filesystem(s3_bucket)
+    for i in range(4):
+        fs.pipe(f"{root}/part-{i}.dat", b"x" * (100 * (i + 1)))  # 100 .. 400 bytes: mean 250
+    listing = Dataset.list_files(f"{s3_bucket}/part-*.dat", shuffle=False)
+    assert listing.mean_bytes == 250
+    assert split_plan(listing) == SplitPlan(4, False, None, "file", 250)
+    assert split_plan(TFRecordDataset(listing)).unit_bytes == 250
+
+
 def test_split_plan_of_file_readers(tmp_path: pathlib.Path) -> None:
     records = _record_files(tmp_path, 3, 2)
     lines = _text_files(tmp_path, 4, 2)
@@ -511,6 +523,41 @@ def test_split_cursor_sizes() -> None:
     assert SplitCursor.start(SplitPlan(100, False, None, "file"), 0, 2).split_size == 3
     assert SplitCursor.start(SplitPlan(10_000, False, None, "file"), 0, 2).split_size == 64
     assert SplitCursor.start(SplitPlan(10**7, False, None, "file"), 0, 4).split_size == 64
+
+
+@pytest.mark.parametrize(
+    ("unit_bytes", "num_units", "num_workers", "size"),
+    [
+        (None, 10_000, 1, 64),  # sizes not known (a local listing): 64 files at most
+        (10, 10_000, 1, 625),  # tiny objects: a sixteenth of the worker's share
+        (10, 10**6, 4, 1024),  # at most 1024, as elements
+        (100_000, 10**6, 4, 671),  # 100 kB images: 64 MiB a split
+        (1 << 20, 10**6, 4, 64),  # 1 MiB: 64 files, as without sizes
+        (100 << 20, 10**6, 4, 64),  # large files: never fewer than 64 at most
+        (10, 20, 2, 1),  # few files still go one to a split
+    ],
+)
+def test_splits_of_files_of_known_size_hold_about_64_mib(
+    unit_bytes: int | None, num_units: int, num_workers: int, size: int
+) -> None:
+    plan = SplitPlan(num_units, False, None, "file", unit_bytes)
+    assert SplitCursor.start(plan, 0, num_workers).split_size == size
+    # Element plans do not look at it.
+    assert SplitCursor.start(SplitPlan(10**7, False, None), 0, 4).split_size == 1024
+
+
+def test_a_plan_journaled_without_unit_bytes_reads_back() -> None:
+    old = {"num_units": 5, "shuffle": True, "seed": 3, "unit": "file"}
+    assert SplitPlan.from_json(old) == SplitPlan(5, True, 3, "file")
+    assert SplitPlan(5, True, 3, "file").to_json() == old  # as before, where not known
+    sized = SplitPlan(5, True, 3, "file", 4096)
+    assert SplitPlan.from_json(sized.to_json()) == sized
+    with pytest.raises(InvalidArgumentError, match="unit_bytes"):
+        SplitPlan(5, True, 3, "file", -1)
+    with pytest.raises(InvalidArgumentError, match="missing"):
+        SplitPlan.from_json({"num_units": 5, "shuffle": True, "seed": 3})
+    with pytest.raises(InvalidArgumentError, match="missing"):  # a cursor's fields stay required
+        SplitCursor.from_json({"num_units": 5, "split_size": 1, "seed": None})
 
 
 @pytest.mark.parametrize("num_units", [2, 50, 3000])

@@ -15,6 +15,7 @@ methods. Restoring goes through the same path as a fresh start: make the iterato
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
@@ -66,7 +67,8 @@ class IteratorContext:
         in the pipeline found (``list_files``), by URL, shared by every iterator of the
         pipeline: a reader that opens one of them reads that version or raises
         ``DataLossError``, so that a file read again (a split run again after a worker was
-        lost) is never another version. Filled by the listings' iterators.
+        lost) is never another version. The versions given (those a split run again holds)
+        come first; each listing's iterator adds its own as a further map, not a copy.
       pin_version: where the pipeline runs one split of a fault-tolerant job (a service
         worker's ``SplitRunner``), called as ``pin_version(url, version)`` each time a reader
         opens an object of a store, before any of its elements leaves: it returns the version
@@ -76,7 +78,9 @@ class IteratorContext:
 
     options: Options
     seed: int = 0
-    listed_versions: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    listed_versions: collections.ChainMap[str, Any] = dataclasses.field(
+        default_factory=collections.ChainMap, compare=False
+    )
     pin_version: Callable[[str, Any], Any] | None = dataclasses.field(default=None, compare=False)
 
     def child(self, index: int) -> IteratorContext:

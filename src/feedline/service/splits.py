@@ -33,7 +33,7 @@ Example:
   >>> from feedline.data import Dataset
   >>> plan = split_plan(Dataset.range(6).map(lambda x: x * 10))
   >>> plan
-  SplitPlan(num_units=6, shuffle=False, seed=None, unit='element')
+  SplitPlan(num_units=6, shuffle=False, seed=None, unit='element', unit_bytes=None)
   >>> cursor = SplitCursor.start(plan, repetition=0, num_workers=1)
   >>> cursor.next(), cursor.next()
   ([0], [1])
@@ -70,12 +70,16 @@ __all__ = [
 Unit = Literal["element", "file"]
 _UNITS = ("element", "file")
 #: Splits hold about 1/16 of a worker's share, within these bounds: at most 1024 elements, or
-#: 64 files. Splits of several files keep a long list of files from costing one GetSplit per
-#: file (10,000 objects are 157 splits, not 10,000); a list of at most ``16 * workers`` files
-#: still goes one file per split.
+#: 64 files, or, where a listing gave the files' sizes (``SplitPlan.unit_bytes``), as many as
+#: hold about 64 MiB (at most 1024). Splits of several files keep a long list of files from
+#: costing one GetSplit per file (10,000 objects of 1 MB are 157 splits, not 10,000; of 10 kB,
+#: 10 per worker); a list of at most ``16 * workers`` files still goes one file per split. A
+#: split's size in bytes is what a split run again costs (an exactly-once job's split of a
+#: lost worker) and how unevenly the last splits end a repetition.
 _SPLITS_PER_WORKER = 16
 _MAX_SPLIT = 1024
 _MAX_FILE_SPLIT = 64
+_FILE_SPLIT_BYTES = 64 << 20
 #: The most units of a plan of files, or of a shuffled plan. A file plan's dataset lists its
 #: files, and the dispatcher takes a dataset of at most ``protocol.MAX_DATASET_BYTES`` (256
 #: MiB): at 16 bytes a name at least, no dataset lists more files than this.
@@ -107,6 +111,8 @@ class SplitPlan:
       seed: the seed of those orders (``list_files``'s), None for fresh randomness in each
         repetition; unused without ``shuffle`` (``split_plan`` then gives None).
       unit: ``"element"`` (one element of a random-access source) or ``"file"`` (one file).
+      unit_bytes: the mean size of a file in bytes, where the listing that found the files gave
+        their sizes (``list_files`` on an object store); None where not known.
 
     Raises:
       InvalidArgumentError: a field of the wrong type or out of range.
@@ -116,6 +122,7 @@ class SplitPlan:
     shuffle: bool
     seed: int | None
     unit: Unit = "element"
+    unit_bytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_units", _check_int("SplitPlan", "num_units", self.num_units))
@@ -127,6 +134,10 @@ class SplitPlan:
         if self.unit not in _UNITS:
             raise InvalidArgumentError(
                 f"SplitPlan: unit must be one of {_UNITS}, got {self.unit!r}"
+            )
+        if self.unit_bytes is not None:
+            object.__setattr__(
+                self, "unit_bytes", _check_int("SplitPlan", "unit_bytes", self.unit_bytes)
             )
         listed = self.unit == "file" or self.shuffle
         limit = MAX_LISTED_UNITS if listed else MAX_UNITS
@@ -140,17 +151,22 @@ class SplitPlan:
             )
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as a dict of JSON values; ``from_json`` reads it back."""
-        return dataclasses.asdict(self)
+        """The plan as a dict of JSON values (``unit_bytes`` where known); ``from_json``
+        reads it back."""
+        fields = dataclasses.asdict(self)
+        if self.unit_bytes is None:
+            del fields["unit_bytes"]
+        return fields
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SplitPlan:
-        """The plan that ``to_json`` gave.
+        """The plan that ``to_json`` gave (a plan journaled before ``unit_bytes`` existed
+        reads back with None).
 
         Raises:
-          InvalidArgumentError: not a dict with exactly the plan's fields, or a bad field.
+          InvalidArgumentError: not a dict with the plan's fields, or a bad field.
         """
-        return cls(**_fields(cls, data))
+        return cls(**_fields(cls, data, optional=("unit_bytes",)))
 
 
 @dataclasses.dataclass
@@ -206,9 +222,10 @@ class SplitCursor:
         """The cursor of repetition ``repetition`` of ``plan``'s source, nothing handed out yet.
 
         Units go in splits of ``num_units // (16 * num_workers)``, at least 1 and at most 1024
-        elements or 64 files, so each worker gets about 16 splits per repetition (more where
-        the bound applies): 100 files over 2 workers go 3 to a split, 20 files one to a
-        split, 10,000 files 64 to a split. With
+        elements or 64 files (or as many files of ``plan.unit_bytes`` as hold 64 MiB, up to
+        1024), so each worker gets about 16 splits per repetition (more where the bound
+        applies): 100 files over 2 workers go 3 to a split, 20 files one to a split, 10,000
+        files 64 to a split, or 312 where they are known to be 10 kB each. With
         ``plan.shuffle`` the permutation seed is ``plan.seed`` mixed with ``repetition``, or fresh
         randomness where ``plan.seed`` is None.
 
@@ -218,7 +235,7 @@ class SplitCursor:
         repetition = _check_int("SplitCursor.start", "repetition", repetition)
         num_workers = _check_int("SplitCursor.start", "num_workers", num_workers)
         share = plan.num_units // (_SPLITS_PER_WORKER * max(1, num_workers))
-        size = min(max(share, 1), _MAX_FILE_SPLIT if plan.unit == "file" else _MAX_SPLIT)
+        size = min(max(share, 1), _max_split(plan))
         seed = None
         if plan.shuffle:
             seed = secrets.randbits(63) if plan.seed is None else mix_seed(plan.seed, repetition)
@@ -271,6 +288,15 @@ class SplitCursor:
         return cls(**_fields(cls, data))
 
 
+def _max_split(plan: SplitPlan) -> int:
+    """The most units a split of ``plan`` holds (the module's bounds)."""
+    if plan.unit != "file":
+        return _MAX_SPLIT
+    if plan.unit_bytes is None:
+        return _MAX_FILE_SPLIT
+    return min(_MAX_SPLIT, max(_MAX_FILE_SPLIT, _FILE_SPLIT_BYTES // max(1, plan.unit_bytes)))
+
+
 def _check_int(owner: str, name: str, value: Any, minimum: int | None = 0) -> int:
     if isinstance(value, bool | np.bool_) or not hasattr(value, "__index__"):
         raise InvalidArgumentError(f"{owner}: {name} must be an int, got {value!r}")
@@ -280,14 +306,16 @@ def _check_int(owner: str, name: str, value: Any, minimum: int | None = 0) -> in
     return value
 
 
-def _fields(cls: type, data: Any) -> dict[str, Any]:
-    """The fields of ``cls`` in ``data``, a JSON object that must hold exactly those."""
+def _fields(cls: type, data: Any, optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of ``cls`` in ``data``, a JSON object that must hold those (but the
+    ``optional`` ones, which keep their defaults) and no others."""
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    required = names - set(optional)
     if not isinstance(data, Mapping):
         raise InvalidArgumentError(
             f"{cls.__name__}.from_json expects a dict, got {type(data).__name__}"
         )
-    missing, unknown = names - set(data), set(data) - names
+    missing, unknown = required - set(data), set(data) - names
     if missing or unknown:
         raise InvalidArgumentError(
             f"{cls.__name__}.from_json expects the keys {sorted(names)}; missing "
@@ -305,7 +333,7 @@ def split_plan(dataset: Dataset) -> SplitPlan:
     Example:
       >>> from feedline.data import Dataset
       >>> split_plan(Dataset.range(10).repeat().shuffle(4).batch(2))
-      SplitPlan(num_units=10, shuffle=False, seed=None, unit='element')
+      SplitPlan(num_units=10, shuffle=False, seed=None, unit='element', unit_bytes=None)
 
     Raises:
       InvalidArgumentError: the dataset has several sources (zip, concatenate,
@@ -344,7 +372,8 @@ def _plan_of(source: Dataset) -> SplitPlan:
     name = type(source).__name__
     if isinstance(source, ListFilesDataset):
         seed = source._seed if source._shuffle else None
-        return SplitPlan(len(source._filenames), source._shuffle, seed, "file")
+        mean = source.mean_bytes
+        return SplitPlan(len(source._filenames), source._shuffle, seed, "file", mean)
     if source._random_access() is not None:
         count = source.cardinality()
         if count in (INFINITE_CARDINALITY, UNKNOWN_CARDINALITY):

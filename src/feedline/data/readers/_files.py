@@ -5,8 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import zlib
-from collections.abc import Sequence
-from typing import Any, BinaryIO, Self
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO, NamedTuple, Self
 
 import numpy as np
 
@@ -130,20 +130,34 @@ def match_files(pattern: str, operation: str) -> list[str]:
     return list(list_matches(pattern, operation))
 
 
-def list_matches(pattern: str, operation: str) -> dict[str, Any]:
-    """``match_files``, each path with its version as the listing gives it: the object's ETag
-    or generation on a store (``_fs.object_tag``), None for a local file and where the store
-    gives none."""
+class Listed(NamedTuple):
+    """What a listing says of a path: its version (the object's ETag or generation on a store,
+    ``_fs.object_tag``; None for a local file and where the store gives none) and its size in
+    bytes (None for a local file, whose listing does not read it)."""
+
+    version: Any
+    size: int | None
+
+
+def list_matches(pattern: str, operation: str) -> dict[str, Listed]:
+    """``match_files``, each path with what the listing says of it (``Listed``)."""
     if _fs.is_local(pattern) and not pattern.startswith("file://"):
-        return dict.fromkeys(glob.glob(pattern, include_hidden=True))
+        return dict.fromkeys(glob.glob(pattern, include_hidden=True), Listed(None, None))
     fs, inner = _fs.filesystem(pattern)
     with _fs.translate_errors(pattern, operation):
         found = fs.glob(inner, detail=True)
     local = _fs.is_local(pattern)
     return {
-        _fs.unstrip(fs, name, pattern): None if local else _fs.object_tag(info)
+        _fs.unstrip(fs, name, pattern): Listed(None, None)
+        if local
+        else Listed(_fs.object_tag(info), _size(info))
         for name, info in found.items()
     }
+
+
+def _size(info: Mapping[str, Any]) -> int | None:
+    size = info.get("size")
+    return size if type(size) is int and size >= 0 else None
 
 
 # Remote files (object stores) are read ahead of the reader in the background: at most

@@ -61,10 +61,12 @@ class ListFilesDataset(Dataset):
         patterns = _patterns(file_pattern)
         names: list[str] = []
         versions: dict[str, Any] = {}
+        sizes: list[int | None] = []
         for pattern in patterns:
             matches = list_matches(pattern, "list_files")
             names.extend(matches)
-            versions.update((name, v) for name, v in matches.items() if v is not None)
+            versions.update((n, m.version) for n, m in matches.items() if m.version is not None)
+            sizes.extend(m.size for m in matches.values())
         if not names:
             shown = patterns[0] if len(patterns) == 1 else patterns
             raise NotFoundError(
@@ -77,6 +79,8 @@ class ListFilesDataset(Dataset):
         self._filenames = tuple(sorted(names))
         self._encoded = tuple(os.fsencode(name) for name in self._filenames)
         self._versions = versions
+        known = [size for size in sizes if size is not None]
+        self._mean_bytes = sum(known) // len(known) if known and len(known) == len(sizes) else None
         self._shuffle = True if shuffle is None else bool(shuffle)
         self._seed = None if seed is None else int(seed)
         self._element_spec = TensorSpec((), BYTES)
@@ -94,19 +98,25 @@ class ListFilesDataset(Dataset):
         clone._filenames = tuple(sorted(decode_name(n) for n in filenames))
         clone._encoded = tuple(os.fsencode(name) for name in clone._filenames)
         clone._versions = {n: self._versions[n] for n in clone._filenames if n in self._versions}
+        clone._mean_bytes = self.mean_bytes
         clone._shuffle, clone._seed = self._shuffle, self._seed
         clone._element_spec = self._element_spec
         return clone
 
+    @property
+    def mean_bytes(self) -> int | None:
+        """The mean size of the files in bytes, where the listing gave every file's size (an
+        object store's); None otherwise (a local listing does not read sizes)."""
+        return getattr(self, "_mean_bytes", None)  # (a listing pickled before it existed)
+
     def pin_versions(self, ctx: IteratorContext) -> None:
-        """Tells the readers of ``ctx``'s pipeline the versions this listing found, where the
-        pipeline holds none already (a split run again holds its first run's versions, which a
-        listing made since does not replace)."""
-        held = ctx.listed_versions
-        if not held:
-            held.update(self._versions)
-            return
-        held.update((n, v) for n, v in self._versions.items() if n not in held)
+        """Tells the readers of ``ctx``'s pipeline the versions this listing found, behind those
+        the pipeline holds already (a split run again holds its first run's versions, which a
+        listing made since does not replace): the listing's own map, not a copy, which a
+        worker's split runs would otherwise make of every listed name once per split."""
+        maps = ctx.listed_versions.maps
+        if self._versions and not any(held is self._versions for held in maps):
+            maps.append(self._versions)
 
     def pass_seed(self, ctx: IteratorContext) -> int:
         """The shuffle seed of one pass: fixed by ``seed`` and the pass, or fresh without one."""

@@ -32,6 +32,7 @@ or raises ``DataLossError`` where an object was replaced in between.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -123,7 +124,8 @@ class SplitRunner:
         opened), and telling ``pin`` (``IteratorContext.pin_version``) the version of each
         object it opens, before any element of it."""
         self._provider.units = list(units)
-        ctx = IteratorContext(self._options, mix_seed(key), dict(versions or {}), pin_version=pin)
+        held = collections.ChainMap(dict(versions or {}))
+        ctx = IteratorContext(self._options, mix_seed(key), held, pin_version=pin)
         iterator = self._dataset._iterator(ctx)
         try:
             yield from raw_elements(iterator)

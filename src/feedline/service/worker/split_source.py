@@ -11,7 +11,7 @@ Example:
   >>> dataset = Dataset.range(6).map(lambda x: x * 10)
   >>> plan = split_plan(dataset)
   >>> plan
-  SplitPlan(num_units=6, shuffle=False, seed=None, unit='element')
+  SplitPlan(num_units=6, shuffle=False, seed=None, unit='element', unit_bytes=None)
   >>> cursors = {}  # the dispatcher's: one per repetition
   >>> class Dispatcher:
   ...     def next_split(self, repetition):
