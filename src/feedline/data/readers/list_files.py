@@ -80,7 +80,8 @@ class ListFilesDataset(Dataset):
         self._encoded = tuple(os.fsencode(name) for name in self._filenames)
         self._versions = versions
         known = [size for size in sizes if size is not None]
-        self._mean_bytes = sum(known) // len(known) if known and len(known) == len(sizes) else None
+        if known and len(known) == len(sizes):  # (unset otherwise: fingerprints as before)
+            self._mean_bytes = sum(known) // len(known)
         self._shuffle = True if shuffle is None else bool(shuffle)
         self._seed = None if seed is None else int(seed)
         self._element_spec = TensorSpec((), BYTES)
@@ -98,7 +99,8 @@ class ListFilesDataset(Dataset):
         clone._filenames = tuple(sorted(decode_name(n) for n in filenames))
         clone._encoded = tuple(os.fsencode(name) for name in clone._filenames)
         clone._versions = {n: self._versions[n] for n in clone._filenames if n in self._versions}
-        clone._mean_bytes = self.mean_bytes
+        if self.mean_bytes is not None:
+            clone._mean_bytes = self.mean_bytes
         clone._shuffle, clone._seed = self._shuffle, self._seed
         clone._element_spec = self._element_spec
         return clone
@@ -107,7 +109,8 @@ class ListFilesDataset(Dataset):
     def mean_bytes(self) -> int | None:
         """The mean size of the files in bytes, where the listing gave every file's size (an
         object store's); None otherwise (a local listing does not read sizes)."""
-        return getattr(self, "_mean_bytes", None)  # (a listing pickled before it existed)
+        mean: int | None = getattr(self, "_mean_bytes", None)
+        return mean
 
     def pin_versions(self, ctx: IteratorContext) -> None:
         """Tells the readers of ``ctx``'s pipeline the versions this listing found, behind those
