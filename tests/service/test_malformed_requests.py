@@ -92,6 +92,12 @@ def _pin(cluster: Any, **change: Any) -> dict[str, Any]:
     return {**header, "version": "e", **change}
 
 
+def _pins(cluster: Any, **change: Any) -> dict[str, Any]:
+    """A PinSplitVersions request of the cluster's task, with ``change``."""
+    header = {"job_id": cluster.job_id, "task_id": cluster.task_id, "key": 0}
+    return {**header, "versions": {"s3://b/k": "e"}, **change}
+
+
 _D, _W = DISPATCHER_SERVICE, WORKER_SERVICE
 _WORKER = {"address": "x:1"}
 
@@ -113,6 +119,15 @@ CASES: list[tuple[str, str, Any, str]] = [
     (_D, "PinSplitVersion", lambda c: _pin(c, version=1.5), "version"),
     (_D, "PinSplitVersion", lambda c: _pin(c, url="s3://b/\x00"), "url"),
     (_D, "PinSplitVersion", lambda c: _pin(c, key="0"), "key"),
+    (_D, "PinSplitVersions", lambda c: _pins(c, versions={"s3://b/k": 1.5}), "version"),
+    (_D, "PinSplitVersions", lambda c: _pins(c, versions=["s3://b/k", "e"]), "versions"),
+    (_D, "PinSplitVersions", lambda c: _pins(c, versions={"s3://b/\x00": "e"}), "url"),
+    (
+        _D,
+        "PinSplitVersions",
+        lambda c: _pins(c, versions={f"s3://b/{i}": "e" for i in range(1025)}),
+        "1024",
+    ),
     (_D, "SplitVersions", lambda c: {"client_id": c.client_id, "keys": ["0"]}, "keys"),
     (_D, "ReleaseClient", lambda c: {"client_id": [c.client_id]}, "client_id"),
     (_W, "GetElements", lambda c: {"task_id": c.task_id, "wait_ms": _HUGE}, "wait_ms"),

@@ -30,6 +30,7 @@ __all__ = [
     "DISPATCHER_SERVICE",
     "INCARNATION_SHIFT",
     "MAX_DATASET_BYTES",
+    "MAX_PINS",
     "TARGET_WORKERS",
     "WORKER_SERVICE",
     "ClientHeartbeatRequest",
@@ -49,6 +50,7 @@ __all__ = [
     "JoinReply",
     "LoadReply",
     "PinSplitVersionRequest",
+    "PinSplitVersionsRequest",
     "RegisterDatasetReply",
     "RegisterDatasetRequest",
     "ReleaseClientRequest",
@@ -864,6 +866,55 @@ class PinSplitVersionRequest:
             field(header, "key", int),
             _text(field(header, "url", str), "url", _MAX_URL_CHARS),
             _version(header.get("version"), "version"),
+        )
+
+    def to_header(self) -> dict[str, Any]:
+        """The header that carries this request."""
+        return dataclasses.asdict(self)
+
+
+#: The most objects one PinSplitVersions names (a split holds at most 1,024 files).
+MAX_PINS = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class PinSplitVersionsRequest:
+    """PinSplitVersions: ``PinSplitVersion`` of several objects of split ``key`` in one call,
+    journaled together: those a task knows it will open as these versions before the split
+    runs (the objects of the split that the dataset's source listed, ``list_files``, with
+    their versions). Its reply, ``{"versions": {url: version}}``, is the version each object
+    is held to.
+
+    Attributes:
+      job_id: the job.
+      task_id: the task running the split.
+      key: the split's key.
+      versions: URL -> the version the task opens, at most ``MAX_PINS`` of them.
+    """
+
+    job_id: int
+    task_id: int
+    key: int
+    versions: dict[str, str | int]
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        """The request in ``header``.
+
+        Raises:
+          InvalidArgumentError: a field is missing or mistyped, or too many objects.
+        """
+        versions = object_versions(field(header, "versions", dict), "versions")
+        if len(versions) > MAX_PINS:
+            raise InvalidArgumentError(
+                f"malformed request: PinSplitVersions names at most {MAX_PINS} objects, got "
+                f"{len(versions)}"
+            )
+        return cls(
+            field(header, "job_id", int),
+            field(header, "task_id", int),
+            field(header, "key", int),
+            versions,
         )
 
     def to_header(self) -> dict[str, Any]:

@@ -83,6 +83,59 @@ def test_a_split_run_again_reads_the_object_versions_its_first_run_pinned() -> N
     assert [x.item() for x in runner.run(1, [1])] == [b"uno", b"dos"]  # no pins: as it is now
 
 
+def test_a_split_knows_the_versions_its_source_listed_and_pins_only_the_others(
+    s3_bucket: str,
+) -> None:
+    urls = [f"{s3_bucket}/listed/{name}.txt" for name in ("a", "b", "c")]
+    for url in urls:
+        gfile.GFile(url, "wb").write(b"one\ntwo\n")
+    listing = Dataset.list_files(f"{s3_bucket}/listed/*.txt", shuffle=False)
+    runner = SplitRunner(TextLineDataset(listing))
+    listed = runner.listed([0, 2])  # the split's units index the sorted names
+    assert list(listed) == [urls[0], urls[2]] and listed == {
+        u: listing._versions[u] for u in listed
+    }
+    assert SplitRunner(TextLineDataset(urls)).listed([0, 1]) == {}  # named: nothing listed
+    pins: list[str] = []
+
+    def pin(url: str, version: Any) -> Any:
+        pins.append(url)
+        return version
+
+    # The versions the dispatcher holds for the split need no pin; another object does.
+    lines = [x.item() for x in runner.run(0, [0, 1, 2], {urls[0]: listed[urls[0]]}, pin=pin)]
+    assert lines == [b"one", b"two"] * 3 and pins == urls[1:]
+    # A held version that is not the one opened is still a DataLossError.
+    with pytest.raises(errors.DataLossError, match=r"a\.txt' changed since it was listed or"):
+        list(runner.run(0, [0], {urls[0]: '"another"'}, pin=pin))
+
+
+def test_a_task_pins_the_objects_its_source_listed_in_one_call_per_split(
+    make_cluster: Callable[..., Cluster],
+    tmp_path: Path,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from feedline.service.dispatcher.split_handout import SplitHandout
+
+    calls: Counter[str] = Counter()
+    for name in ("pin_split_version", "pin_split_versions"):
+        method = getattr(SplitHandout, name)
+        monkeypatch.setattr(
+            SplitHandout,
+            name,
+            lambda self, *a, _m=method, _n=name: calls.update([_n]) or _m(self, *a),
+        )
+    for i in range(40):
+        gfile.GFile(f"{s3_bucket}/many/{i:02d}.txt", "wb").write(b"%d\n" % i)
+    cluster = make_cluster(1, work_dir=str(tmp_path), fault_tolerant_mode=True)
+    files = Dataset.list_files(f"{s3_bucket}/many/*.txt", shuffle=False)
+    dataset = TextLineDataset(files).apply(service.distribute("distributed_epoch", cluster.target))
+    assert sorted(int(x) for x in dataset) == list(range(40))
+    # 40 objects, one worker: splits of 2 files (a sixteenth of its share), one call each.
+    assert calls == {"pin_split_versions": 20}
+
+
 @pytest.mark.parametrize(
     ("make", "named"),
     [

@@ -24,7 +24,7 @@ and owns the lifecycle.
 RPCs (each a frame of ``feedline._net.wire``; their requests are the dataclasses of
 ``protocol``, their handlers RegisterDataset, GetDatasetDef and GetElementSpec in ``datasets``,
 GetOrCreateJob and ReleaseClient in ``jobs``, ClientHeartbeat in ``long_poll``, WorkerHeartbeat
-in ``workers``, GetSplit, PinSplitVersion and SplitVersions in ``split_handout``):
+in ``workers``, GetSplit, PinSplitVersion(s) and SplitVersions in ``split_handout``):
 
 ==================  ============================================================================
 RegisterDataset     a pickled dataset and its facts -> ``dataset_id`` (the same dataset twice
@@ -57,6 +57,8 @@ GetSplit            the next split of a DYNAMIC job's repetition, or none; a tas
                     call waits up to its ``wait_ms`` for one to come back or all to be done
 PinSplitVersion     (exactly-once jobs) a task opened an object of a split as a version -> the
                     version the split is held to (the first pinned)
+PinSplitVersions    the same for several objects of a split at once (those the dataset's
+                    source listed, pinned before the split runs) -> the versions held
 SplitVersions       (exactly-once jobs) a consumer saving its position asks for the versions
                     that the splits it returned part of are held to (they travel with the
                     position to the job it resumes in)
@@ -205,6 +207,7 @@ class DispatchServer:
             "WorkerHeartbeat": self._workers.worker_heartbeat,
             "GetSplit": self._split_handout.get_split,
             "PinSplitVersion": self._split_handout.pin_split_version,
+            "PinSplitVersions": self._split_handout.pin_split_versions,
             "SplitVersions": self._split_handout.split_versions,
             "GetLoad": self._get_load,
             "Snapshot": self._snapshots.snapshot,

@@ -5,7 +5,8 @@
 reply was lost), so that a dispatcher killed mid-reply skips nothing. Exactly-once jobs
 (``ledger``) hand out the splits of lost workers again first, with the offsets already delivered
 to skip, and end a repetition only once every split is done; a run of one of their splits tells
-the dispatcher the version of each object it opens (PinSplitVersion), and a run again gets those
+the dispatcher the version of each object it opens (PinSplitVersion; those its source listed
+all at once, before the split runs: PinSplitVersions), and a run again gets those
 versions with the split, so that it reads the objects the first run read or raises
 ``DataLossError``, never the rest of another version. While its splits are all out and not yet
 done, a GetSplit that asks to (``wait_ms``, up to ``MAX_SPLIT_WAIT_S``) waits here for a change
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
@@ -39,6 +41,7 @@ from feedline.service.protocol import (
     GetSplitReply,
     GetSplitRequest,
     PinSplitVersionRequest,
+    PinSplitVersionsRequest,
     SplitVersionsRequest,
     incarnation_of,
 )
@@ -82,26 +85,42 @@ class SplitHandout:
         held to: the one pinned first (this one if none was). A split that is done or not
         known holds none: the version given comes back."""
         request = PinSplitVersionRequest.from_header(header)
+        held = self._pin(
+            request.job_id, request.task_id, request.key, {request.url: request.version}
+        )
+        return {"version": held[request.url]}, ()
+
+    def pin_split_versions(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
+        """PinSplitVersions: ``PinSplitVersion`` of several objects of a split at once,
+        ``{"versions": {url: version}}``."""
+        request = PinSplitVersionsRequest.from_header(header)
+        held = self._pin(request.job_id, request.task_id, request.key, request.versions)
+        return {"versions": held}, ()
+
+    def _pin(
+        self, job_id: int, task_id: int, key: int, versions: Mapping[str, str | int]
+    ) -> dict[str, str | int]:
+        """(Takes the lock.) Pins each of ``versions`` of split ``key`` where none is held;
+        the version each object is held to (the one given, where the split holds none)."""
         core = self._core
         with core.lock:
-            task = core.state.tasks.get(request.task_id)
-            if task is None or task.job_id != request.job_id:
-                raise InvalidArgumentError(
-                    f"task {request.task_id} is not a task of job {request.job_id}"
-                )
-            ledger = core.state.ledgers.get(request.job_id)
+            task = core.state.tasks.get(task_id)
+            if task is None or task.job_id != job_id:
+                raise InvalidArgumentError(f"task {task_id} is not a task of job {job_id}")
+            ledger = core.state.ledgers.get(job_id)
             if ledger is None:
                 raise FailedPreconditionError(
-                    f"job {request.job_id} does not hand out its splits exactly once: its "
+                    f"job {job_id} does not hand out its splits exactly once: its "
                     "splits are not run again, and pin no object versions"
                 )
-            held = ledger.pinned(request.key, request.url)
-            if held is None:
-                core.apply(
-                    PinSplitVersion(request.job_id, request.key, request.url, request.version)
-                )
-                held = ledger.pinned(request.key, request.url)
-        return {"version": request.version if held is None else held}, ()
+            out: dict[str, str | int] = {}
+            for url, version in versions.items():
+                held = ledger.pinned(key, url)
+                if held is None:
+                    core.apply(PinSplitVersion(job_id, key, url, version))
+                    held = ledger.pinned(key, url)
+                out[url] = version if held is None else held
+        return out
 
     def split_versions(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply:
         """SplitVersions: the object versions that the splits a consumer names are held to,

@@ -27,17 +27,23 @@ Apply those refused operations after ``distribute``, on the consumer, instead.
 The objects a split reads from a store are held to one version across its runs: a run tells
 the dispatcher the version of each object it opens before any element of it leaves (``pin``),
 and a run again reads those versions (before those of a listing in the pipeline, made since),
-or raises ``DataLossError`` where an object was replaced in between.
+or raises ``DataLossError`` where an object was replaced in between. The objects of a split
+that the dataset's source listed with their versions (``list_files``) are known before the split
+runs (``SplitRunner.listed``): the worker pins them in one call first, and a run opening an
+object as the version it holds already pins nothing more.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from feedline.data.dataset import Dataset, IteratorContext, mix_seed, raw_elements, walk
+from feedline.data.readers.list_files import ListFilesDataset
 from feedline.errors import InvalidArgumentError
+from feedline.service.splits import _source_of
 from feedline.service.worker.split_source import with_split_source
 
 __all__ = ["SplitRunner", "check_replayable"]
@@ -110,6 +116,17 @@ class SplitRunner:
         if wrap is not None:  # what the task measures of it (``stages.timed``)
             self._dataset = wrap(self._dataset)
         self._options = self._dataset.options()
+        source = _source_of(dataset)
+        self._source = source if isinstance(source, ListFilesDataset) else None
+
+    def listed(self, units: Sequence[int]) -> dict[str, Any]:
+        """The objects of the split of ``units`` that the dataset's source listed with a
+        version, URL -> version: the versions its runs open them as."""
+        source = self._source
+        if source is None or not source._versions:
+            return {}
+        names, versions = source._filenames, source._versions
+        return {names[u]: versions[names[u]] for u in units if names[u] in versions}
 
     def run(
         self,
@@ -120,14 +137,28 @@ class SplitRunner:
     ) -> Iterator[Any]:
         """The elements of split ``key`` (its source units ``units``), in order and as
         operations see them (``raw_elements``, as a task's other pipelines give them): reading
-        the objects of a store as ``versions`` (by URL, what an earlier run of the split
-        opened), and telling ``pin`` (``IteratorContext.pin_version``) the version of each
-        object it opens, before any element of it."""
+        the objects of a store as ``versions`` (by URL, the versions the dispatcher holds
+        for the split), and telling ``pin`` (``IteratorContext.pin_version``) the version of
+        each other object it opens, before any element of it."""
         self._provider.units = list(units)
-        held = collections.ChainMap(dict(versions or {}))
-        ctx = IteratorContext(self._options, mix_seed(key), held, pin_version=pin)
+        held = dict(versions or {})
+        if pin is not None and held:
+            pin = functools.partial(_pin_unless_held, held, pin)
+        ctx = IteratorContext(
+            self._options, mix_seed(key), collections.ChainMap(held), pin_version=pin
+        )
         iterator = self._dataset._iterator(ctx)
         try:
             yield from raw_elements(iterator)
         finally:
             iterator.close()
+
+
+def _pin_unless_held(
+    held: Mapping[str, Any], pin: Callable[[str, Any], Any], url: str, version: Any
+) -> Any:
+    """``pin`` of ``url`` opened as ``version``, unless the dispatcher holds that version for
+    the split already."""
+    if held.get(url) == version:
+        return version
+    return pin(url, version)

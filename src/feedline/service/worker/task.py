@@ -25,12 +25,15 @@ from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.ledger import contains
 from feedline.service.protocol import (
+    MAX_PINS,
     GetElementsRequest,
     GetSplitReply,
     GetSplitRequest,
     PinSplitVersionRequest,
+    PinSplitVersionsRequest,
     TaskDef,
     TaskLoad,
+    object_versions,
 )
 from feedline.service.stages import StageClock, timed
 from feedline.service.worker.buffer import TaskBuffer
@@ -116,6 +119,23 @@ class _DispatcherSplits:
             )
             self._requests += 1
         return GetSplitReply.from_header(reply)
+
+    def pin_all(self, key: int, versions: dict[str, Any]) -> dict[str, Any]:
+        """``pin`` of each of ``versions`` (URL -> version) of split ``key`` at once
+        (``PinSplitVersionsRequest``); the versions held, URL -> version."""
+        held: dict[str, Any] = {}
+        urls = list(versions)
+        for start in range(0, len(urls), MAX_PINS):
+            part = {url: versions[url] for url in urls[start : start + MAX_PINS]}
+            request = PinSplitVersionsRequest(self._job_id, self._task_id, key, part)
+            reply, _ = self._host.call_dispatcher(
+                "PinSplitVersions",
+                request.to_header(),
+                f"pinning the versions of {len(part)} objects for split {key} of job "
+                f"{self._job_id}",
+            )
+            held.update(object_versions(reply.get("versions"), "the versions held"))
+        return held
 
     def pin(self, key: int, url: str, version: Any) -> Any:
         """Tells the dispatcher that this task's run of split ``key`` opened ``url`` as
@@ -379,7 +399,11 @@ class Task:
             skip = [list(r) for r in grant.skip]  # ledger ranges: lists, as the ledger's
             count = 0
             pin = functools.partial(self._splits.pin, key)
-            for offset, element in enumerate(runner.run(key, units, grant.versions, pin)):
+            versions = dict(grant.versions)
+            listed = {u: v for u, v in runner.listed(units).items() if u not in versions}
+            if listed:  # the objects the source listed: pinned in one call, before any runs
+                versions.update(self._splits.pin_all(key, listed))
+            for offset, element in enumerate(runner.run(key, units, versions, pin)):
                 count = offset + 1
                 if skip and contains(skip, offset):
                     self._buffer.made_not_kept()  # made all the same: the worker's rate
