@@ -108,6 +108,24 @@ def test_a_split_knows_the_versions_its_source_listed_and_pins_only_the_others(
     # A held version that is not the one opened is still a DataLossError.
     with pytest.raises(errors.DataLossError, match=r"a\.txt' changed since it was listed or"):
         list(runner.run(0, [0], {urls[0]: '"another"'}, pin=pin))
+    # With pin_all, the first listed object opened pins the split's others, held or not.
+    pins.clear()
+    batches: list[dict[str, Any]] = []
+
+    def pin_all(versions: dict[str, Any]) -> dict[str, Any]:
+        batches.append(versions)
+        return dict(versions)
+
+    held = {urls[1]: '"older"'}  # another version held for b: the one its first run read
+    with pytest.raises(errors.DataLossError, match=r"b\.txt' changed since it was listed or"):
+        list(runner.run(0, [0, 1, 2], held, pin=pin, pin_all=pin_all))
+    assert batches == [{urls[0]: listed[urls[0]], urls[2]: listed[urls[2]]}] and pins == []
+    batches.clear()
+    assert len(list(runner.run(0, [0, 2], pin=pin, pin_all=pin_all))) == 4
+    assert batches == [listed] and pins == []
+    # A pipeline that hands out the names opens no object: no pin at all.
+    assert len(list(SplitRunner(listing).run(0, [0, 1, 2], pin=pin, pin_all=pin_all))) == 3
+    assert batches == [listed] and pins == []
 
 
 def test_a_task_pins_the_objects_its_source_listed_in_one_call_per_split(

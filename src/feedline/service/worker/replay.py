@@ -29,14 +29,14 @@ the dispatcher the version of each object it opens before any element of it leav
 and a run again reads those versions (before those of a listing in the pipeline, made since),
 or raises ``DataLossError`` where an object was replaced in between. The objects of a split
 that the dataset's source listed with their versions (``list_files``) are known before the split
-runs (``SplitRunner.listed``): the worker pins them in one call first, and a run opening an
-object as the version it holds already pins nothing more.
+runs (``SplitRunner.listed``): the first of them a run opens pins all of the split's in one call,
+and a run opening an object as the version the dispatcher holds pins nothing more.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -134,16 +134,21 @@ class SplitRunner:
         units: Sequence[int],
         versions: Mapping[str, Any] | None = None,
         pin: Callable[[str, Any], Any] | None = None,
+        pin_all: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
     ) -> Iterator[Any]:
         """The elements of split ``key`` (its source units ``units``), in order and as
         operations see them (``raw_elements``, as a task's other pipelines give them): reading
         the objects of a store as ``versions`` (by URL, the versions the dispatcher holds
         for the split), and telling ``pin`` (``IteratorContext.pin_version``) the version of
-        each other object it opens, before any element of it."""
+        each other object it opens, before any element of it; with ``pin_all`` (URL ->
+        version, several at once: the versions held), the first of the objects the source
+        listed that it opens pins all of the split's (``_SplitPins``)."""
         self._provider.units = list(units)
         held = dict(versions or {})
-        if pin is not None and held:
-            pin = functools.partial(_pin_unless_held, held, pin)
+        if pin is not None:
+            listed = {} if pin_all is None else self.listed(units)
+            listed = {url: v for url, v in listed.items() if url not in held}
+            pin = _SplitPins(held, pin, pin_all, listed)
         ctx = IteratorContext(
             self._options, mix_seed(key), collections.ChainMap(held), pin_version=pin
         )
@@ -154,11 +159,29 @@ class SplitRunner:
             iterator.close()
 
 
-def _pin_unless_held(
-    held: Mapping[str, Any], pin: Callable[[str, Any], Any], url: str, version: Any
-) -> Any:
-    """``pin`` of ``url`` opened as ``version``, unless the dispatcher holds that version for
-    the split already."""
-    if held.get(url) == version:
-        return version
-    return pin(url, version)
+class _SplitPins:
+    """The ``pin_version`` of one run of a split: a version the dispatcher holds for the split
+    (``held``, the run's versions) needs no call; the first object of ``listed`` (those the
+    source listed and the dispatcher does not hold yet) that the run opens pins all of them
+    with one ``pin_all``; any other object is pinned alone. A pipeline that opens no object
+    (one that hands out the listed names) pins nothing. Thread-safe (readers may open objects
+    from several threads)."""
+
+    def __init__(
+        self,
+        held: dict[str, Any],
+        pin: Callable[[str, Any], Any],
+        pin_all: Callable[[dict[str, Any]], Mapping[str, Any]] | None,
+        listed: dict[str, Any],
+    ) -> None:
+        self._held, self._pin, self._pin_all, self._listed = held, pin, pin_all, listed
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str, version: Any) -> Any:
+        with self._lock:
+            if url in self._listed and self._pin_all is not None:
+                listed, self._listed = self._listed, {}
+                self._held.update(self._pin_all(listed))
+            if self._held.get(url) == version:
+                return version
+        return self._pin(url, version)

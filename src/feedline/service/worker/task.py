@@ -399,11 +399,9 @@ class Task:
             skip = [list(r) for r in grant.skip]  # ledger ranges: lists, as the ledger's
             count = 0
             pin = functools.partial(self._splits.pin, key)
-            versions = dict(grant.versions)
-            listed = {u: v for u, v in runner.listed(units).items() if u not in versions}
-            if listed:  # the objects the source listed: pinned in one call, before any runs
-                versions.update(self._splits.pin_all(key, listed))
-            for offset, element in enumerate(runner.run(key, units, versions, pin)):
+            pin_all = functools.partial(self._splits.pin_all, key)
+            run = runner.run(key, units, grant.versions, pin, pin_all)
+            for offset, element in enumerate(run):
                 count = offset + 1
                 if skip and contains(skip, offset):
                     self._buffer.made_not_kept()  # made all the same: the worker's rate
