@@ -880,10 +880,10 @@ MAX_PINS = 1024
 @dataclasses.dataclass(frozen=True)
 class PinSplitVersionsRequest:
     """PinSplitVersions: ``PinSplitVersion`` of several objects of split ``key`` in one call,
-    journaled together: those a task knows it will open as these versions before the split
-    runs (the objects of the split that the dataset's source listed, ``list_files``, with
-    their versions). Its reply, ``{"versions": {url: version}}``, is the version each object
-    is held to.
+    journaled together: those a task knows it opens as these versions (the objects of the
+    split that the dataset's source listed, ``list_files``, with their versions), sent when a
+    run opens the first of them. Its reply, ``{"versions": {url: version}}``, is the version
+    each object is held to.
 
     Attributes:
       job_id: the job.

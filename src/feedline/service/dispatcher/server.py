@@ -58,7 +58,7 @@ GetSplit            the next split of a DYNAMIC job's repetition, or none; a tas
 PinSplitVersion     (exactly-once jobs) a task opened an object of a split as a version -> the
                     version the split is held to (the first pinned)
 PinSplitVersions    the same for several objects of a split at once (those the dataset's
-                    source listed, pinned before the split runs) -> the versions held
+                    source listed, when a run opens the first of them) -> the versions held
 SplitVersions       (exactly-once jobs) a consumer saving its position asks for the versions
                     that the splits it returned part of are held to (they travel with the
                     position to the job it resumes in)

@@ -6,7 +6,7 @@ reply was lost), so that a dispatcher killed mid-reply skips nothing. Exactly-on
 (``ledger``) hand out the splits of lost workers again first, with the offsets already delivered
 to skip, and end a repetition only once every split is done; a run of one of their splits tells
 the dispatcher the version of each object it opens (PinSplitVersion; those its source listed
-all at once, before the split runs: PinSplitVersions), and a run again gets those
+all at once, when it opens the first of them: PinSplitVersions), and a run again gets those
 versions with the split, so that it reads the objects the first run read or raises
 ``DataLossError``, never the rest of another version. While its splits are all out and not yet
 done, a GetSplit that asks to (``wait_ms``, up to ``MAX_SPLIT_WAIT_S``) waits here for a change
