@@ -192,7 +192,7 @@ def main() -> None:
     )
     results: dict[str, Any] = {"objects": args.objects, "load": os.getloadavg()}
     try:
-        # The process's first S3 client reads botocore's model files (~0.1 s, once a process:
+        # The process's first S3 client reads botocore's model files (0.1-0.3 s, once a process:
         # its clients share them); before the clock, as the worker's start is.
         results["first_client_s"] = _first_client()
         listing = [_list(store.pid) for _ in range(args.repetitions)]
