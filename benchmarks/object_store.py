@@ -10,7 +10,7 @@ A moto S3 server (``python -m moto.server``) runs in a process of its own on 127
 request ``--latency-ms`` (20) and every 64 KiB of an answer ``--latency-per-64k-ms`` (0). This
 process writes ``--files`` TFRecord files of ``--mb`` MB each, then reads all of them, each way
 in turn, for ``--rounds`` rounds (each round times the three ways one after another, with
-fresh S3 clients every time):
+a fresh S3 client every time, made before the clock starts):
 
 * ``sequential``: a plain loop, ``fsspec.open(url).read()`` of one file after another;
 * ``threads``: 8 plain readers on 8 threads, each ``fsspec.open(url).read()`` of a file;
@@ -91,9 +91,15 @@ def _serve_proxy(upstream: int, port_file: str, latency: float, per_64k: float) 
 
 
 def _fresh_clients() -> None:
+    """A fresh S3 client for the next way, made before its clock starts: each way pays for its
+    reads, not for making botocore's client (which reads its model files: ~0.1 s of CPU a
+    client, more than the 8 threads' reads of a round take in CPU besides). Every way then
+    reads through this one client, feedline's too (``fsspec.open`` and feedline's file
+    systems both take s3fs's cached instance)."""
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().connect()
 
 
 def _requests(port_file: str) -> int:
