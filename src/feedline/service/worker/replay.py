@@ -146,9 +146,7 @@ class SplitRunner:
         self._provider.units = list(units)
         held = dict(versions or {})
         if pin is not None:
-            listed = {} if pin_all is None else self.listed(units)
-            listed = {url: v for url, v in listed.items() if url not in held}
-            pin = _SplitPins(held, pin, pin_all, listed)
+            pin = _SplitPins(held, pin, pin_all, lambda: self.listed(units))
         ctx = IteratorContext(
             self._options, mix_seed(key), collections.ChainMap(held), pin_version=pin
         )
@@ -161,24 +159,29 @@ class SplitRunner:
 
 class _SplitPins:
     """The ``pin_version`` of one run of a split: a version the dispatcher holds for the split
-    (``held``, the run's versions) needs no call; the first object of ``listed`` (those the
-    source listed and the dispatcher does not hold yet) that the run opens pins all of them
-    with one ``pin_all``; any other object is pinned alone. A pipeline that opens no object
-    (one that hands out the listed names) pins nothing. Thread-safe (readers may open objects
-    from several threads)."""
+    (``held``, the run's versions) needs no call; the first of the objects the source listed
+    (``listed()``, asked for at the first pin) that the run opens pins all of those the
+    dispatcher does not hold yet with one ``pin_all``; any other object is pinned alone. A
+    pipeline that opens no object (one that hands out the listed names) pins nothing and never
+    asks for ``listed()``. Thread-safe (readers may open objects from several threads)."""
 
     def __init__(
         self,
         held: dict[str, Any],
         pin: Callable[[str, Any], Any],
         pin_all: Callable[[dict[str, Any]], Mapping[str, Any]] | None,
-        listed: dict[str, Any],
+        listed: Callable[[], dict[str, Any]],
     ) -> None:
-        self._held, self._pin, self._pin_all, self._listed = held, pin, pin_all, listed
+        self._held, self._pin, self._pin_all = held, pin, pin_all
+        self._ask_listed: Callable[[], dict[str, Any]] | None = listed if pin_all else None
+        self._listed: dict[str, Any] = {}  # listed, not held, not pinned yet
         self._lock = threading.Lock()
 
     def __call__(self, url: str, version: Any) -> Any:
         with self._lock:
+            if self._ask_listed is not None:  # the first pin of the run
+                listed, self._ask_listed = self._ask_listed(), None
+                self._listed = {u: v for u, v in listed.items() if u not in self._held}
             if url in self._listed and self._pin_all is not None:
                 listed, self._listed = self._listed, {}
                 self._held.update(self._pin_all(listed))

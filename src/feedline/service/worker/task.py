@@ -25,7 +25,6 @@ from feedline.errors import InvalidArgumentError
 from feedline.service.config import ShardingPolicy
 from feedline.service.ledger import contains
 from feedline.service.protocol import (
-    MAX_PINS,
     GetElementsRequest,
     GetSplitReply,
     GetSplitRequest,
@@ -122,20 +121,16 @@ class _DispatcherSplits:
 
     def pin_all(self, key: int, versions: dict[str, Any]) -> dict[str, Any]:
         """``pin`` of each of ``versions`` (URL -> version) of split ``key`` at once
-        (``PinSplitVersionsRequest``); the versions held, URL -> version."""
-        held: dict[str, Any] = {}
-        urls = list(versions)
-        for start in range(0, len(urls), MAX_PINS):
-            part = {url: versions[url] for url in urls[start : start + MAX_PINS]}
-            request = PinSplitVersionsRequest(self._job_id, self._task_id, key, part)
-            reply, _ = self._host.call_dispatcher(
-                "PinSplitVersions",
-                request.to_header(),
-                f"pinning the versions of {len(part)} objects for split {key} of job "
-                f"{self._job_id}",
-            )
-            held.update(object_versions(reply.get("versions"), "the versions held"))
-        return held
+        (``PinSplitVersionsRequest``: a split holds at most ``MAX_PINS`` files); the versions
+        held, URL -> version."""
+        request = PinSplitVersionsRequest(self._job_id, self._task_id, key, versions)
+        reply, _ = self._host.call_dispatcher(
+            "PinSplitVersions",
+            request.to_header(),
+            f"pinning the versions of {len(versions)} objects for split {key} of job "
+            f"{self._job_id}",
+        )
+        return object_versions(reply.get("versions"), "the versions held")
 
     def pin(self, key: int, url: str, version: Any) -> Any:
         """Tells the dispatcher that this task's run of split ``key`` opened ``url`` as
