@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,9 +79,8 @@ class ListFilesDataset(Dataset):
         self._filenames = tuple(sorted(names))
         self._encoded = tuple(os.fsencode(name) for name in self._filenames)
         self._versions = versions
-        known = [size for size in sizes if size is not None]
-        if known and len(known) == len(sizes):  # (unset otherwise: fingerprints as before)
-            self._mean_bytes = sum(known) // len(known)
+        if None not in sizes:  # every size known (unset otherwise: fingerprints as before)
+            self._mean_bytes = sum(cast(list[int], sizes)) // len(sizes)
         self._shuffle = True if shuffle is None else bool(shuffle)
         self._seed = None if seed is None else int(seed)
         self._element_spec = TensorSpec((), BYTES)
