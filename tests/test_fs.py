@@ -11,6 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,6 +201,48 @@ def test_objects_are_read_as_list_files_found_them(s3_bucket: str) -> None:
     relisted = Dataset.list_files(f"{s3_bucket}/listed/*.txt", shuffle=False)
     assert [x.item() for x in TextLineDataset(relisted)] == [b"old 0", b"new 1", b"old 2"]
 
+
+
+def _s3_requests(url: str) -> list[tuple[str, str | None]]:
+    """The requests that feedline's S3 client makes from now on, as (operation, If-Match)."""
+    client = _fs.filesystem(url)[0].s3
+    seen: list[tuple[str, str | None]] = []
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+        seen.append((model.name, params["headers"].get("If-Match")))
+
+    client.meta.events.register("before-call.s3", record)
+    return seen
+
+
+def test_a_listed_object_is_opened_from_its_listing(s3_bucket: str) -> None:
+    # The listing gave each object's size and ETag: a reader's first request is its ranged
+    # GET, which carries the ETag, so that the store itself refuses another version.
+    urls = _records(s3_bucket, files=2)
+    files = Dataset.list_files(f"{s3_bucket}/train/*.tfrecord", shuffle=False)
+    tags = [_fs.object_tag(_fs.filesystem(url)[0].info(url)) for url in urls]
+    requests = _s3_requests(urls[0])
+    assert len(list(TFRecordDataset(files))) == 8
+    assert requests == [("GetObject", tags[0]), ("GetObject", tags[1])]
+
+    restored = iter(TFRecordDataset(files))
+    assert next(restored).item() == b"record 0.0"
+    state = restored.get_state()
+    del requests[:]
+    restored.set_state(state)  # reopened at its position, as listed: no HEAD either
+    assert [x.item() for x in restored][:2] == [b"record 0.1", b"record 0.2"]
+    assert {op for op, _ in requests} == {"GetObject"}
+
+    with TFRecordWriter(urls[1]) as writer:  # another version, as long as the first
+        for j in range(4):
+            writer.write(b"RECORD 1.%d" % j)
+    del requests[:]
+    with pytest.raises(DataLossError, match=rf"{re.escape(urls[1])}' changed since it was listed"):
+        list(TFRecordDataset(files.skip(1)))
+    assert requests[0] == ("GetObject", tags[1])  # refused: the ETag no longer matches
+    gfile.remove(urls[0])
+    with pytest.raises(NotFoundError, match=re.escape(urls[0])):
+        list(TFRecordDataset(files))
 
 # -- read-ahead ------------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ __all__ = [
     "join",
     "object_tag",
     "object_version",
+    "opening_listed",
     "recording_versions",
     "translate_errors",
     "unstrip",
@@ -282,6 +283,33 @@ def recording_versions() -> Iterator[dict[str, Any]]:
         _OPENED.reset(token)
 
 
+# While ``opening_listed`` runs, the object that a ``RemoteReader`` may open as a listing found it.
+_LISTED: contextvars.ContextVar[tuple[str, Any, int] | None] = contextvars.ContextVar(
+    "feedline_listed_object", default=None
+)
+
+
+@contextlib.contextmanager
+def opening_listed(url: str, version: Any, size: int | None) -> Iterator[None]:
+    """Inside the block (in this thread), a ``RemoteReader`` of ``url`` held to ``version`` (its
+    ``listed_version``) takes ``size`` (bytes, what the listing that found that version gave)
+    as the object's size instead of asking the store, where the store's reads can carry the
+    version they expect (``_opens_as_listed``): no request before the first read. Nothing
+    changes where ``version`` or ``size`` is None."""
+    token = _LISTED.set(None if version is None or size is None else (url, version, size))
+    try:
+        yield
+    finally:
+        _LISTED.reset(token)
+
+
+def _opens_as_listed(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs``'s files can be opened from a listing's size and ETag: s3fs's, whose ranged
+    reads then carry ``If-Match`` with the ETag (the store refuses them once the object is
+    another version). A version-aware s3fs reads by version id, which a listing lacks."""
+    return type(fs).__module__.split(".")[0] == "s3fs" and not getattr(fs, "version_aware", True)
+
+
 class _RangedFile:
     """One open object read from a byte position by the back-end's file object (ranged GETs of
     ``block_size`` bytes; ``cache_type="none"``, so a read of n bytes asks for n bytes), made
@@ -302,10 +330,21 @@ class _RangedFile:
                 # memory:// hands every reader of an object the same file (one position for
                 # all): each reader gets a copy of its own.
                 file: Any = io.BytesIO(source._fs.cat_file(source._inner))
-            else:
+            elif source._listed_size is None:
                 file = source._fs.open(
                     source._inner, "rb", block_size=source._block_size, cache_type="none"
                 )
+            else:  # what s3fs's file would learn with a HEAD, and its reads' If-Match
+                file = source._fs.open(
+                    source._inner,
+                    "rb",
+                    block_size=source._block_size,
+                    cache_type="none",
+                    size=source._listed_size,
+                )
+                tag = source._version
+                file.details = {"name": source._inner, "size": source.size, "ETag": tag}
+                file.read_kw = {**file.read_kw, "IfMatch": tag}
             file.seek(self.position)
             return file
 
@@ -599,6 +638,9 @@ class RemoteReader:
     With ``listed_version`` (the object's version when it was listed, ``object_tag``), an
     object that is another version by the time it is opened is a ``DataLossError`` too: a file
     read again later (a split run again after a worker was lost) is the version first read.
+    Opened inside ``opening_listed`` with the listing's size of that version, on a store whose
+    reads carry the version they expect (s3fs: ``If-Match``), it makes no request before its
+    first read; the store's refusal of a read is then how a changed object is found.
     """
 
     def __init__(
@@ -626,26 +668,30 @@ class RemoteReader:
         self._ahead: _ReadAhead | None = None
         self._peak = 0
         self.closed = False
-        # The back-end's file knows the object's size and version (s3fs asks once, and its
-        # reads then carry the ETag they expect); elsewhere the file system is asked.
-        self._ranged = _RangedFile(self, position)
-        info = getattr(self._ranged._file, "details", None) or self._call(
-            lambda: self._fs.info(self._inner)
-        )
-        if info.get("type") == "directory":
-            raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
-        self.size = int(info.get("size") or 0)
-        self._version = object_version(info)
-        if listed_version is not None and self._version != listed_version:
-            self.close()
-            raise DataLossError(
-                f"{operation}: {url!r} changed since it was listed or first read (version "
-                f"{listed_version!r} then, now {self._version!r}); a pipeline holds each "
-                "object to the version its listing found or it first read (a checkpoint's "
-                "position, a split run again): list the objects again, or read from the start",
-                filename=url,
-                offset=position,
+        self._listed_size: int | None = None
+        listed = _LISTED.get()
+        if (
+            listed is not None
+            and listed[:2] == (url, listed_version)
+            and _opens_as_listed(self._fs)
+        ):
+            self._listed_size = self.size = listed[2]
+            self._version = listed_version
+            self._ranged = _RangedFile(self, position)
+        else:
+            # The back-end's file knows the object's size and version (s3fs asks once, and its
+            # reads then carry the ETag they expect); elsewhere the file system is asked.
+            self._ranged = _RangedFile(self, position)
+            info = getattr(self._ranged._file, "details", None) or self._call(
+                lambda: self._fs.info(self._inner)
             )
+            if info.get("type") == "directory":
+                raise NotFoundError(f"{operation}: {url!r} is a directory, not a file", name=url)
+            self.size = int(info.get("size") or 0)
+            self._version = object_version(info)
+            if listed_version is not None and self._version != listed_version:
+                self.close()
+                raise self._changed(listed_version, self._version, position)
         opened = _OPENED.get()
         if opened is not None:
             opened.setdefault(url, self._version)
@@ -666,13 +712,28 @@ class RemoteReader:
         """Raises ``DataLossError`` if the object is no longer the version first read."""
         self._fs.invalidate_cache(self._inner)
         info = self._call(lambda: self._fs.info(self._inner))
-        if object_version(info) != self._version:
-            raise DataLossError(
-                f"{self._operation}: {self.url!r} changed while it was read (version "
-                f"{self._version!r}, now {object_version(info)!r}); read it again from the start",
-                filename=self.url,
-                offset=position,
-            )
+        if object_version(info) == self._version:
+            return
+        if self._listed_size is not None:  # the version is the listing's, not one read
+            raise self._changed(self._version, object_version(info), position)
+        raise DataLossError(
+            f"{self._operation}: {self.url!r} changed while it was read (version "
+            f"{self._version!r}, now {object_version(info)!r}); read it again from the start",
+            filename=self.url,
+            offset=position,
+        )
+
+    def _changed(self, held: Any, now: Any, position: int) -> DataLossError:
+        """The error for an object that is no longer ``held``, the version that a listing found
+        (or a first read, where a file is read again)."""
+        return DataLossError(
+            f"{self._operation}: {self.url!r} changed since it was listed or first read (version "
+            f"{held!r} then, now {now!r}); a pipeline holds each object to the version its "
+            "listing found or it first read (a checkpoint's position, a split run again): list "
+            "the objects again, or read from the start",
+            filename=self.url,
+            offset=position,
+        )
 
     @property
     def _file(self) -> Any:

@@ -161,3 +161,23 @@ def test_a_listing_does_not_replace_the_versions_a_pipeline_holds(s3_bucket: str
     assert ctx.listed_versions[urls[0]] == '"first-run"'
     assert ctx.listed_versions[urls[1]] not in (None, '"first-run"')  # the listing's ETag
     iterator.close()
+    # The listing's sizes go with its versions only: the held version's size is not known.
+    assert ctx.listed_size(urls[1], ctx.listed_versions[urls[1]]) == 2
+    assert ctx.listed_size(urls[0], '"first-run"') is None
+    assert ctx.listed_size(urls[1], '"another"') is None
+    assert ctx.listed_size(urls[1], None) is None
+
+
+def test_a_listing_keeps_its_sizes_through_pickling_and_sharding(s3_bucket: str) -> None:
+    urls = [f"{s3_bucket}/sized/{k}.txt" for k in range(3)]
+    for k, url in enumerate(urls):
+        gfile.GFile(url, "wb").write(b"x" * (k + 1))
+    gfile.makedirs(f"{s3_bucket}/sized/9.dir")
+    gfile.GFile(f"{s3_bucket}/sized/9.dir/inner", "wb").write(b"inner")
+    listing = Dataset.list_files(f"{s3_bucket}/sized/*", shuffle=False)
+    restored = pickle.loads(pickle.dumps(listing))
+    assert restored._versions == listing._versions
+    assert restored._versions.sizes == dict(zip(urls, [1, 2, 3], strict=True))  # no directory
+    assert f"{s3_bucket}/sized/9.dir" in listing._filenames  # listed, with no size
+    assert listing._with_files(urls[1:2])._versions.sizes == {urls[1]: 2}  # FILE sharding
+    assert listing.fingerprint() == restored.fingerprint()

@@ -35,6 +35,7 @@ __all__ = [
     "Dataset",
     "DatasetIterator",
     "IteratorContext",
+    "ListedVersions",
     "Optional",
     "RandomAccess",
 ]
@@ -54,6 +55,17 @@ def mix_seed(*parts: int) -> int:
     )
 
 
+class ListedVersions(dict[str, Any]):
+    """A listing's versions of the objects it found, by URL (one of the maps that
+    ``IteratorContext.listed_versions`` chains), with the size in bytes it gave each of them
+    (``sizes``, by URL): a reader that opens one of these objects as that version takes its size
+    from here instead of asking the store."""
+
+    def __init__(self, versions: Any = (), sizes: dict[str, int] | None = None) -> None:
+        super().__init__(versions)
+        self.sizes = {} if sizes is None else sizes
+
+
 @dataclasses.dataclass(frozen=True)
 class IteratorContext:
     """What an iterator inherits from the pipeline it runs in.
@@ -68,7 +80,8 @@ class IteratorContext:
         pipeline: a reader that opens one of them reads that version or raises
         ``DataLossError``, so that a file read again (a split run again after a worker was
         lost) is never another version. The versions given (those a split run again holds)
-        come first; each listing's iterator adds its own as a further map, not a copy.
+        come first; each listing's iterator adds its own as a further map, not a copy (a
+        ``ListedVersions``, which has the listed sizes too: ``listed_size``).
       pin_version: where the pipeline runs one split of a fault-tolerant job (a service
         worker's ``SplitRunner``), called as ``pin_version(url, version)`` each time a reader
         opens an object of a store, before any of its elements leaves: it returns the version
@@ -88,6 +101,16 @@ class IteratorContext:
         return IteratorContext(
             self.options, mix_seed(self.seed, index), self.listed_versions, self.pin_version
         )
+
+    def listed_size(self, url: str, version: Any) -> int | None:
+        """The size in bytes that a listing of the pipeline gave ``url`` as ``version``; None
+        where none did (or ``version`` is None)."""
+        if version is None:
+            return None
+        for listed in self.listed_versions.maps:
+            if isinstance(listed, ListedVersions) and listed.get(url) == version:
+                return listed.sizes.get(url)
+        return None
 
     @property
     def deterministic(self) -> bool:

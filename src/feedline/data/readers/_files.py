@@ -156,6 +156,8 @@ def list_matches(pattern: str, operation: str) -> dict[str, Listed]:
 
 
 def _size(info: Mapping[str, Any]) -> int | None:
+    if info.get("type") == "directory":
+        return None
     size = info.get("size")
     return size if type(size) is int and size >= 0 else None
 

@@ -95,7 +95,8 @@ class _Slot:
             version = self.ctx.listed_versions.get(name)
         opened = early.take(name, position, version) if early is not None else None
         if opened is None:
-            opened = _open_versioned(dataset, name, position, version)
+            size = self.ctx.listed_size(name, version)
+            opened = _open_versioned(dataset, name, position, version, size)
         reader, self.version = opened
         if self.version is not None and self.ctx.pin_version is not None:
             self._pin(reader, name, position)
@@ -177,11 +178,15 @@ class _Slot:
         self.index = self.size = 0
 
 
-def _open_versioned(dataset: Any, name: str, position: int, version: Any) -> tuple[FileReader, Any]:
+def _open_versioned(
+    dataset: Any, name: str, position: int, version: Any, size: int | None = None
+) -> tuple[FileReader, Any]:
     """``dataset._open_file(name, position, version)`` and the version it opened: ``version``
-    where given, else the one first read (None for a local file)."""
+    where given, else the one first read (None for a local file). ``size`` is the object's size
+    as ``version`` where a listing gave it (``_fs.opening_listed``)."""
     if version is not None or _fs.is_local(name):
-        return dataset._open_file(name, position, version), version
+        with _fs.opening_listed(name, version, size):
+            return dataset._open_file(name, position, version), version
     with _fs.recording_versions() as seen:
         reader = dataset._open_file(name, position, None)
     return reader, seen.get(name)
@@ -203,10 +208,13 @@ class _EarlyOpen:
 
     _WAIT = 1.0
 
-    def __init__(self, dataset: Any, name: str, listed_version: Any) -> None:
+    def __init__(
+        self, dataset: Any, name: str, listed_version: Any, size: int | None = None
+    ) -> None:
         self.name = name
         self._dataset = dataset
         self._listed_version = listed_version
+        self._size = size
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._reader: FileReader | None = None
@@ -217,7 +225,9 @@ class _EarlyOpen:
 
     def _run(self) -> None:
         try:
-            reader, version = _open_versioned(self._dataset, self.name, 0, self._listed_version)
+            reader, version = _open_versioned(
+                self._dataset, self.name, 0, self._listed_version, self._size
+            )
         except BaseException as error:  # raised by ``take``, where the file is opened
             self._error = error
             self._done.set()
@@ -315,7 +325,8 @@ class FilesIterator(DatasetIterator):
         self._early: _EarlyOpen | None = None
         names = getattr(dataset, "_filenames", None)
         if names and not _fs.is_local(names[0]):
-            self._early = _EarlyOpen(dataset, names[0], ctx.listed_versions.get(names[0]))
+            version = ctx.listed_versions.get(names[0])
+            self._early = _EarlyOpen(dataset, names[0], version, ctx.listed_size(names[0], version))
         if self._threaded:
             self._next = self._next_round_robin  # type: ignore[method-assign]
             if records:

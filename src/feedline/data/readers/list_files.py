@@ -9,7 +9,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext, mix_seed
+from feedline.data.dataset import (
+    Dataset,
+    DatasetIterator,
+    IteratorContext,
+    ListedVersions,
+    mix_seed,
+)
 from feedline.data.readers._files import decode_name, list_matches, string_array_items
 from feedline.errors import InvalidArgumentError, NotFoundError
 from feedline.structure import BYTES, TensorSpec, bytes_array, bytes_scalar
@@ -60,13 +66,17 @@ class ListFilesDataset(Dataset):
         super().__init__()
         patterns = _patterns(file_pattern)
         names: list[str] = []
-        versions: dict[str, Any] = {}
+        versions = ListedVersions()
         sizes: list[int | None] = []
         for pattern in patterns:
             matches = list_matches(pattern, "list_files")
             names.extend(matches)
-            versions.update((n, m.version) for n, m in matches.items() if m.version is not None)
-            sizes.extend(m.size for m in matches.values())
+            for name, match in matches.items():
+                sizes.append(match.size)
+                if match.version is not None:
+                    versions[name] = match.version
+                    if match.size is not None:
+                        versions.sizes[name] = match.size
         if not names:
             shown = patterns[0] if len(patterns) == 1 else patterns
             raise NotFoundError(
@@ -97,7 +107,11 @@ class ListFilesDataset(Dataset):
         Dataset.__init__(clone)
         clone._filenames = tuple(sorted(decode_name(n) for n in filenames))
         clone._encoded = tuple(os.fsencode(name) for name in clone._filenames)
-        clone._versions = {n: self._versions[n] for n in clone._filenames if n in self._versions}
+        kept = [n for n in clone._filenames if n in self._versions]
+        clone._versions = ListedVersions(
+            {n: self._versions[n] for n in kept},
+            {n: self._versions.sizes[n] for n in kept if n in self._versions.sizes},
+        )
         if self.mean_bytes is not None:
             clone._mean_bytes = self.mean_bytes
         clone._shuffle, clone._seed = self._shuffle, self._seed
