@@ -202,7 +202,6 @@ def test_objects_are_read_as_list_files_found_them(s3_bucket: str) -> None:
     assert [x.item() for x in TextLineDataset(relisted)] == [b"old 0", b"new 1", b"old 2"]
 
 
-
 def _s3_requests(url: str) -> list[tuple[str, str | None]]:
     """The requests that feedline's S3 client makes from now on, as (operation, If-Match)."""
     client = _fs.filesystem(url)[0].s3
@@ -243,6 +242,7 @@ def test_a_listed_object_is_opened_from_its_listing(s3_bucket: str) -> None:
     gfile.remove(urls[0])
     with pytest.raises(NotFoundError, match=re.escape(urls[0])):
         list(TFRecordDataset(files))
+
 
 # -- read-ahead ------------------------------------------------------------------------------
 
