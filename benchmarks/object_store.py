@@ -303,6 +303,8 @@ def main() -> None:
 
         import s3fs
 
+        import feedline.data  # noqa: F401  (imported before the clocks, as s3fs is for the others)
+
         s3fs.S3FileSystem(skip_instance_cache=True).mkdir(BUCKET.removeprefix("s3://"))
         urls = _write_files(args.files, args.mb, args.record_bytes)
         ways: list[tuple[str, Callable[[list[str]], int]]] = [
