@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,6 +158,75 @@ def test_errors_reach_the_consumer_with_their_traceback(num_parallel_calls: int 
     it.close()
     ignored = [int(x) for x in Dataset.range(4).interleave(_fails_on_2, 2, 1, 2).ignore_errors()]
     assert ignored == [0, 1, 3]
+
+
+def _outcomes(it: Any, limit: int = -1) -> list[object]:
+    """The elements of iterator ``it``, and each error as its message: ``limit`` of them, or
+    all to the end."""
+    got: list[object] = []
+    while len(got) != limit:
+        try:
+            got.append(int(next(it)))
+        except StopIteration:
+            return got
+        except ValueError as error:
+            got.append(str(error))
+    return got
+
+
+def _fails_to_map_3(x: np.int64) -> Dataset:
+    if x == 3:
+        raise ValueError("no dataset for 3")
+    return Dataset.from_tensors(x).repeat(2)
+
+
+def _input_fails_on_3(x: np.int64) -> np.int64:
+    if x == 3:
+        raise ValueError("bad input 3")
+    return x
+
+
+@pytest.mark.parametrize("failing", ["map_func", "input"])
+def test_datasets_made_ahead_raise_their_errors_in_their_turn(failing: str) -> None:
+    # The parallel interleave makes the next cycle's datasets ahead: an error of the input or
+    # of map_func meanwhile still comes where the sequential interleave raises it.
+    source = Dataset.range(7)
+    fn = _fails_to_map_3
+    if failing == "input":
+        source, fn = source.map(_input_fails_on_3), _six_times
+    sequential = _outcomes(iter(source.interleave(fn, cycle_length=2)))
+    assert len([x for x in sequential if isinstance(x, str)]) == 1
+    parallel = source.interleave(fn, cycle_length=2, num_parallel_calls=2)
+    assert _outcomes(iter(parallel)) == sequential
+    for stop in range(1, len(sequential)):  # states holding the error, made ahead or not
+        it = iter(parallel)
+        assert _outcomes(it, stop) == sequential[:stop]
+        restored = iter(parallel)
+        restored.set_state(it.get_state())
+        it.close()
+        assert _outcomes(restored) == sequential[stop:]
+        restored.close()
+
+
+def test_the_next_cycles_datasets_are_made_ahead() -> None:
+    made: list[int] = []
+
+    def record(x: np.int64) -> Dataset:
+        made.append(int(x))
+        return Dataset.from_tensors(x).repeat(3)
+
+    parallel = iter(Dataset.range(10).interleave(record, cycle_length=3, num_parallel_calls=3))
+    assert int(next(parallel)) == 0
+    assert made == [0, 1, 2, 3, 4, 5]  # the cycle, and the next cycle_length made ahead
+    state = parallel.get_state()
+    rest = [int(x) for x in parallel]
+    restored = iter(Dataset.range(10).interleave(record, cycle_length=3, num_parallel_calls=3))
+    restored.set_state(state)
+    assert [int(x) for x in restored] == rest
+    made.clear()
+    sequential = iter(Dataset.range(10).interleave(record, cycle_length=3))
+    next(sequential)
+    assert made == [0]
 
 
 def test_threads_are_named_and_stop_on_close() -> None:

@@ -7,6 +7,10 @@ made from the next input element, in its place in the cycle.
 With ``num_parallel_calls`` every slot of the cycle is filled at once and each open dataset is
 read ahead on a thread of its own (``num_parallel_calls`` of them reading at a time), in chunks
 of about half a millisecond of work so that cheap elements do not pay a thread handoff each.
+The datasets of the next ``cycle_length`` input elements are made ahead too (tf.data's future
+cycle elements), their iterators created but not read: what an iterator starts when it is made
+(a file reader opens its first remote object and starts its read-ahead) overlaps the cycle
+before them, instead of waiting for a slot to end.
 The consumer takes elements in the same order as without it; with ``deterministic=False`` it
 takes them from whichever open dataset has one ready when the current one has none. The state
 holds, per open dataset, the elements read ahead, as prefetch's does.
@@ -187,7 +191,14 @@ class _InterleaveIterator(DatasetIterator):
         self._ready = threading.Condition()  # shared by the slots' producers
         deterministic = dataset._deterministic
         self._deterministic = ctx.deterministic if deterministic is None else bool(deterministic)
-        self._slots: list[_Slot | None] = [None] * self._cycle_length
+        # An open dataset, or in parallel mode the error that making it raised (the input's or
+        # map_func's), raised in the slot's turn as the sequential order raises it.
+        self._slots: list[_Slot | BaseException | None] = [None] * self._cycle_length
+        # Parallel mode: the slots of the next input elements, made ahead, in input order (or
+        # the error of making one).
+        self._future: collections.deque[_Slot | BaseException] = collections.deque()
+        self._ahead = self._cycle_length if self._parallel else 0
+        self._input_done = False
         self._num_open = 0
         self._cycle_index = 0
         self._block_index = 0
@@ -205,41 +216,70 @@ class _InterleaveIterator(DatasetIterator):
         return slot
 
     def _open(self, position: int) -> bool:
-        """Puts the dataset of the next input element in the cycle at ``position``; False at
-        the end of the input."""
-        try:
-            element = self._input._next()
-        except StopIteration:
+        """Puts the dataset of the next input element in the cycle at ``position`` (the one
+        made ahead, where there is one; in parallel mode, the error of making it); False at the
+        end of the input."""
+        slot: _Slot | BaseException | None
+        if self._future:
+            slot = self._future.popleft()
+        else:
+            try:
+                slot = self._next_slot()
+            except Exception as error:
+                if not self._parallel:
+                    raise
+                slot = error
+        if slot is None:
             self._end_of_input = True
             return False
-        self._opened += 1
-        slot = self._make_slot(element, self._opened - 1)
-        if slot.producer is not None:
+        if isinstance(slot, _Slot) and slot.producer is not None:
             slot.producer.start()
         self._slots[position] = slot
         self._num_open += 1
         return True
 
+    def _next_slot(self) -> _Slot | None:
+        """The slot of the next input element, its producer not started; None at the end."""
+        if self._input_done:
+            return None
+        try:
+            element = self._input._next()
+        except StopIteration:
+            self._input_done = True
+            return None
+        self._opened += 1
+        return self._make_slot(element, self._opened - 1)
+
     def _fill(self) -> None:
         """Parallel mode: opens a dataset in every empty slot, in the order the cycle visits
-        them, which gives them the input elements that the sequential order would."""
+        them, which gives them the input elements that the sequential order would; then makes
+        the datasets of the next input elements ahead."""
         for step in range(self._cycle_length):
             position = (self._cycle_index + step) % self._cycle_length
             if self._slots[position] is None and not self._open(position):
                 return
+        while len(self._future) < self._ahead:
+            try:
+                slot = self._next_slot()
+            except Exception as error:  # the input's or map_func's: raised in its turn
+                self._future.append(error)
+                continue
+            if slot is None:
+                return
+            self._future.append(slot)
 
     def _advance_cycle(self) -> None:
         self._block_index = 0
         self._cycle_index = (self._cycle_index + 1) % self._cycle_length
 
-    def _any_ready(self) -> _Slot:
+    def _any_ready(self) -> _Slot | BaseException:
         """Non-deterministic mode: the first open slot, from the current one on, that has an
         element (or its end) ready, waiting for one if none has."""
         while True:
             for step in range(self._cycle_length):
                 position = (self._cycle_index + step) % self._cycle_length
                 slot = self._slots[position]
-                if slot is not None and slot.ready():
+                if slot is not None and (isinstance(slot, BaseException) or slot.ready()):
                     if step:
                         self._cycle_index, self._block_index = position, 0
                     return slot
@@ -269,6 +309,10 @@ class _InterleaveIterator(DatasetIterator):
                 continue
             if self._parallel and not self._deterministic:
                 slot = self._any_ready()
+            if isinstance(slot, BaseException):  # its dataset could not be made
+                slots[self._cycle_index] = None
+                self._num_open -= 1
+                raise slot.with_traceback(slot.__traceback__)
             try:
                 element = slot.next()
             except StopIteration:
@@ -291,8 +335,12 @@ class _InterleaveIterator(DatasetIterator):
             "cycle_index": self._cycle_index,
             "block_index": self._block_index,
             "input": self._input.get_state(),
+            "input_done": self._input_done,
             # Each open dataset: (input element, pass index, its state, elements read ahead).
-            "slots": [None if slot is None else slot.get_state() for slot in self._slots],
+            "slots": [_saved(slot) for slot in self._slots],
+            # The datasets made ahead (not read yet): (input element, pass index, its state),
+            # or the error that making one raised.
+            "future": [_saved(slot) for slot in self._future],
         }
 
     def _set_state(self, state: dict[str, Any]) -> None:
@@ -308,24 +356,39 @@ class _InterleaveIterator(DatasetIterator):
         self._input.set_state(state["input"])
         self._opened = int(state["opened"])
         self._end_of_input = bool(state["end_of_input"])
+        self._input_done = bool(state.get("input_done", self._end_of_input))
         self._cycle_index = int(state["cycle_index"])
         self._block_index = int(state["block_index"])
-        for k, entry in enumerate(saved):
-            if entry is None:
-                continue
-            element, index, iterator_state, items = entry
-            slot = self._make_slot(element, int(index))
-            slot.restore(iterator_state, items)
-            self._slots[k] = slot
+        self._slots = [self._restored(entry) for entry in saved]
         self._num_open = sum(slot is not None for slot in self._slots)
+        self._future.extend(self._restored(entry) for entry in state.get("future", ()))
+
+    def _restored(self, entry: Any) -> Any:
+        """The slot that ``_saved`` gave ``entry`` for (None and errors as they are)."""
+        if entry is None or isinstance(entry, BaseException):
+            return entry
+        element, index, iterator_state, items = entry
+        slot = self._make_slot(element, int(index))
+        slot.restore(iterator_state, items)
+        return slot
 
     def _close_slots(self) -> None:
         for k, slot in enumerate(self._slots):
-            if slot is not None:
+            if isinstance(slot, _Slot):
                 slot.close()
-                self._slots[k] = None
+            self._slots[k] = None
         self._num_open = 0
+        while self._future:
+            ahead = self._future.popleft()
+            if isinstance(ahead, _Slot):
+                ahead.close()
 
     def _close(self) -> None:
         self._close_slots()
         self._input.close()
+
+
+def _saved(slot: _Slot | BaseException | None) -> Any:
+    """A slot in the iterator's state: its input element, pass index, state and the elements
+    it read ahead (the error itself for one whose dataset could not be made)."""
+    return slot.get_state() if isinstance(slot, _Slot) else slot
