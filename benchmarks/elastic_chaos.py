@@ -24,7 +24,8 @@ All trainers stop together once every one's input ended (a ``SUM`` of flags each
 The driver makes, at seeded random moments of the round's progress, the membership changes
 trainers 2 -> 3 -> 1 -> 2 (start, kill, kill, start) and service workers 2 -> 3 -> 1 (start,
 kill, kill); a trainer change waits for the group to re-form after the last one (a joiner in
-the group, the others in a group without the victim), so that each is a change of its own.
+the group; every other trainer in a group without the victim, not only the first to re-form),
+so that each is a change of its own.
 At the end it counts, over the union of the ``C`` lines:
 
 * **lost**: elements of ``range(N)`` in no ``C`` line, less those in the ``P`` line a killed
@@ -265,12 +266,16 @@ def _committed(logs: list[Path]) -> int:
 
 def _generation(logs: list[Path]) -> int:
     """The newest generation of the group that a trainer logged joining (its ``G`` lines)."""
+    return max((_generation_of(path) for path in logs), default=-1)
+
+
+def _generation_of(log: Path) -> int:
+    """The newest generation of the group that the trainer of ``log`` logged joining."""
     newest = -1
-    for path in logs:
-        for line in _text(path).split("\n"):
-            if line.startswith("G "):
-                with contextlib.suppress(json.JSONDecodeError, IndexError):  # a cut line
-                    newest = max(newest, int(json.loads(line[2:])[0]))
+    for line in _text(log).split("\n"):
+        if line.startswith("G "):
+            with contextlib.suppress(json.JSONDecodeError, IndexError):  # a cut line
+                newest = max(newest, int(json.loads(line[2:])[0]))
     return newest
 
 
@@ -394,11 +399,13 @@ def run_round(
                         generation = _generation(logs)
                         trainers[victim].send(victim, signal.SIGKILL)
                         trainers[victim].wait_exit(victim, timeout=30)
-                        try:  # the next change once the others re-formed (or ended)
+                        try:  # the next change once every other one re-formed (or ended),
+                            # so that no survivor sees two kills as one change
                             _wait(
                                 "the group without the victim",
-                                lambda generation=generation: (
-                                    _generation(logs) > generation or not alive_trainers()
+                                lambda generation=generation: all(
+                                    _generation_of(workdir / f"{n}.log") > generation
+                                    for n in alive_trainers()
                                 ),
                                 deadline - time.monotonic(),
                             )
