@@ -232,6 +232,14 @@ def test_an_unreachable_server_is_unavailable() -> None:
     client.close()
 
 
+def test_another_service_at_the_address_is_unavailable(server: str) -> None:
+    # Where a server is gone and another process took its port: the call is not served there.
+    client = _rpc.RpcClient(server, "feedline.service.Worker")
+    with pytest.raises(errors.UnavailableError, match=r"UNIMPLEMENTED.*another server"):
+        client.call("GetElements", {}, timeout=5)
+    client.close()
+
+
 def test_a_token_is_checked_before_anything_else() -> None:
     grpc_server, port = _rpc.start_server(
         "test.Service",

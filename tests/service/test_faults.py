@@ -359,6 +359,35 @@ def test_a_worker_stopped_by_sigterm_hands_out_what_it_holds(cluster: ServicePro
     assert "drain" in cluster.output(workers[0])
 
 
+def test_a_killed_workers_port_taken_by_another_server_is_a_lost_worker(
+    cluster: ServiceProcesses,
+) -> None:
+    # On a busy host another process may bind the port of a worker that died: its calls are
+    # then answered "not served here" (UNIMPLEMENTED), which is the worker being gone.
+    from feedline._net import rpc
+
+    cluster.start_dispatcher()
+    workers = [cluster.start_worker() for _ in range(2)]
+    dataset = (
+        Dataset.range(3000)
+        .map(slowly)
+        .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=8))
+    )
+    iterator = iter(dataset)
+    got = [int(next(iterator)) for _ in range(200)]
+    cluster.send(workers[0], signal.SIGKILL)
+    assert cluster.wait_exit(workers[0], timeout=30) == -signal.SIGKILL
+    port = int(cluster.addresses[workers[0]].rsplit(":", 1)[1])
+    other, _ = rpc.start_server("other.Service", {}, bind="127.0.0.1", port=port, token=None)
+    try:
+        rest, raised = read_in_thread(iterator, timeout=90)
+    finally:
+        other.stop(0.0)
+    assert raised is None  # the usual lost worker: what it held is lost, the rest comes
+    received = got + rest
+    assert len(received) == len(set(received)) and len(received) > 1000
+
+
 def test_round_robin_consumers_get_an_error_naming_a_worker_that_died(
     cluster: ServiceProcesses,
 ) -> None:

@@ -640,6 +640,14 @@ def _error_of(error: grpc.RpcError, where: str) -> Exception:
         # The server cannot answer now: it is unreachable, or it stops (a call it cancelled
         # or refused, a GOAWAY, a reset connection). Callers try it again (``retry``).
         return errors.UnavailableError(f"{where}: {code.name}: {details}")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        # No feedline handler answers so: another gRPC server (or a feedline without this
+        # method) listens at the address, as where the server called is gone and another
+        # process took its port. For the caller the server it wanted is not there.
+        return errors.UnavailableError(
+            f"{where}: {code.name}: {details}; the server there does not serve this call "
+            "(another server, or another version of feedline, listens at this address)"
+        )
     if code in _ERRORS:
         return _ERRORS[code](details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
