@@ -23,8 +23,9 @@ a fresh S3 client every time, made before the clock starts):
   ``feedline`` (right before it in odd rounds).
 
 It prints one JSON line per way (MB/s, seconds, requests the proxy saw, CPU seconds of this
-process, peak RSS over the RSS before, and for feedline the most bytes its read-aheads held at
-once; the fastest round of each) and each round's ratios with
+process, of the store and of the proxy (whole ticks of ``/proc``: 10 ms), peak RSS over the
+RSS before, and for feedline the most bytes its read-aheads held at once; the fastest round of
+each) and each round's ratios with
 their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8), and
 with ``--one-request-per-object`` feedline / feedline-1.
 """
@@ -208,19 +209,32 @@ def _one_request(urls: list[str], buffer_size: int | None, parallel: int) -> int
         _files.READ_AHEAD_REQUESTS = saved
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user and system) process ``pid`` has used so far."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _measure(
-    name: str, run: Callable[[list[str]], int], urls: list[str], port_file: str
+    name: str,
+    run: Callable[[list[str]], int],
+    urls: list[str],
+    port_file: str,
+    server_pids: tuple[int, int],
 ) -> dict[str, Any]:
-    """One timed read of every file one way, with fresh S3 clients."""
+    """One timed read of every file one way, with fresh S3 clients; with the CPU seconds of
+    the store and of the proxy (``server_pids``) during it."""
     _fresh_clients()
     before = _requests(port_file)
     got: dict[str, Any] = {}
 
     def timed() -> None:
+        servers = {pid: _cpu_seconds(pid) for pid in server_pids}
         start, cpu = time.perf_counter(), time.process_time()
         got["bytes"] = run(urls)
         got["seconds"] = time.perf_counter() - start
         got["cpu"] = time.process_time() - cpu
+        got["servers"] = [_cpu_seconds(pid) - servers[pid] for pid in server_pids]
 
     memory = peak_memory_of(timed)
     seconds = got["seconds"]
@@ -231,6 +245,8 @@ def _measure(
         "bytes": got["bytes"],
         "requests": _requests(port_file) - before,
         "client_cpu_s": round(got["cpu"], 3),
+        "store_cpu_s": round(got["servers"][0], 2),
+        "proxy_cpu_s": round(got["servers"][1], 2),
         "peak_rss_over_start_MB": round((memory["peak_rss"] - memory["rss_before"]) / 1e6, 1),
     }
 
@@ -325,7 +341,8 @@ def main() -> None:
         for round_number in range(args.rounds):
             # feedline-1 right after feedline in even rounds, right before it in odd ones.
             order = ways if round_number % 2 == 0 else [*ways[:2], *reversed(ways[2:])]
-            rows = {name: _measure(name, run, urls, port_file) for name, run in order}
+            pids = (children[0].pid, children[1].pid)
+            rows = {name: _measure(name, run, urls, port_file, pids) for name, run in order}
             rows["feedline"]["read_ahead_peak_MB"] = round(watch["read_ahead_peak"] / 1e6, 1)
             if "feedline-1" in rows:
                 serial.append(rows["feedline"]["MB/s"] / rows["feedline-1"]["MB/s"])
