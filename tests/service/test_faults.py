@@ -341,16 +341,21 @@ def slowly(x: Any) -> Any:
     return x
 
 
-def test_a_worker_stopped_by_sigterm_hands_out_what_it_holds(cluster: ServiceProcesses) -> None:
-    cluster.start_dispatcher()
-    workers = [cluster.start_worker("--drain-seconds", "20") for _ in range(3)]
+def _slow_epoch(cluster: ServiceProcesses) -> tuple[Any, list[int]]:
+    """The iterator of a 3,000-element epoch made 2 ms an element, and its first 300."""
     dataset = (
         Dataset.range(3000)
         .map(slowly)
         .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=16))
     )
     iterator = iter(dataset)
-    got = [int(next(iterator)) for _ in range(300)]
+    return iterator, [int(next(iterator)) for _ in range(300)]
+
+
+def test_a_worker_stopped_by_sigterm_hands_out_what_it_holds(cluster: ServiceProcesses) -> None:
+    cluster.start_dispatcher()
+    workers = [cluster.start_worker("--drain-seconds", "20") for _ in range(3)]
+    iterator, got = _slow_epoch(cluster)
     cluster.send(workers[0], signal.SIGTERM)
     rest, raised = read_in_thread(iterator, timeout=60)
     assert raised is None
@@ -368,13 +373,7 @@ def test_a_killed_workers_port_taken_by_another_server_is_a_lost_worker(
 
     cluster.start_dispatcher()
     workers = [cluster.start_worker() for _ in range(2)]
-    dataset = (
-        Dataset.range(3000)
-        .map(slowly)
-        .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=8))
-    )
-    iterator = iter(dataset)
-    got = [int(next(iterator)) for _ in range(200)]
+    iterator, got = _slow_epoch(cluster)
     cluster.send(workers[0], signal.SIGKILL)
     assert cluster.wait_exit(workers[0], timeout=30) == -signal.SIGKILL
     port = int(cluster.addresses[workers[0]].rsplit(":", 1)[1])
