@@ -330,21 +330,19 @@ class _RangedFile:
                 # memory:// hands every reader of an object the same file (one position for
                 # all): each reader gets a copy of its own.
                 file: Any = io.BytesIO(source._fs.cat_file(source._inner))
-            elif source._listed_size is None:
-                file = source._fs.open(
-                    source._inner, "rb", block_size=source._block_size, cache_type="none"
-                )
-            else:  # what s3fs's file would learn with a HEAD, and its reads' If-Match
+            else:
+                listed = source._listed_size
                 file = source._fs.open(
                     source._inner,
                     "rb",
                     block_size=source._block_size,
                     cache_type="none",
-                    size=source._listed_size,
+                    **({} if listed is None else {"size": listed}),
                 )
-                tag = source._version
-                file.details = {"name": source._inner, "size": source.size, "ETag": tag}
-                file.read_kw = {**file.read_kw, "IfMatch": tag}
+                if listed is not None:  # what s3fs's file would learn with a HEAD
+                    tag = source._version
+                    file.details = {"name": source._inner, "size": listed, "ETag": tag}
+                    file.read_kw = {**file.read_kw, "IfMatch": tag}
             file.seek(self.position)
             return file
 
@@ -668,8 +666,8 @@ class RemoteReader:
         self._ahead: _ReadAhead | None = None
         self._peak = 0
         self.closed = False
-        self._listed_size: int | None = None
         listed = _LISTED.get()
+        self._listed_size: int | None = None
         if (
             listed is not None
             and listed[:2] == (url, listed_version)
@@ -677,11 +675,10 @@ class RemoteReader:
         ):
             self._listed_size = self.size = listed[2]
             self._version = listed_version
-            self._ranged = _RangedFile(self, position)
-        else:
+        self._ranged = _RangedFile(self, position)
+        if self._listed_size is None:
             # The back-end's file knows the object's size and version (s3fs asks once, and its
             # reads then carry the ETag they expect); elsewhere the file system is asked.
-            self._ranged = _RangedFile(self, position)
             info = getattr(self._ranged._file, "details", None) or self._call(
                 lambda: self._fs.info(self._inner)
             )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
@@ -64,6 +64,14 @@ class ListedVersions(dict[str, Any]):
     def __init__(self, versions: Any = (), sizes: dict[str, int] | None = None) -> None:
         super().__init__(versions)
         self.sizes = {} if sizes is None else sizes
+
+    def only(self, urls: Iterable[str]) -> ListedVersions:
+        """The versions and sizes of those of ``urls`` that this listing has."""
+        kept = [url for url in urls if url in self]
+        sizes = self.sizes
+        return ListedVersions(
+            {url: self[url] for url in kept}, {url: sizes[url] for url in kept if url in sizes}
+        )
 
 
 @dataclasses.dataclass(frozen=True)

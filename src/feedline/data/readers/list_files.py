@@ -107,11 +107,7 @@ class ListFilesDataset(Dataset):
         Dataset.__init__(clone)
         clone._filenames = tuple(sorted(decode_name(n) for n in filenames))
         clone._encoded = tuple(os.fsencode(name) for name in clone._filenames)
-        kept = [n for n in clone._filenames if n in self._versions]
-        clone._versions = ListedVersions(
-            {n: self._versions[n] for n in kept},
-            {n: self._versions.sizes[n] for n in kept if n in self._versions.sizes},
-        )
+        clone._versions = self._versions.only(clone._filenames)
         if self.mean_bytes is not None:
             clone._mean_bytes = self.mean_bytes
         clone._shuffle, clone._seed = self._shuffle, self._seed

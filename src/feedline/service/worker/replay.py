@@ -125,8 +125,8 @@ class SplitRunner:
         source = self._source
         if source is None or not source._versions:
             return {}
-        names, versions = source._filenames, source._versions
-        return {names[u]: versions[names[u]] for u in units if names[u] in versions}
+        names = source._filenames
+        return source._versions.only(names[u] for u in units)
 
     def run(
         self,
