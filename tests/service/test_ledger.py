@@ -22,6 +22,7 @@ from feedline.service.ledger import (
     contains,
     covers,
     ranges_of,
+    tag_ranges,
 )
 
 
@@ -35,6 +36,20 @@ def test_ranges_merge_and_answer_membership() -> None:
     assert add_ranges([[0, 3]], [[3, 5], [9, 10]]) == [[0, 5], [9, 10]]
     assert covers([[0, 5]], 5) and not covers([[0, 4]], 5) and not covers([[1, 5]], 5)
     assert covers([], 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tag_ranges_are_each_splits_offsets_in_whatever_order_they_come(seed: int) -> None:
+    # A step's tags: runs of consecutive offsets from replies of several splits, interleaved;
+    # an aborted step's elements come again first, so a split's runs may also go backwards.
+    rng = random.Random(seed)
+    tags = [[key, offset] for key in range(3) for offset in range(0, 400, rng.choice((1, 2)))]
+    runs = [tags[i : i + rng.randrange(1, 60)] for i in range(0, len(tags), 60)]
+    rng.shuffle(runs)
+    tags = [tag for run in runs for tag in run]
+    expected = [[key, ranges_of(o for k, o in tags if k == key)] for key in range(3)]
+    assert tag_ranges(tags) == expected
+    assert tag_ranges([]) == []
 
 
 def test_receipts_drop_what_was_received_and_report_only_news() -> None:

@@ -120,6 +120,7 @@ __all__ = [
     "covers",
     "ranges_of",
     "subtract_ranges",
+    "tag_ranges",
     "tag_runs",
 ]
 
@@ -230,6 +231,22 @@ def tag_runs(tags: Sequence[Sequence[int]]) -> Iterator[tuple[int, int, int]]:
             yield key, start, stop
             key, start, stop = tag_key, offset, offset + 1
     yield key, start, stop
+
+
+def tag_ranges(tags: Sequence[Sequence[int]]) -> list[list[Any]]:
+    """``[[key, ranges], ...]`` (by key) of the offsets of ``[key, offset]`` pairs: a run of
+    consecutive offsets of one split costs one step, however long (``tag_runs``).
+
+    Example:
+      >>> tag_ranges([[5, 9], [4, 0], [4, 1], [5, 10], [4, 3], [4, 2]])
+      [[4, [[0, 4]]], [5, [[9, 11]]]]
+    """
+    by_key: dict[int, Ranges] = {}
+    for key, start, stop in tag_runs(tags):
+        ranges = by_key.setdefault(key, [])
+        if not _append_run(ranges, start, stop):  # out of order: merged
+            by_key[key] = add_ranges(ranges, [[start, stop]])
+    return [[key, ranges] for key, ranges in sorted(by_key.items())]
 
 
 def subtract_ranges(ranges: Sequence[Sequence[int]], minus: Sequence[Sequence[int]]) -> Ranges:

@@ -198,7 +198,8 @@ class Fetchers:
             items.append(Item(structure.unflatten(self._treespec, values), size, task_id, tag))
         if items:
             keep = self._link.admit(task_id, tags, len(items))
-            items = [item for item, kept in zip(items, keep, strict=True) if kept]
+            if not all(keep):  # (a replayed split's elements received before, mostly none)
+                items = [item for item, kept in zip(items, keep, strict=True) if kept]
         self._queue.put(task_id, items, credits)
 
     def _end_tasks(self, task_ids: Sequence[int], completed: bool) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feedline.service.client.queue import Item
-from feedline.service.ledger import ranges_of
+from feedline.service.ledger import tag_ranges
 
 __all__ = ["StepCommits"]
 
@@ -76,10 +76,7 @@ class StepCommits:
     def step_ranges(self, tags: list[Sequence[int]] | None = None) -> list[list[Any]]:
         """The current step's elements (or those tagged ``tags``) as a report's ``[[key,
         ranges], ...]``."""
-        offsets: dict[int, list[int]] = {}
-        for key, offset in self.step_tags() if tags is None else tags:
-            offsets.setdefault(int(key), []).append(int(offset))
-        return [[key, ranges_of(found)] for key, found in sorted(offsets.items())]
+        return tag_ranges(self.step_tags() if tags is None else tags)
 
     def committed(self) -> None:
         """The current step committed: a new one starts."""
