@@ -205,6 +205,13 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used (Linux; ticks of 10 ms)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_memory_of(run: Callable[[], None]) -> dict[str, int]:
     """RSS before ``run`` and the peak RSS during it (after resetting the peak counter)."""
     before = rss_bytes()

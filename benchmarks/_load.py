@@ -1,6 +1,6 @@
 """What ``dispatcher_load.py`` and ``worker_load.py`` share: a service process of the command
-line with a token, processes of simulated clients, a timed unrelated call, the CPU a process
-used, and the figures printed."""
+line with a token, processes of simulated clients, a timed unrelated call, and the figures
+printed."""
 
 from __future__ import annotations
 
@@ -101,13 +101,6 @@ def time_calls(call: Callable[[], Any], seconds: float, every: float = 0.02) -> 
         latencies.append(time.perf_counter() - started)
         time.sleep(every)
     return latencies
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentiles(latencies: list[float]) -> dict[str, float]:

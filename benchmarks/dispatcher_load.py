@@ -47,7 +47,8 @@ from typing import Any
 
 import grpc
 
-from _load import LoadProcesses, cpu_seconds, percentiles, start_cli, stop, time_calls
+from _common import cpu_seconds
+from _load import LoadProcesses, percentiles, start_cli, stop, time_calls
 from feedline._net.rpc import TOKEN_METADATA_KEY, RpcClient
 from feedline._net.wire import decode_frame, encode_frame
 from feedline.service.protocol import (

@@ -50,7 +50,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import peak_memory_of  # noqa: E402
+from _common import cpu_seconds, peak_memory_of  # noqa: E402
 
 _ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -209,12 +209,6 @@ def _one_request(urls: list[str], buffer_size: int | None, parallel: int) -> int
         _files.READ_AHEAD_REQUESTS = saved
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The CPU seconds (user and system) process ``pid`` has used so far."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _measure(
     name: str,
     run: Callable[[list[str]], int],
@@ -229,12 +223,12 @@ def _measure(
     got: dict[str, Any] = {}
 
     def timed() -> None:
-        servers = {pid: _cpu_seconds(pid) for pid in server_pids}
+        servers = {pid: cpu_seconds(pid) for pid in server_pids}
         start, cpu = time.perf_counter(), time.process_time()
         got["bytes"] = run(urls)
         got["seconds"] = time.perf_counter() - start
         got["cpu"] = time.process_time() - cpu
-        got["servers"] = [_cpu_seconds(pid) - servers[pid] for pid in server_pids]
+        got["servers"] = [cpu_seconds(pid) - servers[pid] for pid in server_pids]
 
     memory = peak_memory_of(timed)
     seconds = got["seconds"]

@@ -55,6 +55,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._common import cpu_seconds
+
 BUCKET = "bench"
 PATTERN = f"s3://{BUCKET}/files/part-*.txt"
 
@@ -79,23 +81,18 @@ def _serve(objects: int, conn: Connection) -> None:
     server.stop()
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _list(store_pid: int) -> dict[str, Any]:
     import s3fs
 
     from feedline.data import Dataset
 
     s3fs.S3FileSystem.clear_instance_cache()
-    store_cpu, own_cpu = _cpu_seconds(store_pid), time.process_time()
+    store_cpu, own_cpu = cpu_seconds(store_pid), time.process_time()
     started = time.perf_counter()
     files = Dataset.list_files(PATTERN, shuffle=False)
     return {
         "seconds": time.perf_counter() - started,
-        "store_cpu_s": _cpu_seconds(store_pid) - store_cpu,
+        "store_cpu_s": cpu_seconds(store_pid) - store_cpu,
         "client_cpu_s": time.process_time() - own_cpu,
         "objects": files.cardinality(),
     }

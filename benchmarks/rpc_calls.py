@@ -39,8 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import write_results  # noqa: E402
-from benchmarks._load import cpu_seconds  # noqa: E402
+from benchmarks._common import cpu_seconds, write_results  # noqa: E402
 
 KINDS = ("grpcio", "call", "upload", "stream of one")
 SERVICE = "bench.Rpc"
