@@ -223,12 +223,7 @@ class _InterleaveIterator(DatasetIterator):
         if self._future:
             slot = self._future.popleft()
         else:
-            try:
-                slot = self._next_slot()
-            except Exception as error:
-                if not self._parallel:
-                    raise
-                slot = error
+            slot = self._made_slot() if self._parallel else self._next_slot()
         if slot is None:
             self._end_of_input = True
             return False
@@ -250,6 +245,14 @@ class _InterleaveIterator(DatasetIterator):
         self._opened += 1
         return self._make_slot(element, self._opened - 1)
 
+    def _made_slot(self) -> _Slot | BaseException | None:
+        """Parallel mode: ``_next_slot``, or the error making it raised (the input's or
+        map_func's), kept to be raised in the slot's turn as the sequential order raises it."""
+        try:
+            return self._next_slot()
+        except Exception as error:
+            return error
+
     def _fill(self) -> None:
         """Parallel mode: opens a dataset in every empty slot, in the order the cycle visits
         them, which gives them the input elements that the sequential order would; then makes
@@ -259,11 +262,7 @@ class _InterleaveIterator(DatasetIterator):
             if self._slots[position] is None and not self._open(position):
                 return
         while len(self._future) < self._ahead:
-            try:
-                slot = self._next_slot()
-            except Exception as error:  # the input's or map_func's: raised in its turn
-                self._future.append(error)
-                continue
+            slot = self._made_slot()
             if slot is None:
                 return
             self._future.append(slot)
