@@ -205,6 +205,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# glibc's largest allowed mmap threshold (32 MiB: a buffer below it comes from the heap, not from
+# pages mapped afresh and faulted in at every allocation), and a trim threshold that keeps freed
+# heap memory mapped. glibc adjusts both to what a process happens to free unless they are set.
+FIXED_MALLOC = {
+    "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+}
+
+
 def cpu_seconds(pid: int) -> float:
     """The CPU time (user and system) process ``pid`` has used (Linux; ticks of 10 ms)."""
     with open(f"/proc/{pid}/stat") as stat:

@@ -50,7 +50,7 @@ the phases of a step, rank 0) and, unless ``--no-profile``, cProfile of rank 0 o
 and DDP groups. Last, the machine's own 2-process scaling (``_common.process_scaling``). Raw
 numbers go to ``benchmarks/results/multi_worker-*.json``.
 
-The PyTorch processes run with glibc's malloc thresholds fixed (``training.FIXED_MALLOC``; see
+The PyTorch processes run with glibc's malloc thresholds fixed (``_common.FIXED_MALLOC``; see
 the training section of ``benchmarks/README.md``).
 """
 
@@ -77,10 +77,10 @@ from typing import IO, Any
 import numpy as np
 
 import _common
-from _common import TF_PYTHON
+from _common import FIXED_MALLOC, TF_PYTHON
 from _tf_training_peer import EpochBatches
 from feedline._net.ports import free_port, free_ports
-from training import FIXED_MALLOC, batch_indices, load_data, profile_steps
+from training import batch_indices, load_data, profile_steps
 
 HERE = pathlib.Path(__file__).resolve().parent
 TF_PEER = HERE / "_tf_multi_worker_peer.py"

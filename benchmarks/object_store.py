@@ -9,8 +9,8 @@ A moto S3 server (``python -m moto.server``) runs in a process of its own on 127
 ``tests/fault_proxy.py``'s proxy (a process of its own too) that holds the first bytes of every
 request ``--latency-ms`` (20) and every 64 KiB of an answer ``--latency-per-64k-ms`` (0). This
 process writes ``--files`` TFRecord files of ``--mb`` MB each, then reads all of them, each way
-in turn, for ``--rounds`` rounds (each round times the three ways one after another, with
-a fresh S3 client every time, made before the clock starts):
+in turn, for ``--rounds`` rounds after an untimed one (each round times the three ways one after
+another, with a fresh S3 client every time, made before the clock starts):
 
 * ``sequential``: a plain loop, ``fsspec.open(url).read()`` of one file after another;
 * ``threads``: 8 plain readers on 8 threads, each ``fsspec.open(url).read()`` of a file;
@@ -28,11 +28,19 @@ RSS before, and for feedline the most bytes its read-aheads held at once; the fa
 each) and each round's ratios with
 their medians: feedline / sequential (goal >= 5x) and feedline / threads (goal >= 0.8), and
 with ``--one-request-per-object`` feedline / feedline-1.
+
+The most bytes the read-aheads held is taken in one more, untimed, read per round: sampling it
+(every 2 ms, while the read lasts) cost ~5% of feedline's CPU when the timed read carried it.
+``--fixed-malloc`` runs this process (and the store and proxy it starts) with glibc's malloc
+thresholds fixed (``_common.FIXED_MALLOC``): by default glibc maps the buffers of a read
+(the HTTP client's 4 MB bodies, the reader's 1 MiB reads) afresh and faults them in page by page,
+~15,000 page faults for the 64 MB feedline reads, against ~2,000 for the threads' fewer copies.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -50,7 +58,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _common import cpu_seconds, peak_memory_of  # noqa: E402
+from _common import FIXED_MALLOC, cpu_seconds, peak_memory_of  # noqa: E402
 
 _ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -96,11 +104,14 @@ def _fresh_clients() -> None:
     reads, not for making botocore's client (which reads its model files: ~0.1 s of CPU a
     client, more than the 8 threads' reads of a round take in CPU besides). Every way then
     reads through this one client, feedline's too (``fsspec.open`` and feedline's file
-    systems both take s3fs's cached instance)."""
+    systems both take s3fs's cached instance). The clients before it are collected now: a
+    client's model is ~10^5 objects, and a full collection that came due during a timed read
+    doubled that read's time (every run's third round, before this)."""
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
     s3fs.S3FileSystem().connect()
+    gc.collect()
 
 
 def _requests(port_file: str) -> int:
@@ -179,7 +190,7 @@ def _feedline(
 ) -> int:
     from feedline.data import AUTOTUNE, Dataset, TFRecordDataset
 
-    watcher = _ReadAheadWatch()
+    watcher = _ReadAheadWatch() if watch is not None else None
     files = Dataset.list_files(f"{BUCKET}/train-*.tfrecord", shuffle=False)
     dataset = files.interleave(
         lambda name: TFRecordDataset(name, buffer_size=buffer_size),
@@ -191,9 +202,8 @@ def _feedline(
         for record in dataset:
             total += len(record.item()) + 16  # the record and its 16 framing bytes, as stored
     finally:
-        peak = watcher.stop()
-        if watch is not None:
-            watch["read_ahead_peak"] = peak
+        if watcher is not None and watch is not None:
+            watch["read_ahead_peak"] = watcher.stop()
     return total
 
 
@@ -267,8 +277,16 @@ def main() -> None:
         action="store_true",
         help="also time feedline with one request of an object in flight at a time",
     )
+    parser.add_argument(
+        "--fixed-malloc",
+        action="store_true",
+        help="run with glibc's malloc thresholds fixed (GLIBC_TUNABLES, _common.FIXED_MALLOC)",
+    )
     parser.add_argument("--serve-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.fixed_malloc and os.environ.get("GLIBC_TUNABLES") != FIXED_MALLOC["GLIBC_TUNABLES"]:
+        # glibc reads its tunables when a process starts: this one starts again with them.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **FIXED_MALLOC})
     if args.serve_proxy:
         upstream, port_file = args.serve_proxy
         _serve_proxy(
@@ -320,7 +338,7 @@ def main() -> None:
         ways: list[tuple[str, Callable[[list[str]], int]]] = [
             ("sequential", _sequential),
             ("threads", _threads),
-            ("feedline", lambda urls: _feedline(urls, args.buffer_size, watch, args.parallel)),
+            ("feedline", lambda urls: _feedline(urls, args.buffer_size, None, args.parallel)),
         ]
         if args.one_request_per_object:
             ways.append(
@@ -332,11 +350,16 @@ def main() -> None:
         watch: dict[str, int] = {}
         ratios: list[tuple[float, float]] = []
         serial: list[float] = []
+        for _, run in ways:  # an untimed warm-up: the first reads' imports and connections
+            _fresh_clients()
+            run(urls)
         for round_number in range(args.rounds):
             # feedline-1 right after feedline in even rounds, right before it in odd ones.
             order = ways if round_number % 2 == 0 else [*ways[:2], *reversed(ways[2:])]
             pids = (children[0].pid, children[1].pid)
             rows = {name: _measure(name, run, urls, port_file, pids) for name, run in order}
+            _fresh_clients()
+            _feedline(urls, args.buffer_size, watch, args.parallel)  # untimed: the peak held
             rows["feedline"]["read_ahead_peak_MB"] = round(watch["read_ahead_peak"] / 1e6, 1)
             if "feedline-1" in rows:
                 serial.append(rows["feedline"]["MB/s"] / rows["feedline-1"]["MB/s"])
@@ -364,6 +387,7 @@ def main() -> None:
                     "latency_ms_per_64k": args.latency_per_64k_ms,
                     "buffer_size": args.buffer_size,
                     "num_parallel_calls": args.parallel,
+                    "fixed_malloc": args.fixed_malloc,
                     **(
                         {
                             "feedline/feedline-1": [round(r, 2) for r in serial],

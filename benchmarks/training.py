@@ -71,7 +71,7 @@ from typing import IO, Any
 import numpy as np
 
 import _common
-from _common import TF_PYTHON
+from _common import FIXED_MALLOC, TF_PYTHON
 from _tf_training_peer import EpochBatches, serve
 from distributed_input import (
     GLOBAL_BATCH,
@@ -84,11 +84,6 @@ from distributed_input import (
 HERE = pathlib.Path(__file__).resolve().parent
 TF_PEER = HERE / "_tf_training_peer.py"
 TARGET_VS_TORCH = 1.0  # feedline / hand-written, examples/s (at or above the hand-written loop)
-# glibc's largest allowed mmap threshold (32 MiB: every activation of this model is below it, so
-# all come from the heap), and a trim threshold that keeps freed heap memory mapped.
-FIXED_MALLOC = {
-    "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
-}
 
 
 # -- the workers: the training loops ------------------------------------------------------------
