@@ -34,7 +34,7 @@ The most bytes the read-aheads held is taken in one more, untimed, read per roun
 ``--fixed-malloc`` runs this process (and the store and proxy it starts) with glibc's malloc
 thresholds fixed (``_common.FIXED_MALLOC``): by default glibc maps the buffers of a read
 (the HTTP client's 4 MB bodies, the reader's 1 MiB reads) afresh and faults them in page by page,
-~15,000 page faults for the 64 MB feedline reads, against ~2,000 for the threads' fewer copies.
+~15,000 page faults for the 64 MB feedline reads (2,000-7,000 for the threads' fewer copies).
 """
 
 from __future__ import annotations
