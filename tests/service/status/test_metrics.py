@@ -94,12 +94,16 @@ def test_buffer_and_task_gauges_while_a_job_runs(make_cluster) -> None:
     try:
         assert [int(next(iterator)) for _ in range(10)] == list(range(10))
         (worker,) = cluster.workers
+        samples: dict[tuple[str, frozenset], float] = {}
 
         def buffered() -> bool:
-            return value(scrape(worker.status_url), "feedline_worker_buffered_elements") > 0
+            samples.clear()
+            samples.update(scrape(worker.status_url))
+            return value(samples, "feedline_worker_buffered_elements") > 0
 
+        # The gauges of the scrape that saw elements buffered (one snapshot of the buffer): a
+        # later scrape may find the consumer's prefetch has just taken them all.
         wait_for(buffered, "the worker buffers elements ahead of the consumer")
-        samples = scrape(worker.status_url)
         assert value(samples, "feedline_worker_tasks") == 1
         assert value(samples, "feedline_worker_buffered_bytes") > 0
         assert 0 < value(samples, "feedline_worker_buffer_fill") <= 1
