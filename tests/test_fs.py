@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -242,6 +243,35 @@ def test_a_listed_object_is_opened_from_its_listing(s3_bucket: str) -> None:
     gfile.remove(urls[0])
     with pytest.raises(NotFoundError, match=re.escape(urls[0])):
         list(TFRecordDataset(files))
+
+
+def test_a_listed_object_is_opened_with_no_thread_of_its_own(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a listed object makes no request: the reader is made at once, and only its
+    # read-ahead runs on a thread of its own. An object named without a listing needs a HEAD
+    # for its size and version (or s3fs's cached listing): that opening runs on a thread.
+    urls = _records(s3_bucket, files=2)
+    files = Dataset.list_files(f"{s3_bucket}/train/*.tfrecord", shuffle=False)
+    tags = [_fs.object_tag(_fs.filesystem(url)[0].info(url)) for url in urls]
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recorded)
+    requests = _s3_requests(urls[0])
+    records = files.interleave(TFRecordDataset, cycle_length=2, num_parallel_calls=2)
+    assert sorted(x.item() for x in records) == sorted(
+        b"record %d.%d" % (k, j) for k in range(2) for j in range(4)
+    )
+    assert sorted(requests) == sorted(("GetObject", tag) for tag in tags)
+    assert started.count("feedline-read-ahead") == 2 and "feedline-early-open" not in started
+    del started[:]
+    assert [x.item() for x in TFRecordDataset(urls[:1])] == [b"record 0.%d" % j for j in range(4)]
+    assert "feedline-early-open" in started
 
 
 # -- read-ahead ------------------------------------------------------------------------------

@@ -303,6 +303,18 @@ def opening_listed(url: str, version: Any, size: int | None) -> Iterator[None]:
         _LISTED.reset(token)
 
 
+def opens_without_request(url: str, version: Any, size: int | None) -> bool:
+    """Whether a ``RemoteReader`` of ``url`` opened inside ``opening_listed(url, version,
+    size)`` makes no request before its first read (the listing gave all it needs)."""
+    if version is None or size is None or is_local(url):
+        return False
+    try:
+        fs = filesystem(url)[0]
+    except Exception:  # (raised where the file is opened)
+        return False
+    return _opens_as_listed(fs)
+
+
 def _opens_as_listed(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether ``fs``'s files can be opened from a listing's size and ETag: s3fs's, whose ranged
     reads then carry ``If-Match`` with the ETag (the store refuses them once the object is

@@ -203,8 +203,10 @@ class _EarlyOpen:
     """Opens a remote file on a daemon thread as soon as the iterator exists, so that its first
     requests (and its read-ahead) start before the first element is asked for: the datasets an
     ``interleave`` opens for its cycle all start fetching at once, whatever its parallelism.
-    ``take`` hands over the reader (or raises the error of opening it) when the file is opened
-    at position 0; a reader never taken is closed."""
+    A file whose opening makes no request (its listing gave its size and version:
+    ``_fs.opens_without_request``) is opened at once instead, on the caller's thread: only its
+    read-ahead's thread starts. ``take`` hands over the reader (or raises the error of opening
+    it) when the file is opened at position 0; a reader never taken is closed."""
 
     _WAIT = 1.0
 
@@ -221,7 +223,10 @@ class _EarlyOpen:
         self._version: Any = None
         self._error: BaseException | None = None
         self._abandoned = False
-        threading.Thread(target=self._run, name="feedline-early-open", daemon=True).start()
+        if _fs.opens_without_request(name, listed_version, size):
+            self._run()  # nothing to wait for: a thread of its own would only cost its start
+        else:
+            threading.Thread(target=self._run, name="feedline-early-open", daemon=True).start()
 
     def _run(self) -> None:
         try:
