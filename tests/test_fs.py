@@ -272,6 +272,20 @@ def test_a_listed_object_is_opened_with_no_thread_of_its_own(
     del started[:]
     assert [x.item() for x in TFRecordDataset(urls[:1])] == [b"record 0.%d" % j for j in range(4)]
     assert "feedline-early-open" in started
+    # A reader that reads to open a file (a Parquet file's footer) opens it on a thread still,
+    # listed or not, so that the reads of an interleave's files overlap.
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    for k in range(2):
+        _upload(
+            f"{s3_bucket}/tables/{k}.parquet",
+            lambda b, k=k: pq.write_table(pa.table({"x": [k]}), b),
+        )
+    del started[:]
+    tables = Dataset.list_files(f"{s3_bucket}/tables/*.parquet", shuffle=False)
+    assert [int(r["x"]) for r in tables.interleave(ParquetDataset, cycle_length=2)] == [0, 1]
+    assert started.count("feedline-early-open") == 2
 
 
 # -- read-ahead ------------------------------------------------------------------------------

@@ -110,6 +110,9 @@ class FileReaderMixin:
     """
 
     _is_file_reader = True
+    #: Whether ``_open_file`` reads nothing (it only makes the stream): a remote file that
+    #: opens without a request then opens without one (``_iterator._EarlyOpen``).
+    _opens_without_reading = False
     _filenames: tuple[str, ...] | None
     _reader_args: dict[str, Any]
 

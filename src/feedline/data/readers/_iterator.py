@@ -203,10 +203,11 @@ class _EarlyOpen:
     """Opens a remote file on a daemon thread as soon as the iterator exists, so that its first
     requests (and its read-ahead) start before the first element is asked for: the datasets an
     ``interleave`` opens for its cycle all start fetching at once, whatever its parallelism.
-    A file whose opening makes no request (its listing gave its size and version:
-    ``_fs.opens_without_request``) is opened at once instead, on the caller's thread: only its
-    read-ahead's thread starts. ``take`` hands over the reader (or raises the error of opening
-    it) when the file is opened at position 0; a reader never taken is closed."""
+    A file whose opening makes no request (a reader that reads nothing to open it, of a file
+    whose listing gave its size and version: ``_fs.opens_without_request``) is opened at once
+    instead, on the caller's thread: only its read-ahead's thread starts. ``take`` hands over
+    the reader (or raises the error of opening it) when the file is opened at position 0; a
+    reader never taken is closed."""
 
     _WAIT = 1.0
 
@@ -223,7 +224,7 @@ class _EarlyOpen:
         self._version: Any = None
         self._error: BaseException | None = None
         self._abandoned = False
-        if _fs.opens_without_request(name, listed_version, size):
+        if dataset._opens_without_reading and _fs.opens_without_request(name, listed_version, size):
             self._run()  # nothing to wait for: a thread of its own would only cost its start
         else:
             threading.Thread(target=self._run, name="feedline-early-open", daemon=True).start()

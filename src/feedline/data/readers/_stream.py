@@ -18,6 +18,8 @@ class ByteStreamReaderMixin(FileReaderMixin):
     """A reader of byte records from (possibly compressed) files, read ``num_parallel_reads`` at
     a time; each element is one record as a 0-d object array of ``bytes``."""
 
+    _opens_without_reading = True  # a header, if any, is skipped by the first read
+
     def __init__(
         self,
         filenames: FileNames,
