@@ -242,11 +242,18 @@ def tag_ranges(tags: Sequence[Sequence[int]]) -> list[list[Any]]:
       [[4, [[0, 4]]], [5, [[9, 11]]]]
     """
     by_key: dict[int, Ranges] = {}
+    _add_tags(by_key, tags)
+    return [[key, ranges] for key, ranges in sorted(by_key.items())]
+
+
+def _add_tags(by_key: dict[int, Ranges], tags: Sequence[Sequence[int]]) -> None:
+    """Adds each ``[key, offset]`` of ``tags`` to ``by_key[key]`` in place: a run past what
+    the key has in one step, an offset out of order where it goes."""
     for key, start, stop in tag_runs(tags):
         ranges = by_key.setdefault(key, [])
-        if not _append_run(ranges, start, stop):  # out of order: merged
-            by_key[key] = add_ranges(ranges, [[start, stop]])
-    return [[key, ranges] for key, ranges in sorted(by_key.items())]
+        if not _append_run(ranges, start, stop):
+            for offset in range(start, stop):
+                _insert(ranges, offset)
 
 
 def subtract_ranges(ranges: Sequence[Sequence[int]], minus: Sequence[Sequence[int]]) -> Ranges:
@@ -882,11 +889,7 @@ class Returned:
     def take_tags(self, tags: Sequence[Sequence[int]]) -> None:
         """``take`` of each ``[key, offset]`` of ``tags``; a run past what a split has in one
         step."""
-        for key, start, stop in tag_runs(tags):
-            ranges = self._ranges.setdefault(key, [])
-            if not _append_run(ranges, start, stop):
-                for offset in range(start, stop):
-                    _insert(ranges, offset)
+        _add_tags(self._ranges, tags)
 
     def counted(self, counts: Iterable[Sequence[int]]) -> None:
         """``[[key, count], ...]`` of splits done at the dispatcher."""
