@@ -3,6 +3,12 @@ this process, called as the coordinator's agent calls it, with several functions
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
 from feedline._net import rpc
 from feedline.distribute import Server
 from feedline.distribute.parameter_server import closures, results
@@ -54,3 +60,63 @@ def test_a_request_runs_its_functions_in_order_until_one_raises_or_its_time_is_u
         header, _ = _run(client, "an earlier incarnation", 11)
         assert header == {"restarted": True} and RAN[-1] == 8
         client.close()
+
+
+# The functions of the test below: the first waits for the test's word, the second for the
+# first's reply.
+FIRST_RUNS = threading.Event()
+FIRST_MAY_END = threading.Event()
+FIRST_ANSWERED = threading.Event()
+
+
+def _first() -> int:
+    FIRST_RUNS.set()
+    FIRST_MAY_END.wait(30)
+    return 1
+
+
+def _second() -> int:
+    FIRST_ANSWERED.wait(30)
+    return 2
+
+
+def _call(client: rpc.RpcClient, incarnation: str, fn: Any) -> Any:
+    data = closures.dumps_closure(fn, (), {})[0]
+    header, buffers = client.upload(
+        "Run", {"incarnation": incarnation, "closures": [[]]}, [data], timeout=60
+    )
+    return results.loads(buffers[0]) if header["outcomes"][0].get("result") else header
+
+
+def test_a_reply_does_not_wait_for_the_function_run_after_it() -> None:
+    """A function's pushes ride with the next waiting request's pulls; its reply goes at
+    once, not once the next function (which took the lock as it ended) has run."""
+    spec = launcher.tf_config_cluster({"ps": 1, "worker": 1})
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over often: the next request takes the lock
+    try:
+        with Server(spec, "worker", 0) as server, futures.ThreadPoolExecutor(2) as pool:
+            executor = server._executor
+            assert executor is not None
+            client = rpc.RpcClient(spec["worker"][0], SERVICE_NAME)
+            for _ in range(10):
+                for event in (FIRST_RUNS, FIRST_MAY_END, FIRST_ANSWERED):
+                    event.clear()
+                first = pool.submit(_call, client, server.incarnation, _first)
+                assert FIRST_RUNS.wait(30)
+                second = pool.submit(_call, client, server.incarnation, _second)
+                deadline = time.monotonic() + 30
+                while executor._waiting < 2:  # the second request waits for the lock
+                    assert time.monotonic() < deadline, "the second request never came"
+                    time.sleep(0.005)
+                FIRST_MAY_END.set()
+                # The second function waits for the first reply: with the first reply
+                # waiting for the second function, this would time out.
+                assert first.result(timeout=20) == 1
+                FIRST_ANSWERED.set()
+                assert second.result(timeout=30) == 2
+            client.close()
+    finally:
+        sys.setswitchinterval(interval)
+        FIRST_MAY_END.set()
+        FIRST_ANSWERED.set()

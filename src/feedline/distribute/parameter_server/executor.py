@@ -160,11 +160,13 @@ class ClosureExecutor:
     def _flush_unless_waited_for(self, outcomes: list[dict[str, Any]], replies: list[Any]) -> None:
         """Sends the pushes the functions held (``runtime.held_pushes``) unless another
         request waits to run here (its first pull carries them); a push that fails fails the
-        last function that ran."""
+        last function that ran. That request may be running already, so the lock is taken
+        only when none waits: the reply does not wait for the next function to end."""
+        if self._others_wait():
+            return
         with self._lock:
-            with self._waiting_lock:
-                if self._waiting:
-                    return
+            if self._others_wait():
+                return
             try:
                 for runtime in Runtime.every():
                     runtime.flush()
@@ -174,6 +176,10 @@ class ClosureExecutor:
                     ran[-1].clear()
                     ran[-1].update(self._failure(error))
                     replies.pop()
+
+    def _others_wait(self) -> bool:
+        with self._waiting_lock:
+            return self._waiting > 0
 
     def _run_one(
         self, data: memoryview, ids: list[Any], buffers: list[memoryview]
