@@ -99,24 +99,26 @@ def test_a_reply_does_not_wait_for_the_function_run_after_it() -> None:
             executor = server._executor
             assert executor is not None
             client = rpc.RpcClient(spec["worker"][0], SERVICE_NAME)
-            for _ in range(10):
-                for event in (FIRST_RUNS, FIRST_MAY_END, FIRST_ANSWERED):
-                    event.clear()
-                first = pool.submit(_call, client, server.incarnation, _first)
-                assert FIRST_RUNS.wait(30)
-                second = pool.submit(_call, client, server.incarnation, _second)
-                deadline = time.monotonic() + 30
-                while executor._waiting < 2:  # the second request waits for the lock
-                    assert time.monotonic() < deadline, "the second request never came"
-                    time.sleep(0.005)
+            try:
+                for _ in range(10):
+                    for event in (FIRST_RUNS, FIRST_MAY_END, FIRST_ANSWERED):
+                        event.clear()
+                    first = pool.submit(_call, client, server.incarnation, _first)
+                    assert FIRST_RUNS.wait(30)
+                    second = pool.submit(_call, client, server.incarnation, _second)
+                    deadline = time.monotonic() + 30
+                    while executor._waiting < 2:  # the second request waits for the lock
+                        assert time.monotonic() < deadline, "the second request never came"
+                        time.sleep(0.005)
+                    FIRST_MAY_END.set()
+                    # The second function waits for the first reply: were that reply to
+                    # wait for the second function, this would time out.
+                    assert first.result(timeout=20) == 1
+                    FIRST_ANSWERED.set()
+                    assert second.result(timeout=30) == 2
+            finally:  # nothing left waiting, whatever failed
                 FIRST_MAY_END.set()
-                # The second function waits for the first reply: with the first reply
-                # waiting for the second function, this would time out.
-                assert first.result(timeout=20) == 1
                 FIRST_ANSWERED.set()
-                assert second.result(timeout=30) == 2
-            client.close()
+                client.close()
     finally:
         sys.setswitchinterval(interval)
-        FIRST_MAY_END.set()
-        FIRST_ANSWERED.set()
