@@ -84,8 +84,14 @@ def test_dispatcher_page_shows_workers_jobs_datasets_and_consumers(running: Clus
         (row,) = table(fetch(url)[2], "Jobs")
         return row
 
-    # Workers report what they served with their heartbeats; the page shows it.
-    wait_for(lambda: float(job()["elements/s"].replace(",", "")) > 0, "the job's rate shows")
+    def shows_progress() -> bool:
+        row = job()
+        served = int(row["elements"].replace(",", ""))
+        return float(row["elements/s"].replace(",", "")) > 0 and served > 100
+
+    # Workers report what they served with their heartbeats (every 200 ms here, so the page
+    # may lag behind what the consumer read); the page shows it.
+    wait_for(shows_progress, "the job's rate and the elements served show")
     status, headers, page = fetch(url)
     assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
     assert "default-src 'none'" in headers["Content-Security-Policy"]  # no scripts at all
