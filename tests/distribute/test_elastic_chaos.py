@@ -40,8 +40,17 @@ def test_a_round_of_joins_and_kills_commits_every_element_once(tmp_path: Path) -
     row = run_round(7, 2400, tmp_path, hang_seconds=180, worker_changes=False, step_seconds=0.1)
     assert not row.hung and not row.failed_trainers, row
     assert row.trainer_changes == 4, row
-    # a trainer that lived through the round saw the group change (join, losses, join)
-    assert max(t.get("changes", 0) for t in row.trainers.values()) >= 2, row
+    # a trainer that lived through the round saw the group change (join, losses, join), where
+    # the changes came before the input ended: on a loaded machine a joiner can take longer to
+    # join than the others take to read the rest, and the changes after it find no group
+    # training (the events say "at N", N every element committed)
+    before_the_end = [
+        event
+        for event in row.events
+        if " trainer " in event and not event.endswith(f" at {row.elements}")
+    ]
+    if len(before_the_end) == row.trainer_changes:
+        assert max(t.get("changes", 0) for t in row.trainers.values()) >= 2, row
     assert (row.lost, row.duplicated) == (0, 0), row
     # "Unlogged": a killed trainer's last batch, in its P line and in no trainer's C line: the
     # kill fell between commit() returning and the C line (seen once under -n 4 on 2 cores).
