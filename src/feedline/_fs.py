@@ -27,12 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO
-
-import fsspec
-from fsspec.core import split_protocol
-from fsspec.implementations.memory import MemoryFileSystem
-from fsspec.registry import known_implementations
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from feedline._s3_session import use_fast_session
 from feedline.errors import (
@@ -44,6 +39,9 @@ from feedline.errors import (
     PermissionDeniedError,
     UnimplementedError,
 )
+
+if TYPE_CHECKING:
+    import fsspec
 
 __all__ = [
     "RemoteReader",
@@ -72,6 +70,18 @@ _PACKAGES = {
     "abfss": ("adlfs", "azure"),
     "adl": ("adlfs", "azure"),
 }
+
+
+def split_protocol(url: str) -> tuple[str | None, str]:
+    """``fsspec.core.split_protocol(url)``: the scheme (None for a plain path) and the rest.
+    fsspec is imported only for a path that may have a scheme, so that local paths, and
+    importing feedline.data, do not load it."""
+    if "://" not in url and not url.startswith("data:"):
+        return None, url
+    from fsspec.core import split_protocol as split
+
+    protocol, rest = split(url)
+    return protocol, rest
 
 
 def as_url(path: Any) -> str:
@@ -148,6 +158,9 @@ def filesystem(
         it: ``pip install s3fs``).
       UnimplementedError: no fsspec back-end serves the scheme.
     """
+    import fsspec
+    from fsspec.registry import known_implementations
+
     url = as_url(path)
     protocol, _ = split_protocol(url)
     if (
@@ -338,6 +351,8 @@ class _RangedFile:
         source = self._source
 
         def open_at() -> Any:
+            from fsspec.implementations.memory import MemoryFileSystem
+
             if isinstance(source._fs, MemoryFileSystem):
                 # memory:// hands every reader of an object the same file (one position for
                 # all): each reader gets a copy of its own.

@@ -112,8 +112,24 @@ def test_version_without_an_installed_distribution(monkeypatch: pytest.MonkeyPat
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(_parser.metadata, "version", missing)
+    monkeypatch.setattr(metadata, "version", missing)
     assert _parser.version() == feedline.__version__
+
+
+def test_building_the_parser_reads_no_package_metadata() -> None:
+    """Every ``feedline dispatcher`` and ``feedline worker`` builds the parser at its start;
+    the version (``importlib.metadata``, ~0.1 s of a start's CPU) is looked up for
+    ``--version`` only."""
+    code = (
+        "import sys\n"
+        "from feedline.cli._parser import build_parser\n"
+        "build_parser().parse_command(['worker', '--dispatcher', '127.0.0.1:1'])\n"
+        "print('importlib.metadata' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout == "False\n", done.stderr
 
 
 def test_the_parameter_server_demo_refuses_settings_before_starting_a_cluster(

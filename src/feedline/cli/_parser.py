@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any, NoReturn
 
 #: The namespace key that holds the ``"module:function"`` that runs a sub-command.
@@ -46,8 +46,28 @@ class Parser(argparse.ArgumentParser):
         return args
 
 
+class _Version(argparse.Action):
+    """``--version``: prints ``feedline VERSION`` and exits (argparse's ``version`` action,
+    with the version looked up only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show program's version number and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser._print_message(f"feedline {version()}\n", sys.stdout)
+        parser.exit()
+
+
 def version() -> str:
     """feedline's version: the installed distribution's, else ``feedline.__version__``."""
+    from importlib import metadata  # ~0.1 s of a start-up: only for ``--version``
+
     try:
         return metadata.version("feedline")
     except metadata.PackageNotFoundError:
@@ -87,7 +107,7 @@ def build_parser() -> Parser:
         description="feedline: TensorFlow's distributed input system for PyTorch.",
         epilog="`feedline COMMAND --help` lists a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"feedline {version()}")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     commands.required = True
     _add_demo(commands)

@@ -5,6 +5,8 @@ those of ``feedline.data.Options``;
 ``service`` is ``feedline.service``, imported on first access.
 """
 
+from typing import TYPE_CHECKING
+
 from feedline import _porting
 from feedline.data._fluent import sample_from_datasets
 from feedline.data.auto_shard import ShardMode, auto_shard
@@ -61,7 +63,6 @@ from feedline.data.options import (
 from feedline.data.readers.csv import CsvDataset
 from feedline.data.readers.make_csv_dataset import make_csv_dataset
 from feedline.data.readers.npy import NpyDataset
-from feedline.data.readers.parquet import ParquetDataset
 from feedline.data.readers.sql import SqlDataset
 
 __all__ = [
@@ -132,9 +133,14 @@ __all__ = [
 # ``make_batched_features_dataset`` reads files (feedline.data) and parses Examples (feedline.io),
 # and ``TFRecordWriter`` writes a dataset with feedline.io's writer; feedline.data and feedline.io
 # do not import each other, so both live above them and are imported on first use.
+# ``ParquetDataset`` is imported on first use too, and pyarrow with it.
+if TYPE_CHECKING:
+    from feedline.data.readers.parquet import ParquetDataset
+
 __getattr__, __dir__ = _porting.lazy_attributes(
     __name__,
     {
+        "ParquetDataset": "feedline.data.readers.parquet:ParquetDataset",
         "TFRecordWriter": "feedline._dataset_writer:TFRecordWriter",
         "make_batched_features_dataset": "feedline._batched_features:make_batched_features_dataset",
         "service": "feedline.service",

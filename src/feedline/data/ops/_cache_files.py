@@ -29,12 +29,12 @@ import bisect
 import json
 import mmap
 import os
+import sys
 import threading
 import uuid
 from typing import Any, BinaryIO
 
 import numpy as np
-from fsspec.spec import AbstractBufferedFile
 
 from feedline import _fs, structure
 from feedline.data.dataset import Dataset, RowCursor
@@ -324,7 +324,7 @@ class _FileWriter:
         _snapshot_fs.remove(store._lock)
 
     def abort(self) -> None:
-        if isinstance(self._file, AbstractBufferedFile):  # a store's upload (s3fs, gcsfs, ...)
+        if _is_store_upload(self._file):  # a store's upload (s3fs, gcsfs, ...)
             with _fs.translate_errors(self._temp, "cache"):
                 self._file.discard()  # an unfinished multipart upload is aborted, never shown
             self._file.closed = True  # closing would upload what is buffered
@@ -332,6 +332,13 @@ class _FileWriter:
             self._file.close()
         for path in (self._temp, self._store._lock):
             _snapshot_fs.remove(path)
+
+
+def _is_store_upload(file: object) -> bool:
+    """Whether ``file`` is an upload to an object store through fsspec (s3fs, gcsfs, ...: an
+    ``AbstractBufferedFile``); one can be only once fsspec is loaded, so this loads nothing."""
+    spec = sys.modules.get("fsspec.spec")
+    return spec is not None and isinstance(file, spec.AbstractBufferedFile)
 
 
 def _nbytes(leaf: np.ndarray) -> int:

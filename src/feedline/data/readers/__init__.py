@@ -23,11 +23,13 @@ out (a byte offset for TFRecord, text and CSV files, a row for Parquet and NumPy
 restore by opening the file there.
 """
 
+from typing import TYPE_CHECKING
+
+from feedline import _porting
 from feedline.data.readers.csv import CsvDataset
 from feedline.data.readers.fixed_length_record import FixedLengthRecordDataset
 from feedline.data.readers.list_files import ListFilesDataset
 from feedline.data.readers.npy import NpyDataset
-from feedline.data.readers.parquet import ParquetDataset
 from feedline.data.readers.text_line import TextLineDataset
 from feedline.data.readers.tfrecord import TFRecordDataset
 
@@ -40,3 +42,12 @@ __all__ = [
     "TFRecordDataset",
     "TextLineDataset",
 ]
+
+# ``ParquetDataset`` (and pyarrow) is imported on first use: most programs read no Parquet, and
+# every process that imports feedline.data would pay for pyarrow.
+if TYPE_CHECKING:
+    from feedline.data.readers.parquet import ParquetDataset
+
+__getattr__, __dir__ = _porting.lazy_attributes(
+    __name__, {"ParquetDataset": "feedline.data.readers.parquet:ParquetDataset"}
+)
