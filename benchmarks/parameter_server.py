@@ -95,9 +95,9 @@ def child_steps_per_second(
 ) -> dict[str, Any]:
     """In a child: the demo's model (with ``torch_defaults``, as written with torch's
     defaults: ``demo.build_model``) on a fresh local cluster of ``workers`` workers and 2 ps;
-    steps per second over ``steps`` steps after ``warmup``. The batches are made up front (as
-    the TensorFlow peer's are), or with ``generated`` by the demo's ``dataset_fn`` step by
-    step."""
+    steps per second over ``steps`` steps after ``warmup``, and the CPU milliseconds a step of
+    each process (the chief is this one). The batches are made up front (as the TensorFlow
+    peer's are), or with ``generated`` by the demo's ``dataset_fn`` step by step."""
     import torch
 
     import feedline.distribute as fdist
@@ -140,9 +140,17 @@ def child_steps_per_second(
             return count / (time.perf_counter() - start), losses
 
         run(warmup)
+        pids = {"chief": os.getpid(), **{c.name: c.process.pid for c in cluster.children}}
+        before = {name: _common.cpu_seconds(pid) for name, pid in pids.items()}
         rate, losses = run(steps)
+        cpu = {n: 1000 * (_common.cpu_seconds(p) - before[n]) / steps for n, p in pids.items()}
         coordinator.close()  # the cluster goes next
-    return {"workers": workers, "steps_per_s": rate, "last_loss": statistics.fmean(losses[-20:])}
+    return {
+        "workers": workers,
+        "steps_per_s": rate,
+        "last_loss": statistics.fmean(losses[-20:]),
+        "cpu_ms_per_step": cpu,
+    }
 
 
 def _last_json_line(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
@@ -473,6 +481,17 @@ def main() -> int:
         print(f"| {workers} | {best[workers]:.1f} | {rates} |")
     print(f"| **2 / 1** | **{best[2] / best[1]:.2f}x** | machine's own 2-process scaling: "
           f"{machine:.2f}x ({cpus} cores) |")  # fmt: skip
+    print("\nCPU ms a step by process in each cluster's best round (x steps/s: the cores busy)\n")
+    print("| workers (2 ps) | chief | each worker | ps 0 / ps 1 | all | cores busy |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for workers in (1, 2):
+        top = max(runs[workers], key=lambda r: r["steps_per_s"])
+        cpu = top["cpu_ms_per_step"]
+        each = [v for k, v in cpu.items() if k.startswith("worker")]
+        total = sum(cpu.values())
+        print(f"| {workers} | {cpu['chief']:.2f} | {', '.join(f'{v:.2f}' for v in each)} | "
+              f"{cpu['ps:0']:.2f} / {cpu['ps:1']:.2f} | {total:.2f} | "
+              f"{total * top['steps_per_s'] / 1000:.2f} |")  # fmt: skip
     print("\n| model | size | pull ms | push ms | pull: sent / received | "
           "push: sent / received |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
