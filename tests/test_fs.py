@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -538,10 +539,10 @@ def test_split_protocol_reads_a_url_as_fsspec_does(url: str) -> None:
 
 
 def test_local_files_and_importing_feedline_data_load_neither_fsspec_nor_pyarrow(
-    tmp_path: Any,
+    tmp_path: Path,
 ) -> None:
     """fsspec and pyarrow are loaded for a URL and a Parquet file only: every process that
-    imports feedline.data (trainers, the service's servers) starts ~0.2 s faster."""
+    imports feedline.data (trainers, the service's servers) starts ~0.15 s of CPU sooner."""
     code = f"""
 import sys
 import numpy as np
