@@ -8,9 +8,9 @@ the reason, where moto or s3fs is not installed.
 
 Where ``PYTHONDONTWRITEBYTECODE`` is set, no interpreter caches what it compiles, and each of the
 hundreds of processes the tests start (servers, torchrun's workers, scripts) would compile
-feedline's modules again: ~0.4 s of a server's ~1.0 s start-up on a 2-core machine. The suite's
-first process compiles them (and the tests' helper modules) once, before any test runs, into
-the ``__pycache__`` folders every interpreter reads.
+feedline's modules again: ~0.7 s of the ~1.6 s of CPU a server took to start on a 2-core machine.
+The suite's first process compiles them (and the tests' helper modules) once, before any test
+runs, into the ``__pycache__`` folders every interpreter reads.
 """
 
 from __future__ import annotations
