@@ -32,7 +32,10 @@ def _run(
     header = {"incarnation": incarnation, "closures": [[] for _ in args]}
     if budget is not None:
         header["budget_s"] = budget
-    return client.upload("Run", header, data, timeout=30)
+    # Waits for the channel: a connection whose handshake the server, starved of CPU, does not
+    # answer within gRPC's 20 s is tried again instead of failing the call (seen once in a full
+    # run with four test processes on two cores).
+    return client.upload("Run", header, data, timeout=60, wait_for_ready=True)
 
 
 def test_a_request_runs_its_functions_in_order_until_one_raises_or_its_time_is_up() -> None:
@@ -83,7 +86,11 @@ def _second() -> int:
 def _call(client: rpc.RpcClient, incarnation: str, fn: Any) -> Any:
     data = closures.dumps_closure(fn, (), {})[0]
     header, buffers = client.upload(
-        "Run", {"incarnation": incarnation, "closures": [[]]}, [data], timeout=60
+        "Run",
+        {"incarnation": incarnation, "closures": [[]]},
+        [data],
+        timeout=60,
+        wait_for_ready=True,
     )
     return results.loads(buffers[0]) if header["outcomes"][0].get("result") else header
 
