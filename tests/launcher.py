@@ -328,12 +328,14 @@ class Processes:
         out."""
         end = min(self._deadline, time.monotonic() + timeout)
         while True:
-            for line in self.output(name).splitlines():
+            ended = self._procs[name].poll() is not None  # before reading: then all is read
+            text = self.output(name)
+            # Whole lines only while it runs: an unbuffered print writes its parts one by one,
+            # and a line read half written would lose its end.
+            for line in (text if ended else text[: text.rfind("\n") + 1]).splitlines():
                 if line.startswith(prefix):
                     return line
-            if self._procs[name].poll() is not None and not any(
-                line.startswith(prefix) for line in self.output(name).splitlines()
-            ):
+            if ended:
                 raise AssertionError(f"{name} ended before printing {prefix!r}:\n{self._dump()}")
             if time.monotonic() > end:
                 raise AssertionError(f"{name} printed no {prefix!r} in time:\n{self._dump()}")
