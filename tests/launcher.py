@@ -149,9 +149,12 @@ def tf_config_envs(
     ]
 
 
-# Quick rounds: one second for late nodes, a lost node noticed within about three seconds.
+# Quick rounds: one second for late nodes, a lost node noticed within about three seconds; a
+# store read (an agent waiting for the master's address) waits 120 s, not torch's 60, since an agent
+# starved under a loaded full run published it late once.
 _ELASTIC_RENDEZVOUS = (
-    "last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
+    "last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3,"
+    "read_timeout=120"
 )
 
 
