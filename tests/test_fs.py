@@ -185,6 +185,38 @@ def test_an_object_replaced_while_it_is_read_is_data_loss(s3_bucket: str) -> Non
         reader.read(14)
 
 
+def test_a_small_object_is_read_whole_in_one_request_through_resets(
+    s3_bucket: str, s3_endpoint: str
+) -> None:
+    # read_small asks once for the whole object (read_bytes asks its size and version first):
+    # a writer that replaces it between two requests cannot make a read fail. Through a proxy
+    # that resets 40% of its connections after 16 KiB of an answer, a 64 KiB object is read
+    # again from the start until one answer arrives whole.
+    small, large = f"{s3_bucket}/small/index", f"{s3_bucket}/small/large.bin"
+    data = np.random.default_rng(3).integers(0, 256, 1 << 16, dtype=np.uint8).tobytes()
+    with gfile.GFile(small, "wb") as f:
+        f.write(b"model_checkpoint_path: 'ckpt-1'\n")
+    with gfile.GFile(large, "wb") as f:
+        f.write(data)
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with FaultProxy((host, int(port)), reset_fraction=0.4, reset_after=16384, seed=4) as proxy:
+        _through(proxy.url)
+        try:
+            first = _fs.read_small(small, "test")
+            one = proxy.requests
+            _fs.read_bytes(small, "test")
+            two = proxy.requests - one
+            read = [_fs.read_small(large, "test") for _ in range(4)]
+            with pytest.raises(NotFoundError, match=re.escape(f"{s3_bucket}/small/missing")):
+                _fs.read_small(f"{s3_bucket}/small/missing", "test")
+        finally:
+            _through(s3_endpoint)
+    assert first == b"model_checkpoint_path: 'ckpt-1'\n"
+    assert (one, two) == (1, 2)
+    assert read == [data] * 4
+    assert proxy.resets > 0, "the proxy reset no connection: the test proved nothing"
+
+
 def test_objects_are_read_as_list_files_found_them(s3_bucket: str) -> None:
     urls = []
     for k in range(3):

@@ -722,15 +722,7 @@ class RemoteReader:
 
     def _call(self, fn: Any) -> Any:
         """``fn()``, made again after transient failures; errors translated."""
-        with translate_errors(self.url, self._operation):
-            for attempt in range(self._attempts):
-                try:
-                    return fn()
-                except Exception as error:
-                    if not is_transient(error) or attempt == self._attempts - 1:
-                        raise
-                    time.sleep(self._backoff * 2**attempt)
-        raise AssertionError("unreachable")
+        return _retried(fn, self.url, self._operation, self._attempts, self._backoff)
 
     def check_version(self, position: int) -> None:
         """Raises ``DataLossError`` if the object is no longer the version first read."""
@@ -942,7 +934,8 @@ def _write_local(path: str, write: Callable[[BinaryIO], object]) -> None:
 
 
 def read_bytes(path: Any, operation: str) -> bytes:
-    """The whole file or object at ``path``, read again after transient failures.
+    """The whole file or object at ``path``, read again after transient failures (a store's
+    object in ranged requests, going on at the byte reached: ``RemoteReader``).
 
     Raises:
       NotFoundError: it does not exist (naming ``path``).
@@ -958,6 +951,43 @@ def read_bytes(path: Any, operation: str) -> bytes:
         return reader.read()
     finally:
         reader.close()
+
+
+def read_small(path: Any, operation: str, attempts: int = 6, backoff: float = 0.05) -> bytes:
+    """The whole of a small file or object at ``path`` (an index, a token), a store's in one
+    request made again after transient failures: one GET of a whole object gives one version
+    of it, so an object that writers keep replacing is read whole, old or new, where
+    ``read_bytes`` (a size and version first, then the bytes) may find it changed between its
+    requests. A failure starts the read again from the start: ``read_bytes`` for large objects.
+
+    Raises:
+      NotFoundError: it does not exist (naming ``path``).
+    """
+    url = as_url(path)
+    local = local_path(url)
+    if local is not None:
+        with translate_errors(url, operation), open(local, "rb") as file:
+            return file.read()
+    fs, inner = filesystem(url)
+    # s3fs asks an object's size first, then reads a large one in parallel ranged requests.
+    one_get = {"max_concurrency": 1} if getattr(fs, "max_concurrency", None) else {}
+    return bytes(
+        _retried(lambda: fs.cat_file(inner, **one_get), url, operation, attempts, backoff)
+    )
+
+
+def _retried(fn: Callable[[], Any], url: str, operation: str, attempts: int, backoff: float) -> Any:
+    """``fn()``, made again after transient failures (at most ``attempts`` times, after a
+    backoff doubling from ``backoff`` seconds); errors translated, naming ``url``."""
+    with translate_errors(url, operation):
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except Exception as error:
+                if not is_transient(error) or attempt == attempts - 1:
+                    raise
+                time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def list_names(path: Any, operation: str) -> list[str]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 from feedline import _fs
-from feedline.errors import DataLossError, FailedPreconditionError
+from feedline.errors import FailedPreconditionError
 
 __all__ = [
     "INDEX_FILENAME",
@@ -51,7 +51,6 @@ INDEX_FILENAME = "checkpoint"
 _NUMBERED = re.compile(r"(.+)-(\d+)")
 _INDEX_LINE = re.compile(r'\s*(\w+)\s*:\s*"((?:[^"\\]|\\.)*)"\s*')
 _OPERATION = "checkpoint"
-_INDEX_READS = 8  # reads of an index that saves keep replacing, before its DataLossError
 
 
 def join(directory: str, name: str) -> str:
@@ -191,17 +190,11 @@ def write_index(directory: str, latest: str, paths: list[str]) -> None:
 def read_index(directory: str) -> tuple[str | None, list[str]] | None:
     """(latest, all) from ``directory``'s index, paths joined to it; None without an index."""
     url = join(directory or ".", INDEX_FILENAME)
-    for attempt in range(_INDEX_READS):
-        try:
-            data = _fs.read_bytes(url, _OPERATION)
-            break
-        except (FileNotFoundError, FailedPreconditionError):  # no index, or not a directory
-            return None
-        except DataLossError:
-            # A save replaced the index while it was read (on a store, where a read takes
-            # several requests): the new one is whole, so read that one.
-            if attempt == _INDEX_READS - 1:
-                raise
+    try:
+        # One request on a store: an index that saves keep replacing is read whole, old or new.
+        data = _fs.read_small(url, _OPERATION)
+    except (FileNotFoundError, FailedPreconditionError):  # no index, or not a directory
+        return None
     latest: str | None = None
     paths: list[str] = []
     for line in data.decode("utf-8").splitlines():

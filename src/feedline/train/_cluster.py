@@ -228,7 +228,7 @@ def _write_probe(directory: str) -> tuple[str, str]:
 
 def _read_probe(path: str) -> str | None:
     try:
-        return _fs.read_bytes(path, "checking a checkpoint directory").decode("ascii")
+        return _fs.read_small(path, "checking a checkpoint directory").decode("ascii")
     except (OSError, UnicodeDecodeError, FeedlineError):
         return None
 
