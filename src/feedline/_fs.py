@@ -971,9 +971,7 @@ def read_small(path: Any, operation: str, attempts: int = 6, backoff: float = 0.
     fs, inner = filesystem(url)
     # s3fs asks an object's size first, then reads a large one in parallel ranged requests.
     one_get = {"max_concurrency": 1} if getattr(fs, "max_concurrency", None) else {}
-    return bytes(
-        _retried(lambda: fs.cat_file(inner, **one_get), url, operation, attempts, backoff)
-    )
+    return bytes(_retried(lambda: fs.cat_file(inner, **one_get), url, operation, attempts, backoff))
 
 
 def _retried(fn: Callable[[], Any], url: str, operation: str, attempts: int, backoff: float) -> Any:
