@@ -149,12 +149,11 @@ def tf_config_envs(
     ]
 
 
-# Quick rounds: one second for late nodes, a lost node noticed within about three seconds; a
-# store read (an agent waiting for the master's address) waits 120 s, not torch's 60, since an agent
-# starved under a loaded full run published it late once.
+# Quick rounds: a lost node noticed within about three seconds; a store read (an agent waiting
+# for the master's address) waits 120 s, not torch's 60, since an agent starved under a loaded
+# full run published it late once. How long a round waits for late nodes is ``last_call_timeout``.
 _ELASTIC_RENDEZVOUS = (
-    "last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3,"
-    "read_timeout=120"
+    "close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3,read_timeout=120"
 )
 
 
@@ -173,6 +172,9 @@ class Torchrun:
     port: int | None = None
     nnodes: str | None = None
     join_timeout: int = 60  # how long agents wait for MIN nodes at a rendezvous
+    # How long a round with MIN nodes waits for more (MAX ends it at once): agents started
+    # together on a loaded machine can arrive seconds apart.
+    last_call_timeout: int = 1
     # Whether this agent hosts the rendezvous store (None: the first on ``port`` does): agents
     # told False only connect, so that they can start with the host, not after it listens.
     is_host: bool | None = None
@@ -198,10 +200,11 @@ class Torchrun:
         if self.port is None:
             raise ValueError("elastic agents meet at one port: give Torchrun(port=...)")
         host = "" if self.is_host is None else f",is_host={int(self.is_host)}"
+        timeouts = f"join_timeout={self.join_timeout},last_call_timeout={self.last_call_timeout}"
         return [
             *common, "--nnodes", self.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{self.port}", "--rdzv-id", "feedline-test", "--local-addr", "127.0.0.1",
-            "--rdzv-conf", f"join_timeout={self.join_timeout},{_ELASTIC_RENDEZVOUS}{host}",
+            "--rdzv-conf", f"{timeouts},{_ELASTIC_RENDEZVOUS}{host}",
             "--monitor-interval", "0.2",
         ]  # fmt: skip
 

@@ -303,7 +303,12 @@ def test_a_lost_node_resumes_on_fewer_workers_with_the_input_re_sharded_exactly(
     tmp_path: pathlib.Path,
 ) -> None:
     # node0's agent hosts the rendezvous store; the others only connect to it: all start at once.
-    host = Torchrun(nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:3", is_host=True)
+    # The first round waits up to 15 s for the third (a round of two, then a restart for the
+    # late one, timed out a full run's agents); the round after the loss waits as long.
+    host = Torchrun(
+        nproc_per_node=1, max_restarts=2, port=free_port(), nnodes="2:3", is_host=True,
+        last_call_timeout=15,
+    )  # fmt: skip
 
     def nodes(torchrun: Torchrun, *names: str) -> Processes:
         return Processes(
