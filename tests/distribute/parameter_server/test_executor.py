@@ -29,7 +29,14 @@ def _run(
     client: rpc.RpcClient, incarnation: str, *args: int, budget: float | None = None
 ) -> tuple[dict, list]:
     data = [closures.dumps_closure(_record, (x,), {})[0] for x in args]
-    header = {"incarnation": incarnation, "closures": [[] for _ in args]}
+    return _upload_run(client, incarnation, data, budget)
+
+
+def _upload_run(
+    client: rpc.RpcClient, incarnation: str, data: list[bytes], budget: float | None = None
+) -> tuple[dict, list]:
+    """A ``Run`` request of the pickled closures ``data``."""
+    header: dict[str, Any] = {"incarnation": incarnation, "closures": [[] for _ in data]}
     if budget is not None:
         header["budget_s"] = budget
     # Waits for the channel: a connection whose handshake the server, starved of CPU, does not
@@ -85,13 +92,7 @@ def _second() -> int:
 
 def _call(client: rpc.RpcClient, incarnation: str, fn: Any) -> Any:
     data = closures.dumps_closure(fn, (), {})[0]
-    header, buffers = client.upload(
-        "Run",
-        {"incarnation": incarnation, "closures": [[]]},
-        [data],
-        timeout=60,
-        wait_for_ready=True,
-    )
+    header, buffers = _upload_run(client, incarnation, [data])
     return results.loads(buffers[0]) if header["outcomes"][0].get("result") else header
 
 
