@@ -302,6 +302,36 @@ def test_bad_arguments_exit_with_code_2(spawn: Callable[..., Server]) -> None:
     assert worker.process.wait(EXIT_TIMEOUT_S) == 2
 
 
+def test_a_worker_started_before_its_dispatcher_waits_for_it_or_says_why_it_stops(
+    spawn: Callable[..., Server],
+) -> None:
+    """Pods start in any order. A worker whose dispatcher is not up yet says so at once; with
+    --wait-forever it registers whenever the dispatcher comes up, past its --dispatcher-timeout;
+    without, it stops after it with one line that names the address and the options."""
+    port = free_port()
+    dispatcher_at = [
+        "--dispatcher",
+        f"127.0.0.1:{port}",
+        "--port",
+        "0",
+        "--dispatcher-timeout",
+        "1",
+    ]
+    bounded = spawn("worker", *dispatcher_at)
+    patient = spawn("worker", *dispatcher_at, "--wait-forever")
+    line = bounded.wait_for_line("feedline worker: error: ")
+    assert f"127.0.0.1:{port}" in line and "registering" in line and "--wait-forever" in line, line
+    assert bounded.process.wait(EXIT_TIMEOUT_S) == 2
+    patient.wait_for(lambda text: "trying again until it answers" in text, "waiting", 20.0)
+    time.sleep(1.5)  # past its --dispatcher-timeout
+    assert patient.process.poll() is None, patient.output
+    dispatcher = spawn("dispatcher", "--port", str(port))
+    dispatcher.address()
+    patient.address()  # its banner: it registered and serves
+    dataset = Dataset.range(6).apply(distribute("distributed_epoch", f"grpc://127.0.0.1:{port}"))
+    assert _read(dataset) == list(range(6))
+
+
 def test_token_from_the_environment(
     spawn: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -270,8 +270,9 @@ class WorkerConfig:
       dispatcher_timeout_ms: how long to keep trying to reach the dispatcher (default 60000):
         when starting, and whenever it becomes unreachable later; after that long the worker
         stops on its own (``WorkerServer.error`` says why; ``feedline worker`` exits with code
-        1), unless ``wait_forever``.
-      wait_forever: keep trying an unreachable dispatcher for as long as it takes, once started.
+        2), or does not start (``UnavailableError``), unless ``wait_forever``.
+      wait_forever: keep trying an unreachable dispatcher for as long as it takes: a worker
+        started before its dispatcher registers whenever it comes up.
       data_transfer_protocol: the protocol consumers read elements with: ``None`` (through
         shared memory for consumers on this host that offer it, gRPC for the others) or
         ``"grpc"`` (every element over gRPC; offers of shared memory are refused).

@@ -3,13 +3,16 @@ module's table), and a worker's lifecycle."""
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from feedline import errors, service
+from feedline._net.ports import free_ports
 from feedline._net.rpc import RpcClient
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
@@ -74,10 +77,53 @@ def test_worker_address_template(make_cluster: Any) -> None:
     assert worker.worker_address.split(":")[1].isdigit()
 
 
-def test_an_unreachable_dispatcher_is_an_error_after_the_timeout() -> None:
+def test_an_unreachable_dispatcher_is_an_error_after_the_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     config = service.WorkerConfig(dispatcher_address="127.0.0.1:1", dispatcher_timeout_ms=300)
-    with pytest.raises(errors.UnavailableError):
+    with (
+        caplog.at_level(logging.WARNING, logger=worker_module.__name__),
+        pytest.raises(errors.UnavailableError) as raised,
+    ):
         service.WorkerServer(config)
+    message = str(raised.value)  # what, where, for how long, and what to change
+    assert "registering" in message and "127.0.0.1:1" in message, message
+    assert "dispatcher_timeout_ms = 300" in message and "wait_forever" in message, message
+    # The wait is not silent: the first attempt that failed said it would try again.
+    assert any("trying again" in record.getMessage() for record in caplog.records), caplog.text
+
+
+def test_a_worker_that_waits_forever_registers_with_a_dispatcher_that_comes_up_late() -> None:
+    """--wait-forever holds from the start: a worker started before its dispatcher (as a
+    cluster's pods start in any order) waits for it past ``dispatcher_timeout_ms``."""
+    port = free_ports(1)[0]
+    config = service.WorkerConfig(
+        dispatcher_address=f"127.0.0.1:{port}", dispatcher_timeout_ms=200, wait_forever=True
+    )
+    started: list[Any] = []
+    thread = threading.Thread(target=lambda: started.append(_started(config)), daemon=True)
+    thread.start()
+    time.sleep(1.0)  # five times the timeout: a bounded worker would have given up
+    assert thread.is_alive() and not started
+    with service.DispatchServer(service.DispatcherConfig(port=port)) as dispatcher:
+        thread.join(30)
+        assert started, "the worker did not register"
+        worker = started[0]
+        assert not isinstance(worker, BaseException), worker
+        try:
+            dataset = Dataset.range(5).apply(
+                service.distribute("parallel_epochs", dispatcher.target)
+            )
+            assert [int(x) for x in dataset] == list(range(5))
+        finally:
+            worker.stop()
+
+
+def _started(config: service.WorkerConfig) -> Any:
+    try:
+        return service.WorkerServer(config)
+    except BaseException as error:  # the test reports it
+        return error
 
 
 def test_a_worker_drops_a_dataset_no_task_has_run_for_a_while(

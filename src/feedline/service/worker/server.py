@@ -96,6 +96,10 @@ logger = logging.getLogger(__name__)
 
 # A GetElements request is a small header; nothing larger is read.
 _MAX_REQUEST_BYTES = 64 << 10
+# The longest that one attempt to register waits for the dispatcher (gRPC's wait for ready),
+# and the first.
+_REGISTER_ATTEMPT_S = 5.0
+_REGISTER_FIRST_ATTEMPT_S = 1.0
 # How many ended tasks a worker remembers (what their consumers hear), and unpickled datasets.
 _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
@@ -234,10 +238,7 @@ class WorkerServer:
         try:
             if config.status_port is not None:
                 self._start_status_server(config.status_port)
-            call_within(  # tried again if the dispatcher restarts meanwhile
-                config.dispatcher_timeout_s,
-                lambda timeout: self._heartbeat(wait_s=0.0, timeout=timeout, wait_for_ready=True),
-            )
+            self._register()
         except Exception:
             self.stop()
             raise
@@ -253,6 +254,54 @@ class WorkerServer:
         )
         self._snapshot_thread.start()
         logger.info("worker %s registered with %s", self._address, self._dispatcher.address)
+
+    def _register(self) -> None:
+        """The first heartbeat, tried again while the dispatcher cannot be reached (it may
+        start after this worker, or restart meanwhile) for ``dispatcher_timeout_ms``, or for
+        as long as it takes with ``wait_forever``; a warning says so after the first attempt.
+
+        Raises:
+          UnavailableError: the dispatcher stayed unreachable; the message says for how long
+            and what to change.
+        """
+        config = self._config
+        started = time.monotonic()
+        warned = False
+
+        def attempt(timeout: float) -> None:
+            nonlocal warned
+            try:  # the first attempt is short: a dispatcher that is not up yet is said soon
+                first = min(timeout, _REGISTER_FIRST_ATTEMPT_S) if not warned else timeout
+                self._heartbeat(wait_s=0.0, timeout=first, wait_for_ready=True)
+            except UnavailableError as error:
+                if not warned and not self._stopped.is_set():
+                    warned = True
+                    logger.warning(
+                        "worker %s: registering with the dispatcher at %s: %s; trying again %s",
+                        self._address,
+                        self._dispatcher.address,
+                        error,
+                        "until it answers"
+                        if config.wait_forever
+                        else f"for up to {config.dispatcher_timeout_s:g} s",
+                    )
+                raise
+
+        try:
+            call_within(
+                math.inf if config.wait_forever else config.dispatcher_timeout_s,
+                attempt,
+                attempt_s=_REGISTER_ATTEMPT_S,
+                stopped=self._stopped,
+            )
+        except UnavailableError as error:
+            raise UnavailableError(
+                f"worker {self._address}: the dispatcher at {self._dispatcher.address} could "
+                f"not be reached for {time.monotonic() - started:.1f} s while registering "
+                f"(WorkerConfig.dispatcher_timeout_ms = {config.dispatcher_timeout_s * 1000:.0f}, "
+                "--dispatcher-timeout; WorkerConfig(wait_forever=True), --wait-forever, keeps "
+                f"trying): {error}"
+            ) from None
 
     def join(self) -> None:
         """Blocks until the server stops."""
