@@ -24,7 +24,12 @@ from feedline import _fs
 from feedline.data import Dataset, TextLineDataset, TFRecordDataset
 from feedline.data.experimental import CsvDataset, NpyDataset, ParquetDataset
 from feedline.data.readers._files import open_remote
-from feedline.errors import DataLossError, NotFoundError, PermissionDeniedError
+from feedline.errors import (
+    DataLossError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from feedline.io import TFRecordWriter, gfile
 from tests.conftest import credential_checked_s3
 from tests.data.checkpoint_utils import assert_checkpointing
@@ -90,8 +95,9 @@ def test_an_iterator_over_objects_restores_exactly(s3_bucket: str) -> None:
 def test_a_missing_object_names_the_url(s3_bucket: str) -> None:
     with pytest.raises(NotFoundError, match=f"{s3_bucket}/missing.tfrecord"):
         list(TFRecordDataset(f"{s3_bucket}/missing.tfrecord"))
-    with pytest.raises(NotFoundError, match="no files matched"):
+    with pytest.raises(NotFoundError, match="no files matched") as info:
         Dataset.list_files(f"{s3_bucket}/nothing-*")
+    assert isinstance(info.value, InvalidArgumentError)  # as locally, and as in TensorFlow
 
 
 def test_bad_credentials_are_permission_denied() -> None:

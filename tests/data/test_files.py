@@ -171,6 +171,7 @@ def test_a_pattern_matching_nothing_is_the_same_error_as_locally(tmp_path: pathl
         make_csv_dataset(gfile.join(_BUCKET, "nothing-*.csv"), batch_size=1)
     assert type(remote.value) is type(local.value)
     assert "no files match" in str(remote.value) and "no files match" in str(local.value)
+    assert isinstance(local.value, ValueError)  # TensorFlow's make_csv_dataset: a ValueError
 
 
 def test_list_files_globs_the_store_and_shuffles_by_seed() -> None:

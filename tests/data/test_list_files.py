@@ -63,6 +63,11 @@ def test_no_match_names_the_pattern() -> None:
     with pytest.raises(NotFoundError, match=r"no files matched pattern .*nothing-") as info:
         Dataset.list_files(pattern)
     assert info.value.name == pattern
+    # TensorFlow raises InvalidArgumentError here: a ported `except` of it catches this too.
+    assert isinstance(info.value, InvalidArgumentError)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
+    copy = pickle.loads(pickle.dumps(info.value))  # as an error crosses processes
+    assert type(copy) is type(info.value) and copy.name == pattern and str(copy) == str(info.value)
 
 
 def test_shuffled_by_default_and_a_permutation() -> None:

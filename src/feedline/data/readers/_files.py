@@ -126,6 +126,12 @@ class FileReaderMixin:
         return type(self)(filenames, **self._reader_args)  # type: ignore[call-arg]
 
 
+class NoFilesMatchedError(NotFoundError, InvalidArgumentError):
+    """No file matches a pattern (``list_files``, ``make_csv_dataset``): a ``NotFoundError``
+    naming it (``name``), and the ``InvalidArgumentError`` (a ``ValueError``) that TensorFlow
+    raises there, so that a ported ``except`` of either catches it."""
+
+
 def match_files(pattern: str, operation: str) -> list[str]:
     """The paths matching the glob ``pattern`` (``*``, ``?``, ``[...]``): on the local disk
     (hidden files too), or on the file system its URL names (``s3://bucket/train-*.tfrecord``),

@@ -16,8 +16,13 @@ from feedline.data.dataset import (
     ListedVersions,
     mix_seed,
 )
-from feedline.data.readers._files import decode_name, list_matches, string_array_items
-from feedline.errors import InvalidArgumentError, NotFoundError
+from feedline.data.readers._files import (
+    NoFilesMatchedError,
+    decode_name,
+    list_matches,
+    string_array_items,
+)
+from feedline.errors import InvalidArgumentError
 from feedline.structure import BYTES, TensorSpec, bytes_array, bytes_scalar
 
 
@@ -35,7 +40,8 @@ class ListFilesDataset(Dataset):
         order.
 
     Raises:
-      NotFoundError: no file matches any of the patterns.
+      NotFoundError: no file matches any of the patterns; it is also an
+        ``InvalidArgumentError``, as TensorFlow raises there.
 
     As a file source, this dataset is marked ``_is_file_reader`` and exposes the sorted names as
     ``_filenames``; FILE auto-sharding splits them (see ``feedline.data.readers``).
@@ -79,7 +85,7 @@ class ListFilesDataset(Dataset):
                         versions.sizes[name] = match.size
         if not names:
             shown = patterns[0] if len(patterns) == 1 else patterns
-            raise NotFoundError(
+            raise NoFilesMatchedError(
                 f"list_files: no files matched pattern {shown!r}; check the directory and the "
                 "wildcards (the patterns are matched when the dataset is made)",
                 name=str(shown),

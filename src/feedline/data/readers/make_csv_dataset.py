@@ -12,9 +12,9 @@ import numpy as np
 
 from feedline._tfrecord import check_compression
 from feedline.data.dataset import AUTOTUNE, Dataset
-from feedline.data.readers._files import match_files, open_stream
+from feedline.data.readers._files import NoFilesMatchedError, match_files, open_stream
 from feedline.data.readers.csv import CsvDataset
-from feedline.errors import InvalidArgumentError, NotFoundError
+from feedline.errors import InvalidArgumentError
 
 _WHAT = "make_csv_dataset"
 _INT32 = (-(2**31), 2**31 - 1)
@@ -32,7 +32,9 @@ def file_names(file_pattern: str | Sequence[str], operation: str) -> list[str]:
         pattern = pattern.decode() if isinstance(pattern, bytes) else str(pattern)
         names += sorted(match_files(pattern, operation))
     if not names:
-        raise NotFoundError(f"{operation}: no files match file_pattern {file_pattern!r}")
+        raise NoFilesMatchedError(
+            f"{operation}: no files match file_pattern {file_pattern!r}", name=str(file_pattern)
+        )
     return names
 
 
