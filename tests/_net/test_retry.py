@@ -9,6 +9,7 @@ closes while a call reaches it (the status such a call gets).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 
 from feedline import errors
 from feedline._net import rpc as _rpc
-from feedline._net.retry import call_within
+from feedline._net.retry import call_within, said_if_slow
 from tests.launcher import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -187,3 +188,16 @@ def test_call_within_stops_trying_when_its_caller_stops() -> None:
     with pytest.raises(errors.UnavailableError):
         call_within(60.0, unavailable, stopped=stopped)
     assert time.monotonic() - began < 5.0
+
+
+def test_said_if_slow_logs_once_after_its_time_and_not_for_a_block_that_ended(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("tests.retry")
+    with caplog.at_level(logging.WARNING, logger="tests.retry"):
+        with said_if_slow(log, 0.05, lambda: "still waiting"):
+            time.sleep(0.5)
+        with said_if_slow(log, 0.2, lambda: "never said"):
+            pass
+        time.sleep(0.4)  # past the second block's time: its timer was cancelled
+    assert [record.getMessage() for record in caplog.records] == ["still waiting"]

@@ -25,15 +25,17 @@ a ``GetSplit`` with its request number, heartbeats).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from feedline.errors import UnavailableError
 
-__all__ = ["call_within"]
+__all__ = ["call_within", "said_if_slow"]
 
 T = TypeVar("T")
 
@@ -81,3 +83,21 @@ def call_within(
         if stopped is None:
             time.sleep(min(pause, remaining))
         pause = min(2 * pause, _LAST_PAUSE_S)
+
+
+@contextlib.contextmanager
+def said_if_slow(log: logging.Logger, after_s: float, message: Callable[[], str]) -> Iterator[None]:
+    """Logs ``message()`` as a warning if the block has not ended after ``after_s`` seconds:
+    a call that may wait minutes for its server (``call_within``) is not silent meanwhile.
+
+    Example:
+      >>> with said_if_slow(logging.getLogger("example"), 60.0, lambda: "still waiting"):
+      ...     pass  # ended at once: nothing logged
+    """
+    timer = threading.Timer(after_s, lambda: log.warning("%s", message()))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -3,14 +3,24 @@ dispatcher call that waits for the dispatcher to be reachable."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from feedline._net import exit as _exit
 from feedline._net import rpc as _rpc
-from feedline._net.retry import call_within
+from feedline._net.retry import call_within, said_if_slow
 from feedline.errors import UnavailableError
 from feedline.service.protocol import DISPATCHER_SERVICE
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long a call that waits for the dispatcher to be reachable (registering a dataset,
+#: joining a job) goes on before a warning says that it waits, and for how long it may.
+SLOW_CALL_S = 10.0
 
 
 class _Channels:
@@ -50,24 +60,42 @@ def _dispatcher(address: str) -> _rpc.RpcClient:
     return _client(address, DISPATCHER_SERVICE)
 
 
+def _patiently(address: str, what: str, timeout_s: float, attempt: Callable[[float], T]) -> T:
+    """``attempt(timeout)``, a call to the dispatcher at ``address`` that waits for it to be
+    reachable, tried again meanwhile if it stops or restarts (``call_within``: only for calls
+    it answers the same way twice), for up to ``timeout_s``; a warning says so once it has
+    waited ``SLOW_CALL_S``.
+
+    Raises:
+      UnavailableError: it was not reachable, naming the dispatcher and ``what`` the call was
+        for.
+    """
+
+    def waiting() -> str:
+        return (
+            f"the dispatcher at {address} has not answered for {SLOW_CALL_S:g} s while {what}; "
+            f"waiting up to {timeout_s:g} s in all "
+            "(options.experimental_distribute.service_timeout_ms)"
+        )
+
+    try:
+        with said_if_slow(logger, SLOW_CALL_S, waiting):
+            return call_within(timeout_s, attempt)
+    except UnavailableError as error:
+        raise UnavailableError(
+            f"the dispatcher at {address} could not be reached for {timeout_s:.0f} s while "
+            f"{what} (options.experimental_distribute.service_timeout_ms sets how long to wait): "
+            f"{error}"
+        ) from None
+
+
 def _bounded_call(
     dispatcher: _rpc.RpcClient, method: str, header: dict[str, Any], timeout_s: float, what: str
 ) -> tuple[dict[str, Any], list[memoryview]]:
-    """A call to the dispatcher that waits up to ``timeout_s`` for it to be reachable, tried
-    again meanwhile if it stops or restarts (``retry``): only for calls it answers the same way
-    twice.
-
-    Raises:
-      UnavailableError: it was not, naming the dispatcher and ``what`` the call was for.
-    """
-    try:
-        return call_within(
-            timeout_s,
-            lambda timeout: dispatcher.call(method, header, timeout=timeout, wait_for_ready=True),
-        )
-    except UnavailableError as error:
-        raise UnavailableError(
-            f"the dispatcher at {dispatcher.address} could not be reached for {timeout_s:.0f} s "
-            f"while {what} (options.experimental_distribute.service_timeout_ms sets how long "
-            f"to wait): {error}"
-        ) from None
+    """One call to the dispatcher, made ``_patiently``."""
+    return _patiently(
+        dispatcher.address,
+        what,
+        timeout_s,
+        lambda timeout: dispatcher.call(method, header, timeout=timeout, wait_for_ready=True),
+    )

@@ -28,7 +28,6 @@ import cloudpickle
 from feedline import _cluster_shares as cluster_shares
 from feedline import structure
 from feedline._net import rpc as _rpc
-from feedline._net.retry import call_within
 from feedline._net.specs import decode_spec, encode_spec
 from feedline.data.dataset import (
     INFINITE_CARDINALITY,
@@ -40,9 +39,8 @@ from feedline.data.dataset import (
 from feedline.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
-    UnavailableError,
 )
-from feedline.service.client.channels import _bounded_call, _dispatcher
+from feedline.service.client.channels import _bounded_call, _dispatcher, _patiently
 from feedline.service.client.cross_trainer import CrossTrainerCache, TrainerPosition
 from feedline.service.client.job_reader import _JobReader
 from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
@@ -263,23 +261,19 @@ def _register(
             "every function in the pipeline must be picklable by cloudpickle"
         ) from error
     dispatcher = _dispatcher(address)
-    try:  # tried again if the dispatcher restarts meanwhile: the same dataset, the same id
-        reply, _ = call_within(
-            timeout_s,
-            lambda timeout: dispatcher.upload(
-                "RegisterDataset",
-                request.to_header(),
-                (payload, spec),
-                timeout=timeout,
-                wait_for_ready=True,
-            ),
-        )
-    except UnavailableError as error:
-        raise UnavailableError(
-            f"the dispatcher at {address} could not be reached for {timeout_s:.0f} s while "
-            f"registering the dataset (options.experimental_distribute.service_timeout_ms sets "
-            f"how long to wait): {error}"
-        ) from None
+    # Tried again if the dispatcher restarts meanwhile: the same dataset, the same id.
+    reply, _ = _patiently(
+        address,
+        "registering the dataset",
+        timeout_s,
+        lambda timeout: dispatcher.upload(
+            "RegisterDataset",
+            request.to_header(),
+            (payload, spec),
+            timeout=timeout,
+            wait_for_ready=True,
+        ),
+    )
     return RegisterDatasetReply.from_header(reply).dataset_id
 
 
