@@ -96,10 +96,10 @@ logger = logging.getLogger(__name__)
 
 # A GetElements request is a small header; nothing larger is read.
 _MAX_REQUEST_BYTES = 64 << 10
-# The longest that one attempt to register waits for the dispatcher (gRPC's wait for ready),
-# and the first.
+# The longest that one attempt to register waits for the dispatcher (gRPC's wait for ready):
+# after the first, a warning says that the worker waits. Long enough that a dispatcher that is
+# up on a loaded machine answers within it.
 _REGISTER_ATTEMPT_S = 5.0
-_REGISTER_FIRST_ATTEMPT_S = 1.0
 # How many ended tasks a worker remembers (what their consumers hear), and unpickled datasets.
 _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
@@ -270,9 +270,8 @@ class WorkerServer:
 
         def attempt(timeout: float) -> None:
             nonlocal warned
-            try:  # the first attempt is short: a dispatcher that is not up yet is said soon
-                first = min(timeout, _REGISTER_FIRST_ATTEMPT_S) if not warned else timeout
-                self._heartbeat(wait_s=0.0, timeout=first, wait_for_ready=True)
+            try:
+                self._heartbeat(wait_s=0.0, timeout=timeout, wait_for_ready=True)
             except UnavailableError as error:
                 if not warned and not self._stopped.is_set():
                     warned = True
