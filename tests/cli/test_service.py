@@ -305,9 +305,10 @@ def test_bad_arguments_exit_with_code_2(spawn: Callable[..., Server]) -> None:
 def test_a_worker_started_before_its_dispatcher_waits_for_it_or_says_why_it_stops(
     spawn: Callable[..., Server],
 ) -> None:
-    """Pods start in any order. A worker whose dispatcher is not up yet says so at once; with
-    --wait-forever it registers whenever the dispatcher comes up, past its --dispatcher-timeout;
-    without, it stops after it with one line that names the address and the options."""
+    """Pods start in any order. A worker whose dispatcher is not up yet says so in its log
+    after its first attempt; with --wait-forever it registers whenever the dispatcher comes up,
+    past its --dispatcher-timeout; without, it stops after it with one line that names the
+    address and the options."""
     port = free_port()
     dispatcher_at = [
         "--dispatcher",

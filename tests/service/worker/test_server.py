@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from feedline import errors, service
-from feedline._net.ports import free_ports
 from feedline._net.rpc import RpcClient
 from feedline.data import Dataset, TextLineDataset
 from feedline.data.ops.shard import SHARD_HINT
@@ -20,6 +19,7 @@ from feedline.service.config import ShardingPolicy
 from feedline.service.protocol import WORKER_SERVICE, local_worker_addresses
 from feedline.service.worker import server as worker_module
 from feedline.service.worker.task import task_dataset
+from tests.launcher import free_port
 from tests.service.conftest import WAITING_READ, waiting_reads_taken
 from tests.service.dispatcher.test_server import wait_until
 
@@ -96,7 +96,7 @@ def test_an_unreachable_dispatcher_is_an_error_after_the_timeout(
 def test_a_worker_that_waits_forever_registers_with_a_dispatcher_that_comes_up_late() -> None:
     """--wait-forever holds from the start: a worker started before its dispatcher (as a
     cluster's pods start in any order) waits for it past ``dispatcher_timeout_ms``."""
-    port = free_ports(1)[0]
+    port = free_port()  # below the ephemeral range: no outgoing connection takes it meanwhile
     config = service.WorkerConfig(
         dispatcher_address=f"127.0.0.1:{port}", dispatcher_timeout_ms=200, wait_forever=True
     )
