@@ -136,6 +136,34 @@ def test_an_error_reaches_the_reader_at_every_call_even_with_elements_left() -> 
         assert raised.value is error
 
 
+@pytest.mark.parametrize("failed", [False, True], ids=["ended", "failed"])
+def test_a_view_that_ends_the_job_wakes_the_reader_with_the_end_or_the_error(
+    failed: bool,
+) -> None:
+    # A failed job's view lists its failed task as done: the reader it wakes raises the error,
+    # never StopIteration (a consumer of a failed job that ended cleanly lost the error).
+    queue = one_task_queue(4)
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            queue.get(10)
+        except BaseException as error:
+            raised.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.05)  # the reader waits
+    error = KeyError("element 37 has no label") if failed else None
+    queue.update([TaskView(1, "host:1", "done")], queue.ends(), finished=True, error=error)
+    reader.join(5)
+    assert not reader.is_alive()
+    if failed:
+        assert raised == [error]
+    else:
+        assert [type(e) for e in raised] == [StopIteration]
+
+
 def test_the_end_waits_for_a_request_in_flight_and_for_a_newer_view() -> None:
     queue = one_task_queue(4)
     number = queue.start_reading(1)

@@ -442,9 +442,10 @@ class _JobReader:
             self._streams.update((stream.task_id, stream) for stream in view.streams)
         if self._splits is not None:  # nothing more is taken from a lost task
             self._splits.close_tasks(task.task_id for task in view.tasks if task.state == "lost")
-        new = self.queue.update(listed, asked_after, view.finished, view.consumers)
-        if view.error is not None:
-            self.fail(error_from_report(view.error))
+        error = None if view.error is None else error_from_report(view.error)
+        new = self.queue.update(listed, asked_after, view.finished, view.consumers, error)
+        if error is not None:
+            self.fail(error)
         elif self._params.num_consumers is not None:
             if new:
                 self._fetchers.start_rounds()

@@ -130,11 +130,17 @@ class ElementQueue:
         asked_after: int,
         finished: bool = False,
         consumers: int = 1,
+        error: BaseException | None = None,
     ) -> list[int]:
-        """Takes in a view of the job: its ``tasks``, whether it ``finished`` and how many
-        ``consumers`` read it, asked for once ``asked_after`` tasks had ended here (``ends``).
-        The ids of the tasks new here, sorted."""
+        """Takes in a view of the job: its ``tasks``, whether it ``finished`` (with ``error``
+        if it failed) and how many ``consumers`` read it, asked for once ``asked_after`` tasks
+        had ended here (``ends``). The ids of the tasks new here, sorted.
+
+        A failed job's view ends it and fails it at once: a reader that it wakes raises the
+        error, never ``StopIteration`` (the view lists the failed task as done)."""
         with self._cond:
+            if error is not None:
+                self._fail(error)
             if consumers > 1:  # it shares its job: no fast start (``_follow_reader``)
                 self._starting = False
             listed = list(tasks)
@@ -276,8 +282,7 @@ class ElementQueue:
         """The job failed: ``get`` raises ``error`` from now on (the first error counts, and
         none once the queue is closed)."""
         with self._cond:
-            if self._error is None and not self._closed.is_set():
-                self._error = error
+            self._fail(error)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -397,6 +402,10 @@ class ElementQueue:
         if self._job_finished:
             return True
         return bool(self._completed) and self._viewed_ends >= self._ends
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._closed.is_set():
+            self._error = error
 
     def _note_liveness(self) -> None:
         readable = any(self._readable(t) for t in self._tasks)
