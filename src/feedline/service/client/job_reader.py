@@ -33,7 +33,7 @@ from feedline.errors import (
     NotFoundError,
     UnavailableError,
 )
-from feedline.service.client.channels import _bounded_call, _dispatcher
+from feedline.service.client.channels import SLOW_CALL_S, _bounded_call, _dispatcher
 from feedline.service.client.cross_trainer import TrainerPosition, TrainerPositions
 from feedline.service.client.exactly_once import SplitReceipts
 from feedline.service.client.fetch import REPLY_BYTES, RPC_TIMEOUT_S, Fetchers
@@ -207,6 +207,8 @@ class _JobReader:
         self._streams: dict[int, StreamView] = {}  # per task: what a position saves
         self._split_cursor: dict[str, Any] | None = None  # what split keys mean
         self._released = False
+        # The start of the wait for a worker (``queue.idle_since``) that a warning told of.
+        self._idle_told: float | None = None
         # How long the training steps waited for input (the heartbeats report it).
         self._input_wait = StepWaits()
         # A consumer that acknowledges on commit (``step_commits``), once it joined.
@@ -522,14 +524,26 @@ class _JobReader:
             )
         idle = self.queue.idle_overdue(self._timeout_s)
         if idle is not None:
-            lost = self.queue.lost_addresses()
             return UnavailableError(
                 f"no worker has served job {self._job_id} for {idle:.0f} s ({limit}); "
-                + (f"its workers {lost} are gone" if lost else "no worker runs a task of it")
-                + "; start workers, which take over the job's remaining splits under DYNAMIC "
-                "sharding"
+                f"{self._why_idle()}; start workers, which take over the job's remaining splits "
+                "under DYNAMIC sharding"
+            )
+        since = self.queue.idle_since
+        if since is not None and since != self._idle_told and now - since > SLOW_CALL_S:
+            self._idle_told = since  # once per wait
+            logger.warning(
+                "%s",
+                f"no worker has served job {self._job_id} for {now - since:.0f} s: "
+                f"{self._why_idle()}; this consumer waits up to {self._timeout_s:.0f} s in all "
+                f"({limit}) for a worker to serve it",
             )
         return None
+
+    def _why_idle(self) -> str:
+        """Why no task of the job can be read, for a message."""
+        lost = self.queue.lost_addresses()
+        return f"its workers {lost} are gone" if lost else "no worker runs a task of it"
 
     def next(self) -> Any:
         started = time.monotonic()

@@ -209,6 +209,13 @@ class ElementQueue:
         with self._cond:
             return self._returned[task_id]
 
+    @property
+    def idle_since(self) -> float | None:
+        """Since when (``time.monotonic``) no task of the job could be read; None while one
+        can, or the job ended."""
+        with self._cond:
+            return self._idle_since
+
     def idle_overdue(self, limit_s: float) -> float | None:
         """How long no task of the job could be read, if longer than ``limit_s``; the clock
         starts again (each overdue wait is reported once)."""
