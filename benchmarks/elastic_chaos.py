@@ -13,8 +13,11 @@ The trainers read one shared ``distributed_epoch`` job of ``Dataset.range(N).bat
 ``acknowledge="on_commit"`` in the hand-written loop of ``docs/fault_tolerance.md``: a step
 takes a batch, runs (``strategy.run``: the all-reduce of the gradients), and on return the
 trainer calls ``iterator.commit()``. Before ``commit`` the trainer appends ``P <ids>`` to its
-log, after it returned ``C <ids>`` (each line flushed and fsynced). A step that a membership
-change aborts keeps its batch and runs it again after ``strategy.reform``.
+log, after it returned ``C <ids>`` (each line flushed and fsynced); a commit refused with
+``ConsumerReleasedError`` (the dispatcher released the trainer's consumer: on a loaded machine
+its heartbeats stopped for the 1 s timeout) logs ``R <ids>``: the batch went back to the job,
+and the consumer joined it again. A step that a membership change aborts keeps its batch and
+runs it again after ``strategy.reform``.
 
 A trainer's input is read by a thread, so that a trainer with nothing to read yet (another
 holds the last batches, or a killed service worker's split waits for the worker timeout) still
@@ -122,6 +125,21 @@ def _log(log: Any, kind: str, ids: list[int]) -> None:
     os.fsync(log.fileno())
 
 
+def _commit(iterator: Any, log: Any, ids: list[int]) -> None:
+    """Commits the step that trained on ``ids``, logging ``P`` before and ``C`` once it
+    committed; a step whose batch went back to the job (the dispatcher released this
+    trainer's consumer: its process was paused past ``client_timeout_ms``) logs ``R``."""
+    from feedline.errors import ConsumerReleasedError
+
+    _log(log, "P", ids)
+    try:
+        iterator.commit()
+    except ConsumerReleasedError:
+        _log(log, "R", ids)
+        return
+    _log(log, "C", ids)
+
+
 def trainer_main() -> dict[str, Any]:
     """One elastic trainer (run in a process by ``run_round``): the environment gives the
     membership store (``FEEDLINE_ELASTIC_STORE``), the service (``TARGET``, ``JOB``), ``N``
@@ -198,9 +216,7 @@ def trainer_main() -> dict[str, Any]:
                 advanced += int(applied)
                 mine = step + (1 if applied else 0)
                 if applied and held is not None:  # the step's all-reduce succeeded here
-                    _log(log, "P", held)
-                    iterator.commit()
-                    _log(log, "C", held)
+                    _commit(iterator, log, held)
                     held = None
                 step = strategy.reform(mine)
                 _log(log, "G", [elastic.generation.number, elastic.world_size])
@@ -209,9 +225,7 @@ def trainer_main() -> dict[str, Any]:
             step += 1
             advanced += 1
             if held is not None:
-                _log(log, "P", held)
-                iterator.commit()
-                _log(log, "C", held)
+                _commit(iterator, log, held)
                 held = None
             time.sleep(pause)
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "ConsumerReleasedError",
     "DataLossError",
     "FailedPreconditionError",
     "FeedlineError",
@@ -46,6 +47,18 @@ class NotFoundError(FeedlineError, FileNotFoundError):
     def __init__(self, message: str, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
+
+
+class ConsumerReleasedError(NotFoundError):
+    """The data service's dispatcher released this consumer while its job went on: it heard no
+    heartbeat from it for ``client_timeout_ms`` (its process was paused, starved or cut off),
+    or it was told that the consumer was done. What the consumer held and had not committed
+    went back to the job, for its other consumers or one that joins.
+
+    A consumer that acknowledges on commit (``acknowledge="on_commit"``) joins its job again
+    by itself: ``commit()`` raises this error for the step whose elements went back (that step
+    is not committed; go on with the next), and ``next()`` goes on reading.
+    """
 
 
 class DataLossError(FeedlineError, OSError):

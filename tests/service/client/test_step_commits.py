@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import doctest
 import json
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from feedline import service
 from feedline.data import Dataset
 from feedline.data.committed import CommittedIterator
-from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.errors import ConsumerReleasedError, FailedPreconditionError, InvalidArgumentError
 from feedline.service.client import step_commits
+from feedline.service.client.channels import _dispatcher
 from feedline.service.client.queue import Item
 from feedline.service.client.step_commits import StepCommits
+from feedline.service.protocol import ReleaseClientRequest
 from tests.launcher import Processes, free_port
 from tests.service.procs import ServiceProcesses
 
@@ -41,7 +45,10 @@ from feedline import service
 from feedline.data import Dataset
 from tests.launcher import report
 
+from feedline.errors import ConsumerReleasedError
+
 n, die_at = int(os.environ["N"]), int(os.environ.get("DIE_AT", "0"))
+stop_at = int(os.environ.get("STOP_AT", "0"))
 pause = float(os.environ["PAUSE"])
 dataset = Dataset.range(n).batch(4).apply(
     service.distribute(
@@ -58,23 +65,27 @@ while not die_at and not ready.exists():  # the others start once the victim rea
         raise SystemExit("the victim did not start reading")
     time.sleep(0.02)
 iterator = iter(dataset)
-steps = 0
+steps = released = 0
 with open(os.environ["LOG"], "a") as log:
     for batch in iterator:
         steps += 1
         ids = [int(x) for x in batch]
         if die_at:
             ready.touch()
-        if steps == die_at:  # whole once it exists: the test kills this process on seeing it
+        if steps in (die_at, stop_at):  # whole once it exists: the test acts on seeing it
             marker = Path(os.environ["MARKER"])
             marker.with_suffix(".tmp").write_text(json.dumps(ids))
             os.replace(marker.with_suffix(".tmp"), marker)
-            time.sleep(600)  # killed long before
+            time.sleep(600 if steps == die_at else 1.0)  # killed, or stopped, before the end
         time.sleep(pause)
-        iterator.commit()
+        try:
+            iterator.commit()
+        except ConsumerReleasedError:  # the step's batch went back to the job
+            released += 1
+            continue
         log.write(json.dumps(ids) + "\\n")
         log.flush()
-report(steps)
+report({"steps": steps, "released": released})
 """
 
 
@@ -355,3 +366,65 @@ def test_a_trainer_that_joins_after_the_only_one_died_gets_what_it_held(
     assert results["joiner"].ok, results["joiner"].describe()
     check_exactly_once(read_logs(logs), n)
     assert read_logs(logs[:1])  # the victim committed its first steps
+
+
+def _release_at_the_dispatcher(dispatcher: service.DispatchServer, iterator: Any) -> None:
+    """Releases ``iterator``'s consumer as the dispatcher does one that missed heartbeats."""
+    address = dispatcher.target.split("://")[1]
+    request = ReleaseClientRequest(iterator._reader.client_id).to_header()
+    _dispatcher(address).call("ReleaseClient", request, timeout=10)
+
+
+def test_a_consumer_released_while_it_lived_joins_again_and_its_lost_step_comes_again(
+    fault_tolerant: service.DispatchServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    iterator = iter(shared(fault_tolerant.target, 40))
+    committed: list[int] = []
+    refused: list[list[int]] = []
+    with caplog.at_level(logging.WARNING, logger="feedline.service.client.dataset"):
+        for step, batch in enumerate(iterator):
+            ids = [int(x) for x in batch]
+            if step in (2, 5):  # released while the step runs; the commit is refused
+                _release_at_the_dispatcher(fault_tolerant, iterator)
+            try:
+                iterator.commit()
+            except ConsumerReleasedError as error:
+                assert "not committed" in str(error) and "joined the job again" in str(error)
+                refused.append(ids)
+                continue
+            committed.extend(ids)
+    assert len(refused) == 2
+    # Nothing the dispatcher counted for a released consumer: each refused batch came again.
+    assert sorted(committed) == list(range(40))
+    rejoins = [r.getMessage() for r in caplog.records if "joined the job again" in r.getMessage()]
+    assert len(rejoins) == 2 and "the 1 elements of the step in progress" in rejoins[0], rejoins
+    assert iterator.abort() == 0  # the job ended: nothing left to give back
+
+
+def test_a_consumer_paused_past_the_client_timeout_carries_on(
+    fault_tolerant: service.DispatchServer, tmp_path: Path
+) -> None:
+    # The dispatcher releases consumers after 1 s of silence: the paused trainer is released
+    # with the step it was in, and goes on once it runs again, losing nothing.
+    n = 400
+    logs = [tmp_path / "a.log", tmp_path / "paused.log"]
+    marker = tmp_path / "paused.batch"
+    common = {"N": str(n), "FEEDLINE_TARGET": fault_tolerant.target, "READY": str(tmp_path)}
+    paused_env = {"LOG": str(logs[1]), "PAUSE": "0.01", "STOP_AT": "3", "MARKER": str(marker)}
+    with Processes(
+        TRAINER,
+        [("a", {"LOG": str(logs[0]), "PAUSE": "0.05"}), ("paused", paused_env)],
+        timeout=150,
+        env=common,
+    ) as trainers:
+        trainers.wait_for(marker, timeout=90)
+        trainers.send("paused", signal.SIGSTOP)
+        time.sleep(3.0)  # past client_timeout_ms: released, what it held goes to "a"
+        trainers.send("paused", signal.SIGCONT)
+        results = trainers.wait()
+        reports = trainers.reports()
+    for name in ("a", "paused"):
+        assert results[name].ok, results[name].describe()
+    assert reports["paused"]["released"] == 1, reports
+    assert "joined the job again" in results["paused"].stderr, results["paused"].describe()
+    check_exactly_once(read_logs(logs), n)

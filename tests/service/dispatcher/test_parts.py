@@ -398,7 +398,7 @@ def test_a_released_consumer_is_told_so() -> None:
     job = parts.join(dataset_id, job_name="shared")
     assert job["consumers"] == 2 and job["joined"] == 2
     parts.call(parts.jobs.release_client, ReleaseClientRequest(job["client_id"]))
-    with pytest.raises(errors.NotFoundError, match="was released"):
+    with pytest.raises(errors.ConsumerReleasedError, match="was released"):
         parts.call(parts.long_poll.client_heartbeat, ClientHeartbeatRequest(job["client_id"]))
     unknown = FIRST_ID + 99
     with pytest.raises(errors.NotFoundError, match=f"no consumer {unknown} is known"):

@@ -21,6 +21,7 @@ joined and joins a new one of the same name that resumes there.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import cloudpickle
@@ -37,6 +38,7 @@ from feedline.data.dataset import (
     IteratorContext,
 )
 from feedline.errors import (
+    ConsumerReleasedError,
     FailedPreconditionError,
     InvalidArgumentError,
 )
@@ -60,6 +62,8 @@ from feedline.service.protocol import (
 from feedline.service.splits import split_plan
 
 __all__ = ["DataServiceDataset", "distribute", "from_dataset_id", "register_dataset"]
+
+logger = logging.getLogger(__name__)
 
 # How long a consumer waits for an unreachable dispatcher, or for a job no worker serves,
 # before next() raises UnavailableError (options.experimental_distribute.service_timeout_ms).
@@ -394,9 +398,57 @@ class _ServiceIterator(DatasetIterator):
         self._iteration = iteration
         self._service_dataset = dataset
         self._reader = _JobReader(dataset, iteration, self._timeout_s)
+        # (on commit) The elements of the step in progress went back to the job when the
+        # dispatcher released this consumer: the step cannot commit (``_rejoin``).
+        self._step_lost = 0
 
     def _next(self) -> Any:
+        try:
+            return self._reader.next()
+        except ConsumerReleasedError:
+            if not self._rejoin():
+                raise
         return self._reader.next()
+
+    def _rejoin(self) -> bool:
+        """(``acknowledge="on_commit"``) The dispatcher released this consumer while it lived
+        (it heard no heartbeat from it for ``client_timeout_ms``: the process was paused or cut
+        off), and gave what it held and had not committed back to the job: the consumer joins
+        the job again, as a new one. Whether it did (other consumers do not: their error
+        stands)."""
+        old = self._reader
+        if not old.params.commits or self._closed:
+            return False
+        self._step_lost += old.uncommitted()
+        old.release()
+        self._reader = _JobReader(
+            self._service_dataset, self._iteration, self._timeout_s, job_name=old.job_name
+        )
+        logger.warning(
+            "the dispatcher at %s released consumer %d of job %r (it heard no heartbeat from it "
+            "for its client_timeout_ms: this process was paused or cut off), and gave what it "
+            "held and had not committed back to the job; it joined the job again as consumer "
+            "%d%s",
+            old.params.address,
+            old.client_id,
+            old.job_name,
+            self._reader.client_id,
+            f"; the {self._step_lost} elements of the step in progress went back with it: "
+            "that step does not commit"
+            if self._step_lost
+            else "",
+        )
+        return True
+
+    def _lost_step(self) -> ConsumerReleasedError:
+        """The error ``commit`` raises for a step whose elements went back to the job."""
+        count, self._step_lost = self._step_lost, 0
+        return ConsumerReleasedError(
+            f"the step is not committed: the dispatcher released this consumer while the step "
+            f"ran (it heard no heartbeat from it for its client_timeout_ms) and its {count} "
+            "elements went back to the job, to be read again by this consumer or another. The "
+            "iterator joined the job again: go on with the next step"
+        )
 
     def _get_state(self) -> dict[str, Any]:
         reader = self._reader
@@ -478,12 +530,27 @@ class _ServiceIterator(DatasetIterator):
             ``acknowledge="on_commit"``.
           UnavailableError: the dispatcher did not answer within the service timeout; the step
             is not committed (call ``commit`` again, or ``abort``).
+          ConsumerReleasedError: the dispatcher released this consumer while the step ran (it
+            heard no heartbeat from it for ``client_timeout_ms``: the process was paused or cut
+            off); the step's elements went back to the job and it is not committed. The
+            iterator joined the job again: go on with the next step.
         """
-        return self._reader.commit(wait)
+        if self._step_lost:
+            raise self._lost_step()
+        try:
+            return self._reader.commit(wait)
+        except ConsumerReleasedError:
+            if not self._rejoin():
+                raise
+        raise self._lost_step()
 
     def abort(self) -> int:
         """The current step is aborted (``acknowledge="on_commit"``): ``next`` returns the
-        elements it returned since the last commit again, in order; how many."""
+        elements it returned since the last commit again, in order; how many (0 where they
+        went back to the job when the dispatcher released this consumer: ``commit``)."""
+        if self._step_lost:
+            self._step_lost = 0
+            return 0
         return self._reader.abort()
 
     def _close(self) -> None:

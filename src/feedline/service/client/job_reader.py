@@ -263,6 +263,16 @@ class _JobReader:
         """How this consumer reads (the arguments of ``distribute``)."""
         return self._params
 
+    @property
+    def client_id(self) -> int:
+        """This consumer's id at the dispatcher."""
+        return self._client_id
+
+    def uncommitted(self) -> int:
+        """(``acknowledge="on_commit"``) How many elements ``next`` returned since the last
+        commit."""
+        return 0 if self._commits is None else self._commits.step_size
+
     # -- the dispatcher ---------------------------------------------------------------------
     def _join(self, dataset: DataServiceDataset, iteration: int) -> JoinReply:
         """Joins the job, registering the dataset first where needed, and again if the

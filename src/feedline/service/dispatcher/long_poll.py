@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from feedline._net.wire import encode_frame
-from feedline.errors import NotFoundError
+from feedline.errors import ConsumerReleasedError, NotFoundError
 from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import JobRecord, ReportSplits
 from feedline.service.ledger import check_report
@@ -151,6 +151,24 @@ class LongPoll:
         awaits = handed_out_all and ledger.awaits_commits()
         return done, ledger.flush_wanted(client_id), awaits, False
 
+    def _check_reading(self, client_id: int) -> None:
+        """Raises unless consumer ``client_id`` still reads its job (under the lock).
+
+        Raises:
+          ConsumerReleasedError: it was released (it said it was done, or missed heartbeats).
+          NotFoundError: it was collected with its job.
+        """
+        client = self._core.state.clients.get(client_id)
+        if client is None:
+            raise NotFoundError(f"consumer {client_id} was collected with its job")
+        if client.released:
+            raise ConsumerReleasedError(
+                f"consumer {client_id} was released (it said it was done, or the dispatcher "
+                f"heard no heartbeat from it for {self._core.config.client_timeout_s:g} s, "
+                "DispatcherConfig.client_timeout_ms); what it had not committed went back to "
+                "its job"
+            )
+
     def client_heartbeat(self, header: dict[str, Any], buffers: list[memoryview]) -> Reply | bytes:
         """ClientHeartbeat: the job's view once its version differs from the consumer's, or
         after ``wait_ms`` (``unchanged``, without the view, where the consumer's is current);
@@ -162,15 +180,13 @@ class LongPoll:
         client_id = request.client_id
         with core.lock:
             job = core.consumer(client_id)
+            # A released consumer's report counts for nothing: what it held went back to the
+            # job when it was released, and a step it commits now is not committed.
+            self._check_reading(client_id)
             done = self._take_report(client_id, job, request)
             core.load.consumer_report(client_id, request.input_wait)
             while True:
-                client = core.state.clients.get(client_id)
-                if client is None or client.released:  # None: collected with its job
-                    raise NotFoundError(
-                        f"consumer {client_id} was released (it said it was done, or it missed "
-                        f"heartbeats for {core.config.client_timeout_s} s)"
-                    )
+                self._check_reading(client_id)
                 core.client_seen[client_id] = core.clock()
                 remaining = deadline - time.monotonic()
                 if (
