@@ -428,3 +428,33 @@ def test_a_consumer_paused_past_the_client_timeout_carries_on(
     assert reports["paused"]["released"] == 1, reports
     assert "joined the job again" in results["paused"].stderr, results["paused"].describe()
     check_exactly_once(read_logs(logs), n)
+
+
+def test_a_step_of_several_reads_released_midway_does_not_commit_any_of_them(
+    fault_tolerant: service.DispatchServer,
+) -> None:
+    iterator = iter(shared(fault_tolerant.target, 48))
+    committed: list[int] = []
+    refused = 0
+    for step in range(1000):  # two reads a step
+        ids: list[int] = []
+        try:
+            ids += [int(x) for x in next(iterator)]
+            if step == 2:  # released after the step's first read, noticed by its second
+                _release_at_the_dispatcher(fault_tolerant, iterator)
+                time.sleep(0.5)
+            ids += [int(x) for x in next(iterator)]
+        except StopIteration:
+            if ids:  # a last step of one read
+                iterator.commit()
+                committed.extend(ids)
+            break
+        try:
+            iterator.commit()
+        except ConsumerReleasedError:
+            refused += 1
+            continue
+        committed.extend(ids)
+    assert refused == 1
+    # What the step read after the consumer joined again came again too, and counted once.
+    assert sorted(committed) == list(range(48))

@@ -441,8 +441,11 @@ class _ServiceIterator(DatasetIterator):
         return True
 
     def _lost_step(self) -> ConsumerReleasedError:
-        """The error ``commit`` raises for a step whose elements went back to the job."""
+        """The error ``commit`` raises for a step whose elements went back to the job; what
+        the step read since the consumer joined again comes again first (``abort``), as the
+        step does not commit."""
         count, self._step_lost = self._step_lost, 0
+        self._reader.abort()
         return ConsumerReleasedError(
             f"the step is not committed: the dispatcher released this consumer while the step "
             f"ran (it heard no heartbeat from it for its client_timeout_ms) and its {count} "
@@ -546,11 +549,9 @@ class _ServiceIterator(DatasetIterator):
 
     def abort(self) -> int:
         """The current step is aborted (``acknowledge="on_commit"``): ``next`` returns the
-        elements it returned since the last commit again, in order; how many (0 where they
+        elements it returned since the last commit again, in order; how many (not those that
         went back to the job when the dispatcher released this consumer: ``commit``)."""
-        if self._step_lost:
-            self._step_lost = 0
-            return 0
+        self._step_lost = 0
         return self._reader.abort()
 
     def _close(self) -> None:
