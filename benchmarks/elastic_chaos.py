@@ -37,6 +37,8 @@ At the end it counts, over the union of the ``C`` lines:
 * **redone**: elements of a killed trainer's last ``P`` line that another trainer committed
   (the kill came before ``commit`` returned: the batch went back to the job, the documented
   one-step window where a batch trains twice);
+* **released**: batches of ``R`` lines (a live trainer whose consumer the dispatcher released:
+  the commit was refused and the batch went back to the job; others commit it);
 * **hung**: rounds that did not end within ``--hang-seconds``;
 * **steps lost per change**: on each trainer that lived to the end and saw changes, step
   attempts that did not advance its step count, per change it saw (goal: at most 1); the last
@@ -246,6 +248,7 @@ class Round:
     lost: int = 0
     duplicated: int = 0
     unlogged: int = 0
+    released: int = 0
     redone: int = 0
     hung: bool = False
     seconds: float = 0.0
@@ -264,7 +267,7 @@ def _read_log(path: Path) -> list[tuple[str, list[int]]]:
     lines = []
     for line in path.read_text().split("\n"):
         kind, _, ids = line.partition(" ")
-        if kind in ("P", "C") and ids:
+        if kind in ("P", "C", "R") and ids:
             with contextlib.suppress(json.JSONDecodeError):  # a line the kill cut
                 lines.append((kind, json.loads(ids)))
     return lines
@@ -470,6 +473,7 @@ def _count(row: Round, logs: list[Path], killed: list[str]) -> None:
     for path in logs:
         lines = _read_log(path)
         committed += [i for kind, ids in lines if kind == "C" for i in ids]
+        row.released += sum(kind == "R" for kind, _ in lines)
         if path.stem in killed and lines and lines[-1][0] == "P":
             unfinished += lines[-1][1]
     seen = set(committed)
@@ -508,6 +512,7 @@ def main() -> None:
         "duplicated": sum(r.duplicated for r in rows),
         "unlogged": sum(r.unlogged for r in rows),
         "redone": sum(r.redone for r in rows),
+        "released": sum(r.released for r in rows),
         "hung": sum(r.hung for r in rows),
         "failed_trainers": sum(len(r.failed_trainers) for r in rows),
         "trainer_changes": sum(r.trainer_changes for r in rows),

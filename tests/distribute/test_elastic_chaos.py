@@ -28,12 +28,18 @@ def test_the_count_tells_lost_twice_unlogged_and_redone_apart(tmp_path: Path) ->
         _write(tmp_path / "t0.log", ["G [1, 2]", "P [0, 1]", "C [0, 1]", "P [2, 3]"]),
         # killed before commit() returned: t1 committed the batch again (redone)
         _write(tmp_path / "t2.log", ["G [1, 2]", "P [4, 5]"]),
-        _write(tmp_path / "t1.log", ["G [1, 2]", "P [4, 5]", "C [4, 5]", "C [1]", "P [6]"]),
+        # a commit refused (the dispatcher released t1's consumer): 7 went back to the job
+        _write(
+            tmp_path / "t1.log",
+            ["G [1, 2]", "P [4, 5]", "C [4, 5]", "C [1]", "P [7]", "R [7]", "P [6]"],
+        ),
     ]
     row = Round(seed=0, elements=8)
     _count(row, logs, killed=["t0", "t2"])
-    # 1 twice; 2, 3 unlogged; 4, 5 redone; 6 (t1 lived: not a kill) and 7 lost
+    # 1 twice; 2, 3 unlogged; 4, 5 redone; 6 (t1 lived: not a kill) and 7 (nobody committed it
+    # after it went back) lost
     assert (row.lost, row.duplicated, row.unlogged, row.redone) == (2, 1, 2, 2)
+    assert row.released == 1
 
 
 def test_a_round_of_joins_and_kills_commits_every_element_once(tmp_path: Path) -> None:
