@@ -397,7 +397,7 @@ def test_a_consumer_released_while_it_lived_joins_again_and_its_lost_step_comes_
     # Nothing the dispatcher counted for a released consumer: each refused batch came again.
     assert sorted(committed) == list(range(40))
     rejoins = [r.getMessage() for r in caplog.records if "joined the job again" in r.getMessage()]
-    assert len(rejoins) == 2 and "the 1 elements of the step in progress" in rejoins[0], rejoins
+    assert len(rejoins) == 2 and "the step in progress (elements read: 1)" in rejoins[0], rejoins
     assert iterator.abort() == 0  # the job ended: nothing left to give back
 
 

@@ -433,8 +433,8 @@ class _ServiceIterator(DatasetIterator):
             old.client_id,
             old.job_name,
             self._reader.client_id,
-            f"; the {self._step_lost} elements of the step in progress went back with it: "
-            "that step does not commit"
+            f"; the step in progress (elements read: {self._step_lost}) went back with it and "
+            "does not commit"
             if self._step_lost
             else "",
         )
@@ -448,9 +448,9 @@ class _ServiceIterator(DatasetIterator):
         self._reader.abort()
         return ConsumerReleasedError(
             f"the step is not committed: the dispatcher released this consumer while the step "
-            f"ran (it heard no heartbeat from it for its client_timeout_ms) and its {count} "
-            "elements went back to the job, to be read again by this consumer or another. The "
-            "iterator joined the job again: go on with the next step"
+            f"ran (it heard no heartbeat from it for its client_timeout_ms) and what the step "
+            f"read (elements: {count}) went back to the job, to be read again by this consumer "
+            "or another. The iterator joined the job again: go on with the next step"
         )
 
     def _get_state(self) -> dict[str, Any]:
