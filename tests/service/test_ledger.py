@@ -553,11 +553,18 @@ def test_on_commit_the_ledger_survives_its_snapshot() -> None:
     assert copy.replay == [0] and copy.skip_of(0) == []
 
 
+@pytest.mark.parametrize("live_on", [False, True], ids=["dead", "released-live"])
 @pytest.mark.parametrize("seed", range(20))
-def test_on_commit_every_offset_is_committed_exactly_once_whoever_dies(seed: int) -> None:
+def test_on_commit_every_offset_is_committed_exactly_once_whoever_dies(
+    seed: int, live_on: bool
+) -> None:
     """Simulated consumers take a split's elements, report some, commit some and die at random;
-    the dispatcher's repairs hand out again what the dead held: every offset is committed once."""
+    the dispatcher's repairs hand out again what the dead held: every offset is committed once.
+    With ``live_on``, a consumer the dispatcher released goes on taking elements until it hears
+    of it (a paused process that runs again; the dispatcher counts nothing it reports): what
+    it takes goes back too, also from a split handed out after it was released."""
     rng = random.Random(seed)
+    released: list[int] = []  # released consumers that live on
     ledger = SplitLedger(commits=True)
     count, next_client, task = 40, 1, 100
     alive: dict[int, dict[str, list[int]]] = {}  # per consumer: received, reported, committed
@@ -578,8 +585,11 @@ def test_on_commit_every_offset_is_committed_exactly_once_whoever_dies(seed: int
             break
         action = rng.random()
         if pending and action < 0.4:
-            client = rng.choice(list(alive))
-            alive[client]["got"].append(pending.pop(0))
+            client = rng.choice([*alive, *released])
+            if client in alive:
+                alive[client]["got"].append(pending.pop(0))
+            else:  # taken by a released consumer: never reported, never committed
+                pending.pop(0)
             if not pending:
                 ledger.count(0, count)
                 ledger.handed_out(0, task)
@@ -604,6 +614,8 @@ def test_on_commit_every_offset_is_committed_exactly_once_whoever_dies(seed: int
             client = rng.choice(list(alive))
             del alive[client]
             ledger.client_gone(client)
+            if live_on:
+                released.append(client)
             if rng.random() < 0.7:
                 join()
         if ledger.replay and not pending:  # a worker hands the split out again

@@ -32,7 +32,10 @@ reads the job now (``skip_of``). When a consumer dies (``client_gone``) what it 
 reached it unreported, goes back: each open split it may have read from is *repaired* once its
 worker has handed all of it out and every other consumer has *flushed* (reported all it
 received, its replies in flight included: ``flush_wanted``, ``flushed``); the offsets then
-neither committed nor held by anyone are replayed, whoever reads the job next gets them.
+neither committed nor held by anyone are replayed, whoever reads the job next gets them. A
+consumer that was released and lives on (a paused process that runs again) takes elements until
+it hears that it was released, and the dispatcher counts nothing it reports: so once one has
+left, every split handed out after is repaired too, unless all of it is committed or held.
 
   >>> ledger = SplitLedger(commits=True)
   >>> ledger.joined(1, None); ledger.joined(2, None)
@@ -337,7 +340,8 @@ class SplitLedger:
     #: The splits done, and how many elements each had.
     done: dict[int, int] = dataclasses.field(default_factory=dict)
     replay: list[int] = dataclasses.field(default_factory=list)
-    #: A consumer left the job: a split handed out whole is done, covered or not.
+    #: A consumer left the job: a split handed out whole is done, covered or not (``commits``:
+    #: it is repaired, ``handed_out``).
     consumer_left: bool = False
     #: A cross-trainer job's ledger: a split is done once every trainer received all of it.
     per_trainer: bool = False
@@ -517,6 +521,9 @@ class SplitLedger:
             return
         if not split.handed_out or split.count is None:
             return
+        if not split.flush_at and covers(self.skip_of(key), split.count):
+            split.repair = False  # committed or held, all of it: nothing can go back
+            return
         if not split.flush_at:
             self.flush_round += 1
             split.flush_at, split.flushing = self.flush_round, list(self.consumers)
@@ -593,6 +600,7 @@ class SplitLedger:
         every split being handed out is repaired (``_repair``), as it may have read from any."""
         if client_id in self.consumers:
             self.consumers.remove(client_id)
+        self.consumer_left = True
         for key, split in list(self.open.items()):
             split.held.pop(str(client_id), None)
             if client_id in split.awaiting:
@@ -605,11 +613,16 @@ class SplitLedger:
             self._repair(key)
 
     def handed_out(self, key: int, task_id: int) -> None:
-        """``task_id`` handed every element of split ``key`` to consumers."""
+        """``task_id`` handed every element of split ``key`` to consumers. (``commits``) Once a
+        consumer has left the job, the split is repaired as well: a released consumer that
+        lives on (its process was paused or cut off) takes elements until it hears that it
+        was released, and what it takes counts for nothing."""
         split = self.open.get(key)
         if split is not None and split.holder == task_id:
             split.handed_out = True
             self._settle(key)
+            if self.commits and self.consumer_left and key in self.open:
+                split.repair = True
             self._repair(key)
 
     def adds(self, key: int, ranges: Sequence[Sequence[int]], client_id: int | None = None) -> bool:
