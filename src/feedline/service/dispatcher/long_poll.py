@@ -180,9 +180,12 @@ class LongPoll:
         client_id = request.client_id
         with core.lock:
             job = core.consumer(client_id)
-            # A released consumer's report counts for nothing: what it held went back to the
-            # job when it was released, and a step it commits now is not committed.
-            self._check_reading(client_id)
+            ledger = core.state.ledgers.get(job.job_id)
+            if ledger is not None and ledger.commits:
+                # A released consumer's report counts for nothing: what it held went back to
+                # the job when it was released, and a step it commits now is not committed.
+                # (On receipt, what it received and reports last still counts as delivered.)
+                self._check_reading(client_id)
             done = self._take_report(client_id, job, request)
             core.load.consumer_report(client_id, request.input_wait)
             while True:
