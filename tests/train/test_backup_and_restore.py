@@ -137,6 +137,51 @@ def test_run_commits_the_input_of_each_step_that_returned(tmp_path: pathlib.Path
     assert int(next(plain)) == 0  # an iterator that does not count steps is left alone
 
 
+def test_run_goes_on_when_the_dispatcher_released_the_steps_consumer(
+    tmp_path: pathlib.Path,
+) -> None:
+    # A service consumer that acknowledges on commit, released by the dispatcher during a step
+    # (as one whose process was paused past client_timeout_ms): run() returns, the step's batch
+    # went back to the job and comes again, the iterator joined the job again.
+    from feedline import service
+    from feedline.data import Dataset
+    from feedline.service.client.channels import _dispatcher
+    from feedline.service.protocol import ReleaseClientRequest
+
+    config = service.DispatcherConfig(work_dir=str(tmp_path / "work"), fault_tolerant_mode=True)
+    dispatcher = service.DispatchServer(config)
+    address = dispatcher.target.split("://")[1]
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=address))
+    try:
+        dataset = Dataset.range(24).apply(
+            service.distribute(
+                "distributed_epoch", dispatcher.target, job_name="steps", acknowledge="on_commit"
+            )
+        )
+        iterator = iter(dataset)
+        backup = BackupAndRestore(Checkpoint(), tmp_path / "backup", save_freq=100)
+        trained: list[int] = []
+
+        def step(iterator: object, release: bool) -> None:
+            trained.append(int(next(iterator)))  # type: ignore[call-overload]
+            if release:
+                request = ReleaseClientRequest(iterator._reader.client_id)  # type: ignore[attr-defined]
+                _dispatcher(address).call("ReleaseClient", request.to_header(), timeout=10)
+
+        with backup:
+            for count in range(100):
+                try:
+                    backup.run(step, iterator, count == 5)
+                except StopIteration:
+                    break
+        assert backup.total_run_calls == 25  # 24 steps and the one whose input came again
+        again = trained[5]
+        assert trained.count(again) == 2 and sorted(set(trained)) == list(range(24))
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
 def test_a_backup_on_a_store_with_storage_options() -> None:
     from tests.conftest import credential_checked_s3, new_s3_user_options
 

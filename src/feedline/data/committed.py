@@ -40,10 +40,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
+from feedline.errors import ConsumerReleasedError
+
 __all__ = ["CommittedIterator", "abort_step", "commit_step", "counts_steps"]
+
+logger = logging.getLogger(__name__)
 
 
 class CommittedIterator:
@@ -117,10 +122,16 @@ def counts_steps(iterator: Any) -> bool:
 def commit_step(iterators: Iterable[Any]) -> None:
     """A training step committed (its ``strategy.run`` and ``strategy.reduce`` returned on
     every worker): each of ``iterators`` that counts steps (``counts_steps``) consumes the
-    step's elements; others are left alone."""
+    step's elements; others are left alone. A service iterator whose consumer the dispatcher
+    released during the step (``ConsumerReleasedError``: the step's elements went back to its
+    job, and the iterator joined the job again) does not: its step is trained, and its
+    elements come again, as after a kill before the commit."""
     for iterator in iterators:
         if counts_steps(iterator):
-            iterator.commit()
+            try:
+                iterator.commit()
+            except ConsumerReleasedError as error:
+                logger.warning("the step's input is not committed, the training goes on: %s", error)
 
 
 def abort_step(iterators: Iterable[Any]) -> None:
