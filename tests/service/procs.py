@@ -165,3 +165,13 @@ def read_in_thread(
             f"the consumer hung: no end and no error after {timeout} s ({len(got)} read)"
         )
     return got, (raised[0] if raised else None)
+
+
+def release_consumer(target: str, iterator: Any) -> None:
+    """Releases ``iterator``'s consumer at the dispatcher of ``target``, as the dispatcher
+    releases one that missed its heartbeats (the consumer itself goes on)."""
+    from feedline.service.client.channels import _dispatcher
+    from feedline.service.protocol import ReleaseClientRequest
+
+    request = ReleaseClientRequest(iterator._reader.client_id).to_header()
+    _dispatcher(target.split("://")[-1]).call("ReleaseClient", request, timeout=10)

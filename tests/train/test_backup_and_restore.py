@@ -145,8 +145,7 @@ def test_run_goes_on_when_the_dispatcher_released_the_steps_consumer(
     # went back to the job and comes again, the iterator joined the job again.
     from feedline import service
     from feedline.data import Dataset
-    from feedline.service.client.channels import _dispatcher
-    from feedline.service.protocol import ReleaseClientRequest
+    from tests.service.procs import release_consumer
 
     config = service.DispatcherConfig(work_dir=str(tmp_path / "work"), fault_tolerant_mode=True)
     dispatcher = service.DispatchServer(config)
@@ -165,8 +164,7 @@ def test_run_goes_on_when_the_dispatcher_released_the_steps_consumer(
         def step(iterator: object, release: bool) -> None:
             trained.append(int(next(iterator)))  # type: ignore[call-overload]
             if release:
-                request = ReleaseClientRequest(iterator._reader.client_id)  # type: ignore[attr-defined]
-                _dispatcher(address).call("ReleaseClient", request.to_header(), timeout=10)
+                release_consumer(dispatcher.target, iterator)
 
         with backup:
             for count in range(100):

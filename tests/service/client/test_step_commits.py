@@ -16,7 +16,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,12 +24,10 @@ from feedline.data import Dataset
 from feedline.data.committed import CommittedIterator
 from feedline.errors import ConsumerReleasedError, FailedPreconditionError, InvalidArgumentError
 from feedline.service.client import step_commits
-from feedline.service.client.channels import _dispatcher
 from feedline.service.client.queue import Item
 from feedline.service.client.step_commits import StepCommits
-from feedline.service.protocol import ReleaseClientRequest
 from tests.launcher import Processes, free_port
-from tests.service.procs import ServiceProcesses
+from tests.service.procs import ServiceProcesses, release_consumer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -368,13 +365,6 @@ def test_a_trainer_that_joins_after_the_only_one_died_gets_what_it_held(
     assert read_logs(logs[:1])  # the victim committed its first steps
 
 
-def _release_at_the_dispatcher(dispatcher: service.DispatchServer, iterator: Any) -> None:
-    """Releases ``iterator``'s consumer as the dispatcher does one that missed heartbeats."""
-    address = dispatcher.target.split("://")[1]
-    request = ReleaseClientRequest(iterator._reader.client_id).to_header()
-    _dispatcher(address).call("ReleaseClient", request, timeout=10)
-
-
 def test_a_consumer_released_while_it_lived_joins_again_and_its_lost_step_comes_again(
     fault_tolerant: service.DispatchServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -385,7 +375,7 @@ def test_a_consumer_released_while_it_lived_joins_again_and_its_lost_step_comes_
         for step, batch in enumerate(iterator):
             ids = [int(x) for x in batch]
             if step in (2, 5):  # released while the step runs; the commit is refused
-                _release_at_the_dispatcher(fault_tolerant, iterator)
+                release_consumer(fault_tolerant.target, iterator)
             try:
                 iterator.commit()
             except ConsumerReleasedError as error:
@@ -441,7 +431,7 @@ def test_a_step_of_several_reads_released_midway_does_not_commit_any_of_them(
         try:
             ids += [int(x) for x in next(iterator)]
             if step == 2:  # released after the step's first read, noticed by its second
-                _release_at_the_dispatcher(fault_tolerant, iterator)
+                release_consumer(fault_tolerant.target, iterator)
                 time.sleep(0.5)
             ids += [int(x) for x in next(iterator)]
         except StopIteration:
