@@ -16,8 +16,8 @@ def test_py_function_calls_the_function_and_casts_to_tout() -> None:
 
 
 def test_numpy_function_in_a_dataset_map() -> None:
-    def upper(line: np.ndarray) -> np.ndarray:
-        return np.asarray(line.item().upper(), dtype=object)
+    def upper(line: bytes) -> bytes:
+        return line.upper()
 
     ds = tf.data.Dataset.from_tensor_slices([b"a", b"b"]).map(
         lambda x: tf.numpy_function(upper, [x], tf.string, stateful=False)
@@ -25,3 +25,21 @@ def test_numpy_function_in_a_dataset_map() -> None:
     assert [x.item() for x in ds] == [b"A", b"B"]
     squares = tf.data.Dataset.range(3).map(lambda x: tf.py_function(np.square, [x], tf.int64))
     assert [int(x) for x in squares] == [0, 1, 4]
+
+
+def test_numpy_function_hands_scalars_over_as_tensorflow_does() -> None:
+    # The tf.data guide's example: a string scalar comes as bytes, so .decode() works.
+    d = tf.data.Dataset.from_tensor_slices(["hello", "world"])
+    d = d.map(lambda x: tf.numpy_function(lambda t: t.decode("utf-8").upper(), [x], tf.string))
+    assert [x.item() for x in d] == [b"HELLO", b"WORLD"]
+    seen: list[type] = []
+
+    def record(*args: object) -> np.int64:
+        seen.extend(type(a) for a in args)
+        return np.int64(0)
+
+    inputs = [np.array(3), np.float32(2), np.arange(2), np.array(b"s", object)]
+    tf.numpy_function(record, inputs, tf.int64)
+    assert seen == [np.int64, np.float32, np.ndarray, bytes]
+    # py_function keeps its inputs as they are (TensorFlow's are tensors: drop .numpy()).
+    assert tf.py_function(lambda t: type(t).__name__, [np.array(3)], tf.string).item() == b"ndarray"

@@ -28,6 +28,9 @@ def test_python_values_become_arrays_with_tf_dtypes() -> None:
     assert element[5].tolist() == [1, 2] and element[5].dtype == np.int32
     assert element[6] == 2**40 and element[6].dtype == np.int64
     assert element[7].dtype == np.int64
+    # A list of tuples of Python ints too (the guide's from_tensor_slices([(7, 8), (9, 10)])).
+    assert structure.normalize([(7, 8), (9, 10)]).dtype == np.int32
+    assert structure.normalize([(1, 2**40)]).dtype == np.int64
     # NumPy values keep their dtypes; only Python ints are narrowed.
     assert structure.normalize(np.int64(3)).dtype == np.int64
     assert structure.normalize([np.int64(1), np.int64(2)]).dtype == np.int64
@@ -167,3 +170,13 @@ def test_tensor_spec_takes_a_name() -> None:
     assert spec == TensorSpec((None, 3), np.float32, "features")
     assert feedline.TensorSpec(shape=[2], dtype=feedline.int32, name="x").shape == (2,)
     assert repr(spec) == "TensorSpec(shape=(None, 3), dtype=float32, name='features')"
+
+
+def test_dataset_spec_from_value() -> None:
+    from feedline.data import Dataset
+
+    spec = structure.DatasetSpec.from_value(Dataset.range(3).map(lambda x: (x, [x, x])))
+    assert spec == structure.DatasetSpec((TensorSpec((), np.int64), TensorSpec((2,), np.int64)))
+    assert spec.is_compatible_with(Dataset.range(5).map(lambda x: (x, [x, x])))
+    with pytest.raises(TypeError, match="expects a Dataset"):
+        structure.DatasetSpec.from_value([1, 2])

@@ -41,12 +41,22 @@ REPLACEMENTS: dict[str, str] = {
     "expand_dims": "use torch.unsqueeze(x, dim)",
     "squeeze": "use torch.squeeze(x, dim)",
     "zeros": "use torch.zeros(shape)",
+    "fill": "use torch.full(shape, value), or numpy.full(shape, value) inside a pipeline",
     "ones": "use torch.ones(shape)",
     "matmul": "use torch.matmul(a, b) or a @ b",
     "argmax": "use torch.argmax(x, dim=...)",
     "one_hot": "use torch.nn.functional.one_hot(indices, num_classes)",
     "random": "use torch.rand / torch.randn / torch.randint (numpy.random in a pipeline)",
     "print": "use print(...)",
+    "math": "use torch's functions (torch.exp, torch.eq, ...), or NumPy's inside a pipeline",
+    "strings": (
+        "use Python's str and bytes methods: a pipeline's scalar string is a 0-d object array, "
+        ".item() gives its bytes"
+    ),
+    "debugging": (
+        "check with numpy.isfinite / torch.isfinite and raise "
+        "feedline.errors.InvalidArgumentError (which ignore_errors drops)"
+    ),
     "TypeSpec": "use feedline.TensorSpec: element specs are TensorSpec or structures of them",
     "RaggedTensor": (
         "use feedline.data.RaggedArray (values + row_splits), which ragged_batch makes and "

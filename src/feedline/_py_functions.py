@@ -27,8 +27,19 @@ def _convert(value: Any, dtype: Any) -> Any:
     return np.asarray(array).astype(dtype, copy=False)
 
 
-def _call(func: Callable[..., Any], inp: Any, Tout: Any) -> Any:
-    args = inp if isinstance(inp, Sequence) and not isinstance(inp, str | bytes) else [inp]
+def _args(inp: Any) -> list[Any]:
+    return list(inp) if isinstance(inp, Sequence) and not isinstance(inp, str | bytes) else [inp]
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d array as NumPy's scalar of it (``bytes`` for a byte string), as TensorFlow hands
+    ``numpy_function`` its scalar inputs; anything else as it is."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value[()]
+    return value
+
+
+def _call(func: Callable[..., Any], args: list[Any], Tout: Any) -> Any:
     result = func(*args)
     if Tout is None:
         return None
@@ -57,7 +68,7 @@ def py_function(
       >>> tf.py_function(lambda a, b: a + b, [np.int64(1), 2], tf.float32)
       array(3., dtype=float32)
     """
-    return _call(func, inp, Tout)
+    return _call(func, _args(inp), Tout)
 
 
 def numpy_function(
@@ -67,5 +78,13 @@ def numpy_function(
     stateful: bool = True,
     name: str | None = None,
 ) -> Any:
-    """``func(*inp)`` on NumPy inputs, converted to ``Tout``; ``stateful`` changes nothing."""
-    return _call(func, inp, Tout)
+    """``func(*inp)`` on NumPy inputs, converted to ``Tout``; ``stateful`` changes nothing.
+
+    As in TensorFlow, a scalar input comes as a NumPy scalar, and a byte string as ``bytes``:
+
+      >>> import numpy as np
+      >>> import feedline as tf
+      >>> tf.numpy_function(lambda s: s.decode().upper(), [np.array(b"hi", object)], tf.string)
+      array(b'HI', dtype=object)
+    """
+    return _call(func, [_scalar(a) for a in _args(inp)], Tout)

@@ -171,6 +171,18 @@ class DatasetSpec:
     def __repr__(self) -> str:
         return f"DatasetSpec({self.element_spec!r})"
 
+    @staticmethod
+    def from_value(value: Any) -> DatasetSpec:
+        """The spec of the dataset ``value`` (``tf.data.DatasetSpec.from_value``).
+
+        >>> import feedline.data as fd
+        >>> DatasetSpec.from_value(fd.Dataset.range(3))
+        DatasetSpec(TensorSpec(shape=(), dtype=int64))
+        """
+        if not isinstance(value, _DATASET_TYPES):
+            raise TypeError(f"DatasetSpec.from_value expects a Dataset, got {type(value)}")
+        return DatasetSpec(value.element_spec)  # type: ignore[attr-defined]
+
     def is_compatible_with(self, other: Any) -> bool:
         """Whether ``other`` (a spec or a dataset) has an element spec this one accepts."""
         other_spec = getattr(other, "element_spec", None)
@@ -536,7 +548,7 @@ def _convert_list_leaf(value: list) -> np.ndarray:
 
 
 def _first_item(value: Any) -> Any:
-    while type(value) is list and value:
+    while type(value) in (list, tuple) and value:
         value = value[0]
     return value
 

@@ -167,3 +167,52 @@ def test_unknown_rank_is_saved_and_loaded(tmp_path) -> None:  # type: ignore[no-
     loaded = Dataset.load(str(tmp_path))
     assert loaded.element_spec == TensorSpec(None, np.int64)
     assert [np.asarray(v).tolist() for v in loaded] == [[1], [2, 3], 4]
+
+
+def test_ragged_and_sparse_signatures() -> None:
+    # The guide's example: a ragged component in output_signature.
+    def gen():  # type: ignore[no-untyped-def]
+        yield 42, feedline.data.RaggedArray.from_list([[1, 2], [3]])
+        yield 43, [[4], [5, 6, 7], []]  # nested lists, as tf.ragged.constant takes them
+
+    ragged_spec = feedline.RaggedTensorSpec(shape=(None, None), dtype=feedline.int32)
+    ds = Dataset.from_generator(gen, output_signature=(TensorSpec((), np.int32), ragged_spec))
+    assert ds.element_spec == (TensorSpec((), np.int32), ragged_spec)
+    (n, first), (_, second) = list(ds)
+    assert int(n) == 42 and first.to_list() == [[1, 2], [3]] and first.dtype == np.int32
+    assert second.to_list() == [[4], [5, 6, 7], []] and second.dtype == np.int32
+    batch = next(iter(ds.batch(2)))
+    assert batch[1].to_list() == [[[1, 2], [3]], [[4], [5, 6, 7], []]]
+
+    sparse = feedline.data.SparseArray([[0, 1]], [3], [2, 3])
+    sparse_ds = Dataset.from_generator(
+        lambda: iter([sparse]), output_signature=feedline.SparseTensorSpec((2, 3), np.float32)
+    )
+    (only,) = list(sparse_ds)
+    assert only.values.dtype == np.float32 and only.to_dense().tolist() == [[0, 3, 0], [0, 0, 0]]
+
+
+def test_ragged_and_sparse_values_that_do_not_fit_are_named() -> None:
+    ragged_spec = feedline.RaggedTensorSpec(shape=(2, None), dtype=np.int64)
+    wrong_rows = Dataset.from_generator(
+        lambda: iter([(1, [[1], [2], [3]])]),
+        output_signature=(TensorSpec((), np.int64), ragged_spec),
+    )
+    with pytest.raises(InvalidArgumentError, match="does not fit the declared RaggedTensorSpec"):
+        list(wrong_rows)
+    dense = Dataset.from_generator(
+        lambda: iter([[1, 2]]), output_signature=feedline.SparseTensorSpec((2,), np.int64)
+    )
+    with pytest.raises(InvalidArgumentError, match=r"yield a feedline\.data\.SparseArray"):
+        list(dense)
+    with pytest.raises(TypeError, match="RaggedTensorSpecs or SparseTensorSpecs"):
+        Dataset.from_generator(lambda: iter([]), output_signature=(1, 2))
+
+
+def test_a_component_that_does_not_fit_says_why_inside_a_tuple() -> None:
+    ds = Dataset.from_generator(
+        lambda: iter([(1, [1, 2, 3])]),
+        output_signature=(TensorSpec((), np.int32), TensorSpec((2,), np.int32)),
+    )
+    with pytest.raises(InvalidArgumentError, match=r"shape \(3,\).*\(2,\)"):
+        list(ds)

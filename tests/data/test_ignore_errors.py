@@ -58,6 +58,22 @@ def test_silent_by_default(caplog: pytest.LogCaptureFixture) -> None:
     assert not caplog.records
 
 
+@pytest.mark.parametrize("parallel", [None, 2])
+def test_errors_of_the_code_are_raised_not_dropped(parallel: int | None) -> None:
+    # TensorFlow meets these when it traces the function; dropping them would drop every element.
+    import feedline as tf
+
+    ds = Dataset.from_tensor_slices([1.0, 0.0])
+    misspelt = ds.map(lambda x: np.reciprocall(x), num_parallel_calls=parallel).ignore_errors()
+    with pytest.raises(AttributeError, match="reciprocall"):
+        list(misspelt)
+    ported = ds.map(lambda x: tf.debugging.check_numerics(1 / x, ""), num_parallel_calls=parallel)
+    with pytest.raises(AttributeError, match=r"feedline has no tf\.debugging"):
+        list(ported.ignore_errors())
+    with pytest.raises(NameError, match="undefined_name"):
+        list(ds.map(lambda x: undefined_name(x)).ignore_errors())  # type: ignore[name-defined] # noqa: F821
+
+
 def test_keyboard_interrupt_is_not_swallowed() -> None:
     def interrupt(x: np.int64) -> np.int64:
         raise KeyboardInterrupt

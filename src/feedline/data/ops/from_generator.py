@@ -11,7 +11,15 @@ import optree
 from feedline import structure
 from feedline.data.dataset import Dataset, DatasetIterator, IteratorContext
 from feedline.errors import InvalidArgumentError
-from feedline.structure import TensorSpec
+from feedline.structure import (
+    RaggedArray,
+    RaggedTensorSpec,
+    SparseArray,
+    SparseTensorSpec,
+    TensorSpec,
+)
+
+_SIGNATURE_SPECS = (TensorSpec, RaggedTensorSpec, SparseTensorSpec)
 
 
 def _is_shape(value: Any) -> bool:
@@ -38,10 +46,12 @@ def _signature(output_signature: Any, output_types: Any, output_shapes: Any) -> 
             raise TypeError(
                 "from_generator: give output_signature or output_types/output_shapes, not both"
             )
-        bad = [s for s in structure.spec_leaves(output_signature) if not isinstance(s, TensorSpec)]
+        leaves = structure.spec_leaves(output_signature)
+        bad = [s for s in leaves if not isinstance(s, _SIGNATURE_SPECS)]
         if bad:
             raise TypeError(
-                f"from_generator: output_signature must hold TensorSpecs, got {bad[0]!r}"
+                "from_generator: output_signature must hold TensorSpecs, RaggedTensorSpecs or "
+                f"SparseTensorSpecs, got {bad[0]!r}"
             )
         return output_signature
     if output_types is None:
@@ -90,10 +100,12 @@ class GeneratorDataset(Dataset):
     def convert(self, value: Any) -> Any:
         """``value`` in the signature's dtypes; InvalidArgumentError where it does not fit."""
         spec = self.element_spec
-        if isinstance(spec, TensorSpec):
+        if isinstance(spec, _SIGNATURE_SPECS):
             return self._convert_leaf(spec, value)
         try:
             return structure.map_spec(self._convert_leaf, spec, value)
+        except InvalidArgumentError:
+            raise  # a leaf that does not fit says why
         except ValueError as error:
             raise InvalidArgumentError(
                 f"from_generator: the generator yielded {value!r}, whose structure does not match "
@@ -101,7 +113,15 @@ class GeneratorDataset(Dataset):
             ) from error
 
     @staticmethod
-    def _convert_leaf(spec: TensorSpec, value: Any) -> np.ndarray:
+    def _convert_leaf(spec: Any, value: Any) -> Any:
+        if isinstance(spec, RaggedTensorSpec):
+            return _ragged_leaf(spec, value)
+        if isinstance(spec, SparseTensorSpec):
+            return _sparse_leaf(spec, value)
+        return GeneratorDataset._convert_dense(spec, value)
+
+    @staticmethod
+    def _convert_dense(spec: TensorSpec, value: Any) -> np.ndarray:
         """``value`` as an array of ``spec``'s dtype. For a bytes spec (object dtype), an object
         array of exact ``bytes``: ``bytes`` values as they are, ``str`` values UTF-8 encoded (as
         ``tf.string`` takes them); anything else is an InvalidArgumentError."""
@@ -122,6 +142,54 @@ class GeneratorDataset(Dataset):
                 f"which does not fit the declared shape {spec.shape}"
             )
         return array
+
+
+def _ragged_leaf(spec: RaggedTensorSpec, value: Any) -> RaggedArray:
+    """``value`` (a ``RaggedArray``, or nested lists as ``tf.ragged.constant`` takes them) as a
+    ``RaggedArray`` of ``spec``'s dtypes; InvalidArgumentError where it does not fit."""
+    try:
+        if isinstance(value, RaggedArray):
+            flat = np.asarray(value.flat_values, dtype=spec.dtype)
+            ragged = RaggedArray.from_nested_row_splits(
+                flat, value.nested_row_splits, validate=False
+            ).with_row_splits_dtype(spec.row_splits_dtype)
+        else:
+            ragged = RaggedArray.from_list(
+                value, spec.dtype, spec.ragged_rank, spec.row_splits_dtype
+            )
+    except (TypeError, ValueError, InvalidArgumentError) as error:
+        raise InvalidArgumentError(
+            f"from_generator: cannot convert {value!r} to a ragged value of {spec}: {error}"
+        ) from error
+    if not spec.is_compatible_with(ragged):
+        raise InvalidArgumentError(
+            f"from_generator: the generator yielded {ragged!r}, which does not fit the declared "
+            f"{spec}"
+        )
+    return ragged
+
+
+def _sparse_leaf(spec: SparseTensorSpec, value: Any) -> SparseArray:
+    """``value`` (a ``SparseArray``) with ``spec``'s dtype; InvalidArgumentError where it is not
+    one or does not fit."""
+    if not isinstance(value, SparseArray):
+        raise InvalidArgumentError(
+            f"from_generator: the generator yielded {value!r} where the signature declares "
+            f"{spec}: yield a feedline.data.SparseArray (SparseArray.from_dense(array) makes one)"
+        )
+    try:
+        values = np.asarray(value.values, dtype=spec.dtype)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgumentError(
+            f"from_generator: cannot convert the values of {value!r} to {spec.dtype}: {error}"
+        ) from error
+    sparse = SparseArray(value.indices, values, value.dense_shape, validate=False)
+    if not spec.is_compatible_with(sparse):
+        raise InvalidArgumentError(
+            f"from_generator: the generator yielded {sparse!r}, which does not fit the declared "
+            f"{spec}"
+        )
+    return sparse
 
 
 class _GeneratorIterator(DatasetIterator):

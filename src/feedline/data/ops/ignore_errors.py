@@ -9,6 +9,10 @@ from feedline.data.dataset import UNKNOWN_CARDINALITY, Dataset, DatasetIterator,
 
 logger = logging.getLogger(__name__)
 
+#: Errors of the program, not of an element: TensorFlow meets them when it traces a function,
+#: before any element exists, so they never reach its ``ignore_errors``; neither do they here.
+CODE_ERRORS = (NameError, AttributeError, ImportError, SyntaxError)
+
 
 class IgnoreErrorsDataset(Dataset):
     """The input's elements, skipping every one whose production raised an exception.
@@ -17,7 +21,10 @@ class IgnoreErrorsDataset(Dataset):
     element (by a ``map`` function, a reader, a ``filter`` predicate...) drops that element, and
     with ``log_warning=True`` it is logged as a warning on the ``feedline.data.ops.ignore_errors``
     logger. The input must move past the failing element, as ``map``, ``prefetch`` and the readers
-    do. ``KeyboardInterrupt`` and other ``BaseException``s are never swallowed.
+    do. Errors of the code rather than of an element (``NameError``, ``AttributeError``,
+    ``ImportError``, ``SyntaxError``: a misspelt name, a TensorFlow function feedline does not
+    have) are raised, not dropped, as TensorFlow raises them when it traces the function.
+    ``KeyboardInterrupt`` and other ``BaseException``s are never swallowed.
 
     Example:
       >>> from feedline.data import Dataset
@@ -55,7 +62,7 @@ class _IgnoreErrorsIterator(DatasetIterator):
         while True:
             try:
                 return pull()
-            except StopIteration:
+            except (StopIteration, *CODE_ERRORS):
                 raise
             except Exception as error:
                 self._dropped += 1
