@@ -475,7 +475,7 @@ def test_max_outstanding_requests_bounds_what_the_consumer_holds(make_cluster: A
     assert sorted(seen) == sorted([float(x) for x in range(200)] * 2)
 
 
-@pytest.mark.parametrize("compression", ["AUTO", None])
+@pytest.mark.parametrize("compression", ["AUTO", None, "SNAPPY"])
 def test_compression_gives_the_same_elements(make_cluster: Any, compression: Any) -> None:
     cluster = make_cluster(1)
     rng = np.random.default_rng(0)
@@ -686,6 +686,27 @@ def test_register_with_a_chosen_id(make_cluster: Any) -> None:
         service.register_dataset(cluster.target, Dataset.range(4), dataset_id="mine")
     read = service.from_dataset_id("parallel_epochs", cluster.target, "mine")
     assert ints(read) == [0, 1, 2]
+
+
+def test_from_dataset_id_scopes_a_job_name_by_the_dataset(make_cluster: Any) -> None:
+    # As TensorFlow's from_dataset_id: one job_name over two registered datasets is two jobs,
+    # and consumers of one dataset that give the name still share one.
+    cluster = make_cluster(1)
+    ids = [service.register_dataset(cluster.target, Dataset.range(s, s + 6)) for s in (0, 100)]
+
+    def reader(dataset_id: str) -> Any:
+        return iter(
+            service.from_dataset_id(
+                "distributed_epoch", cluster.target, dataset_id, job_name="shared"
+            )
+        )
+
+    first, same, other = reader(ids[0]), reader(ids[0]), reader(ids[1])
+    seen_first = [int(next(first))]
+    seen_other = [int(x) for x in other]
+    seen_first += [int(x) for x in first] + [int(x) for x in same]
+    assert sorted(seen_first) == list(range(6))
+    assert sorted(seen_other) == list(range(100, 106))
 
 
 def test_from_an_unknown_id(make_cluster: Any) -> None:

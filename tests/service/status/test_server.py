@@ -102,7 +102,11 @@ def test_dispatcher_page_shows_workers_jobs_datasets_and_consumers(running: Clus
     assert int(row["bytes/s"].replace(",", "")) > 0
     assert row["progress"].endswith("units handed out (repetition 0)")
     # Names are text, never markup.
-    assert row["name"] == "&lt;script&gt;alert(&quot;job&quot;)&lt;/script&gt; #0"
+    # (from_dataset_id scopes a job's name by its dataset, as TensorFlow does)
+    assert row["name"] == (
+        "dataset_id=&lt;b&gt;bold&lt;/b&gt;&amp;co/"
+        "&lt;script&gt;alert(&quot;job&quot;)&lt;/script&gt; #0"
+    )
     assert row["dataset"] == "&lt;b&gt;bold&lt;/b&gt;&amp;co"
     assert "<script" not in page and "<b>" not in page
     (worker,) = running.workers

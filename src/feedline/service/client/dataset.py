@@ -21,6 +21,7 @@ joined and joins a new one of the same name that resumes there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -45,7 +46,7 @@ from feedline.errors import (
 from feedline.service.client.channels import _bounded_call, _dispatcher, _patiently
 from feedline.service.client.cross_trainer import CrossTrainerCache, TrainerPosition
 from feedline.service.client.job_reader import _JobReader
-from feedline.service.client.read_params import _check_compression, _read_params, _ReadParams
+from feedline.service.client.read_params import _compression, _read_params, _ReadParams
 from feedline.service.config import ShardingPolicy
 from feedline.service.position import (
     JobPosition,
@@ -114,7 +115,8 @@ def distribute(
         most that many times an element's size).
       data_transfer_protocol: None (the default: replies of a worker on this host come through
         shared memory, others over gRPC) or ``"grpc"`` (every reply over gRPC).
-      compression: ``"AUTO"`` (compress on the wire when it pays) or None.
+      compression: ``"AUTO"`` (compress on the wire when it pays) or None; TensorFlow's
+        ``"SNAPPY"`` is taken as ``"AUTO"``.
       target_workers: ``"AUTO"``/``"ANY"`` (every worker) or ``"LOCAL"`` (only workers in this
         process).
       cross_trainer_cache: a ``CrossTrainerCache``: this consumer is a trainer that reads
@@ -144,7 +146,7 @@ def distribute(
         cross_trainer_cache,
         acknowledge,
     )
-    _check_compression(compression)
+    compression = _compression(compression)
 
     def apply(dataset: Dataset) -> DataServiceDataset:
         return DataServiceDataset(params, source=dataset, compression=compression)
@@ -161,7 +163,7 @@ def register_dataset(
     ``options().experimental_distribute.service_timeout_ms`` (5 minutes when unset)."""
     if not isinstance(dataset, Dataset):
         raise InvalidArgumentError(f"register_dataset expects a Dataset, got {type(dataset)}")
-    _check_compression(compression)
+    compression = _compression(compression)
     if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
     timeout_ms = dataset.options().experimental_distribute.service_timeout_ms
@@ -189,7 +191,9 @@ def from_dataset_id(
     acknowledge: str = "on_receipt",
 ) -> DataServiceDataset:
     """A dataset reading the registered dataset ``dataset_id`` from the service; the element
-    spec is asked of the dispatcher when not given. The other arguments are ``distribute``'s."""
+    spec is asked of the dispatcher when not given. The other arguments are ``distribute``'s,
+    but for ``job_name``, which names a job of this dataset (as in TensorFlow: consumers of
+    another dataset id that give the same name read a job of their own)."""
     params = _read_params(
         processing_mode,
         service,
@@ -204,6 +208,10 @@ def from_dataset_id(
     )
     if not isinstance(dataset_id, str) or not dataset_id:
         raise InvalidArgumentError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+    if params.job_name is not None:
+        # As in TensorFlow, a name given here is the dataset's own: consumers of two datasets
+        # that use one name read two jobs (``distribute`` shares a job by its name alone).
+        params = dataclasses.replace(params, job_name=f"dataset_id={dataset_id}/{params.job_name}")
     reply, buffers = _bounded_call(
         _dispatcher(params.address),
         "GetElementSpec",

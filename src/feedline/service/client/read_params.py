@@ -125,6 +125,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_compression(compression: Any) -> None:
+def _compression(compression: Any) -> str | None:
+    """``distribute``'s ``compression`` as the service carries it: ``"AUTO"`` or None.
+    TensorFlow's ``"SNAPPY"`` asks for compression: it is ``"AUTO"`` here (LZ4 where it pays)."""
+    if compression == "SNAPPY":
+        return "AUTO"
     if compression not in _COMPRESSIONS:
-        raise InvalidArgumentError(f"compression must be 'AUTO' or None, got {compression!r}")
+        raise InvalidArgumentError(
+            f"compression must be 'AUTO', 'SNAPPY' or None, got {compression!r}"
+        )
+    return compression
