@@ -131,14 +131,23 @@ def test_experimental_spellings_are_the_same_objects() -> None:
 
 
 def test_multi_worker_mirrored_strategy_under_experimental(monkeypatch: pytest.MonkeyPatch) -> None:
+    # TensorFlow's experimental class is the strategy with its older signature,
+    # (communication, cluster_resolver).
     experimental = tf.distribute.experimental
     monkeypatch.delattr(experimental, "MultiWorkerMirroredStrategy", raising=False)
-    if hasattr(tf.distribute, "MultiWorkerMirroredStrategy"):
-        strategy_class = experimental.MultiWorkerMirroredStrategy
-        assert strategy_class is tf.distribute.MultiWorkerMirroredStrategy
-        assert "MultiWorkerMirroredStrategy" in dir(experimental)
-        monkeypatch.delattr(experimental, "MultiWorkerMirroredStrategy")
-        monkeypatch.delattr(tf.distribute, "MultiWorkerMirroredStrategy")
+    strategy_class = experimental.MultiWorkerMirroredStrategy
+    assert issubclass(strategy_class, tf.distribute.MultiWorkerMirroredStrategy)
+    assert "MultiWorkerMirroredStrategy" in dir(experimental)
+    assert experimental.CollectiveCommunication is experimental.CommunicationImplementation
+    for communication in (experimental.CollectiveCommunication.RING, "RING"):
+        strategy = strategy_class(communication)
+        assert strategy.communication_options.implementation.name == "RING"
+        assert strategy.num_replicas_in_sync == 1  # no cluster: one worker
+    assert strategy_class().communication_options.implementation.name == "AUTO"
+    monkeypatch.delattr(experimental, "MultiWorkerMirroredStrategy")
+    import feedline.distribute.multi_worker as multi_worker
+
+    monkeypatch.delattr(multi_worker, "ExperimentalMultiWorkerMirroredStrategy")
     assert "MultiWorkerMirroredStrategy" not in dir(experimental)
     with pytest.raises(AttributeError, match="not available in this version of feedline"):
         experimental.MultiWorkerMirroredStrategy  # noqa: B018

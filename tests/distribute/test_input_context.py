@@ -18,8 +18,22 @@ def test_per_replica_batch_size() -> None:
 def test_bad_contexts_and_options() -> None:
     with pytest.raises(InvalidArgumentError, match="input_pipeline_id 2"):
         InputContext(num_input_pipelines=2, input_pipeline_id=2)
+    per_replica = InputReplicationMode.PER_REPLICA
     with pytest.raises(InvalidArgumentError, match="cannot both be True"):
         InputOptions(experimental_place_dataset_on_device=True, experimental_fetch_to_device=True)
+    # As TensorFlow's: fetching to the device is on unless turned off, and placing the dataset
+    # on the device needs PER_REPLICA input with fetching off.
+    assert InputOptions().experimental_fetch_to_device is True
+    with pytest.raises(InvalidArgumentError, match="cannot both be True"):
+        InputOptions(
+            experimental_place_dataset_on_device=True, experimental_replication_mode=per_replica
+        )
+    with pytest.raises(
+        InvalidArgumentError, match="needs experimental_replication_mode PER_REPLICA"
+    ):
+        InputOptions(experimental_place_dataset_on_device=True, experimental_fetch_to_device=False)
+    placed = InputOptions(False, per_replica, True)
+    assert placed.experimental_place_dataset_on_device and not placed.fetch_to_device
     with pytest.raises(InvalidArgumentError, match="buffer_size must be >= 1"):
         InputOptions(experimental_per_replica_buffer_size=0)
     assert ValueContext(1, 2).replica_id_in_sync_group == 1

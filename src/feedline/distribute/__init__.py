@@ -28,7 +28,13 @@ from feedline.distribute.input_context import (
 from feedline.distribute.mirrored import MirroredStrategy
 from feedline.distribute.multi_worker import MultiWorkerMirroredStrategy
 from feedline.distribute.one_device import OneDeviceStrategy
-from feedline.distribute.strategy import Strategy, StrategyExtended, get_strategy
+from feedline.distribute.strategy import (
+    RunOptions,
+    Strategy,
+    StrategyExtended,
+    experimental_set_strategy,
+    get_strategy,
+)
 from feedline.distribute.values import DistributedValues, PerReplica, PerReplicaSpec, ReduceOp
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "ReduceOp",
     "ReductionToOneDevice",
     "ReplicaContext",
+    "RunOptions",
     "Server",
     "Strategy",
     "StrategyExtended",
@@ -54,6 +61,7 @@ __all__ = [
     "cluster_resolver",
     "coordinator",
     "experimental",
+    "experimental_set_strategy",
     "get_replica_context",
     "get_strategy",
     "has_strategy",

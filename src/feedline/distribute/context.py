@@ -60,12 +60,15 @@ class ReplicaContext:
     def local_replica_id(self) -> int:
         return self.replica_id_in_sync_group - self.strategy.extended.first_replica_id
 
-    def all_reduce(self, reduce_op: Any, value: Any) -> Any:
+    def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
         """``value`` (a tensor or a nested structure of them) reduced over every replica in
         sync, with ``reduce_op`` (``SUM`` or ``MEAN``, a ``ReduceOp`` or its name); every
         replica gets the same result, on its own device, as in TensorFlow. Integer tensors
         become floating point under ``MEAN``. The result does not carry gradients back to the
         other replicas.
+
+        ``options`` (a ``CommunicationOptions``) is accepted as TensorFlow's; the strategy's
+        own options apply. Every replica's value must have one shape.
 
         Used as a gradient (``param.grad = reduced``), an ``all_reduce`` result is already
         summed over the replicas: a mirrored optimizer's deferred step uses it as it is rather
@@ -87,9 +90,10 @@ class ReplicaContext:
         combine = functools.partial(self.strategy._replica_all_reduce, op)
         return self._collective(Collective("all_reduce", op, value, combine, reduces=True))
 
-    def all_gather(self, value: Any, axis: int) -> Any:
+    def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
         """Every replica's ``value`` (a tensor or a nested structure of them) concatenated along
-        ``axis``, in replica order; the same on every replica, on its own device."""
+        ``axis``, in replica order; the same on every replica, on its own device. ``options``
+        (a ``CommunicationOptions``) is accepted as TensorFlow's; the strategy's own apply."""
         combine = functools.partial(self.strategy._replica_all_gather, axis)
         return self._collective(Collective("all_gather", axis, value, combine))
 
@@ -178,6 +182,11 @@ def get_strategy() -> Strategy:
             )
         return _default_strategy()
     return strategy
+
+
+def strategy_in_scope() -> Strategy | None:
+    """The strategy whose scope (or ``run``) the code is in; None outside every scope."""
+    return _strategy.get()
 
 
 def has_strategy() -> bool:

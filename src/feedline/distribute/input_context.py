@@ -67,11 +67,13 @@ class InputOptions:
       experimental_fetch_to_device: move each replica's batch to its device (on CUDA through
         the device's ring of reusable pinned buffers and a copy stream of its own, prefetched
         ahead of the step; ``Options.experimental_distribute.pinned_buffer_count`` sizes the
-        ring); False keeps it on the host.
+        ring); False keeps it on the host. None (the default) reads back as True, as in
+        TensorFlow.
       experimental_replication_mode: an ``InputReplicationMode`` or its name (``"PER_REPLICA"``);
         PER_REPLICA only for ``distribute_datasets_from_function``.
       experimental_place_dataset_on_device: accepted for compatibility; feedline's pipelines
-        always run on the host. It cannot be combined with ``experimental_fetch_to_device``.
+        always run on the host. As in TensorFlow it needs the PER_REPLICA mode and
+        ``experimental_fetch_to_device=False``.
       experimental_per_replica_buffer_size: batches each replica keeps ready on its device.
     """
 
@@ -87,11 +89,19 @@ class InputOptions:
             "experimental_replication_mode",
         )
         object.__setattr__(self, "experimental_replication_mode", mode)
-        if self.experimental_place_dataset_on_device and self.experimental_fetch_to_device:
-            raise InvalidArgumentError(
-                "experimental_place_dataset_on_device and experimental_fetch_to_device cannot "
-                "both be True"
-            )
+        if self.experimental_fetch_to_device is None:
+            object.__setattr__(self, "experimental_fetch_to_device", True)
+        if self.experimental_place_dataset_on_device:
+            if self.experimental_fetch_to_device:
+                raise InvalidArgumentError(
+                    "experimental_place_dataset_on_device and experimental_fetch_to_device cannot "
+                    "both be True (experimental_fetch_to_device is True unless set to False)"
+                )
+            if mode is not InputReplicationMode.PER_REPLICA:
+                raise InvalidArgumentError(
+                    "experimental_place_dataset_on_device needs experimental_replication_mode "
+                    f"PER_REPLICA, got {mode.name}"
+                )
         if self.experimental_per_replica_buffer_size < 1:
             raise InvalidArgumentError(
                 "experimental_per_replica_buffer_size must be >= 1, got "

@@ -38,7 +38,7 @@ from feedline.distribute.collective import DEFAULT_TIMEOUT_SECONDS, Collective
 from feedline.distribute.collective_mirroring import CollectiveMirroring
 from feedline.distribute.elastic import ElasticClusterResolver, ElasticCollective, Generation
 from feedline.distribute.mirroring import Mirroring
-from feedline.distribute.strategy import Strategy, StrategyExtended
+from feedline.distribute.strategy import RunOptions, Strategy, StrategyExtended
 from feedline.errors import FailedPreconditionError, InvalidArgumentError, MembershipChangedError
 
 
@@ -203,13 +203,17 @@ class MultiWorkerMirroredStrategy(Strategy):
             self._mirroring.forget_synced()  # type: ignore[attr-defined]
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict | None = None,
+        options: RunOptions | None = None,
     ) -> Any:
         if self._elastic is None:
-            return super().run(fn, args, kwargs)
+            return super().run(fn, args, kwargs, options)
         self._elastic.boundary()
         try:
-            return super().run(fn, args, kwargs)
+            return super().run(fn, args, kwargs, options)
         except MembershipChangedError:
             self._mirroring.abort_run()  # the update of a failed step is never applied
             raise
@@ -288,3 +292,26 @@ def _addresses(resolver: Any, world_size: int) -> list[str]:
     except (ValueError, KeyError, AttributeError):
         return []
     return names if len(names) == world_size and all(names) else []
+
+
+class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
+    """``tf.distribute.experimental.MultiWorkerMirroredStrategy``: the same strategy with the
+    signature TensorFlow keeps under ``experimental``, ``(communication, cluster_resolver)``.
+
+    Args:
+      communication: a ``CommunicationImplementation`` (``CollectiveCommunication``) or its
+        name.
+      cluster_resolver: as ``MultiWorkerMirroredStrategy``'s.
+      devices: as ``MultiWorkerMirroredStrategy``'s.
+    """
+
+    def __init__(
+        self,
+        communication: CommunicationImplementation | str = CommunicationImplementation.AUTO,
+        cluster_resolver: resolvers.ClusterResolver | None = None,
+        *,
+        devices: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(
+            cluster_resolver, CommunicationOptions(implementation=communication), devices=devices
+        )

@@ -8,10 +8,12 @@ several processes, the worker count and index.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import optree
@@ -37,6 +39,16 @@ from feedline.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from feedline.distribute.cluster_resolver import ClusterResolver
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """Options of ``Strategy.run`` (``tf.distribute.RunOptions``). Its fields tune TPU
+    compilation in TensorFlow; feedline accepts them and they change nothing."""
+
+    experimental_enable_dynamic_batch_size: bool = True
+    experimental_bucketizing_dynamic_shape: bool = False
+    experimental_xla_options: Any = None
 
 
 class StrategyExtended:
@@ -139,13 +151,20 @@ class Strategy:
         return objects[0] if len(objects) == 1 else objects
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict | None = None,
+        options: RunOptions | None = None,
     ) -> Any:
         """Calls ``fn`` once per local replica, in replica order, each in its replica context.
 
         ``PerReplica`` values in ``args``/``kwargs`` are replaced by the replica's own component;
         other values are passed to every replica. Returns the per-replica results as
-        ``PerReplica`` values (a plain value with one replica).
+        ``PerReplica`` values (a plain value with one replica); a result that is the same
+        object on every replica (a captured tensor, None) is returned as it is, as in
+        TensorFlow. ``args`` must be a tuple or list (``args=(x,)``, not ``args=(x)``);
+        ``options`` (a ``RunOptions``) changes nothing.
 
         A function that calls no collective runs for one replica after another in this thread.
         Once replica 0 calls one of its ``ReplicaContext``'s collectives (``all_reduce``,
@@ -155,6 +174,8 @@ class Strategy:
         """
         if not callable(fn):
             raise TypeError(f"run expects a callable, got {type(fn).__name__}")
+        _check_run_arguments(args, kwargs, options)
+        self._check_not_mixed("run")
         kwargs = kwargs or {}
         mirroring = self._mirroring if self.mirrors_replicas else None
         if mirroring is not None:
@@ -174,7 +195,27 @@ class Strategy:
         if mirroring is not None:
             mirroring.offer_results(results)
             mirroring.after_run()
-        return regroup(results)
+        return regroup(results, merge_same=True)
+
+    def _check_not_mixed(self, what: str) -> None:
+        """RuntimeError where another strategy is in scope (TensorFlow's "mixing" error)."""
+        current = context.strategy_in_scope()
+        if current is not None and current is not self:
+            raise RuntimeError(
+                f"Mixing different tf.distribute.Strategy objects: {type(self).__name__}.{what} "
+                f"was called in the scope of another strategy ({type(current).__name__}); "
+                "call it outside that scope, or use the strategy in scope"
+            )
+
+    def _require_cross_replica(self, what: str) -> None:
+        """RuntimeError inside ``run`` (a replica context) or another strategy's scope."""
+        self._check_not_mixed(what)
+        if context.current_replica() is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{what} can only be called in the cross-replica context "
+                f"(outside strategy.run); in a replica's function use "
+                f"get_replica_context().{'all_gather' if what == 'gather' else 'all_reduce'}"
+            )
 
     @contextmanager
     def _device_scope(self, local: int) -> Iterator[None]:
@@ -213,9 +254,15 @@ class Strategy:
         with that step's gradients, in the same all-reduce: their reduce right after the run
         (without ``axis``, before the next run) waits for nothing.
         """
+        self._require_cross_replica("reduce")
         op = ReduceOp.parse(reduce_op)
         parts = [torch.as_tensor(v) for v in self._replica_values(value)]
         target = parts[0].device
+        axes = _axes(axis)
+        reduced = parts if axes is None else [p.sum(dim=axes) for p in parts]
+        _check_same_shapes(
+            [r.shape for r in reduced], "reduce" if axes is None else f"reduce along axis {axis}"
+        )
         if axis is None and self.mirrors_replicas:
             summed = self._mirroring.summed_in_run(parts)
         else:
@@ -224,22 +271,24 @@ class Strategy:
             if op is ReduceOp.SUM:
                 return summed
             return summed / torch.tensor(float(self.num_replicas_in_sync), dtype=summed.dtype)
-        if axis is None:
-            total = functools.reduce(torch.add, [p.to(target) for p in parts])
-        else:
-            total = functools.reduce(torch.add, [p.to(target).sum(dim=axis) for p in parts])
+        total = functools.reduce(torch.add, [r.to(target) for r in reduced])
         if op is ReduceOp.SUM:
             return self._sum_across_workers(total)
         if not torch.is_floating_point(total):
             total = total.to(torch.float32)
-        count = len(parts) if axis is None else sum(p.shape[axis] for p in parts)
+        if axes is None:
+            count = len(parts)
+        else:
+            count = sum(math.prod(p.shape[a] for a in axes) for p in parts)
         # One collective for both: the total's elements, then the count.
         count_part = torch.tensor([float(count)], dtype=total.dtype, device=target)
         both = self._sum_across_workers(torch.cat([total.reshape(-1), count_part]))
         return both[:-1].reshape(total.shape) / both[-1]
 
     def gather(self, value: Any, axis: int) -> torch.Tensor:
-        """The replicas' components of ``value`` concatenated along ``axis``."""
+        """The replicas' components of ``value`` concatenated along ``axis`` (in the
+        cross-replica context; ``get_replica_context().all_gather`` inside ``run``)."""
+        self._require_cross_replica("gather")
         parts = [torch.as_tensor(v) for v in self._replica_values(value)]
         target = parts[0].device
         return self._all_gather(torch.cat([p.to(target) for p in parts], dim=axis), axis)
@@ -251,6 +300,7 @@ class Strategy:
 
         def reduce_leaf(*leaves: Any) -> list[torch.Tensor]:
             parts = [torch.as_tensor(leaf) for leaf in leaves]
+            _check_same_shapes([p.shape for p in parts], "all_reduce")
             target = parts[0].device
             if len(parts) == 1:
                 total = parts[0].clone()
@@ -434,3 +484,61 @@ context.set_default_strategy(default_strategy)
 def get_strategy() -> Strategy:
     """The strategy in scope, or the default one-replica strategy."""
     return context.get_strategy()
+
+
+# The scope that experimental_set_strategy entered and has not left.
+_set_scope: AbstractContextManager[Strategy] | None = None
+
+
+def experimental_set_strategy(strategy: Strategy | None) -> None:
+    """Makes ``strategy`` current as ``with strategy.scope():`` would, until the next call;
+    None goes back to the default strategy (``tf.distribute.experimental_set_strategy``).
+    Like a scope, it holds for this thread.
+
+    Raises:
+      RuntimeError: called inside a ``with strategy.scope()`` block.
+    """
+    global _set_scope
+    if context.strategy_in_scope() is not None and _set_scope is None:
+        raise RuntimeError(
+            "experimental_set_strategy must not be called inside a strategy's scope; leave the "
+            "`with strategy.scope():` block first"
+        )
+    if _set_scope is not None:
+        scope, _set_scope = _set_scope, None
+        scope.__exit__(None, None, None)
+    if strategy is not None:
+        scope = strategy.scope()
+        scope.__enter__()
+        _set_scope = scope
+
+
+def _check_run_arguments(args: Any, kwargs: Any, options: Any) -> None:
+    if not isinstance(args, list | tuple):
+        raise ValueError(
+            f"positional args must be a list or tuple, got {type(args).__name__} (a single "
+            "argument is args=(x,), not args=(x))"
+        )
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    if options is not None and not isinstance(options, RunOptions):
+        raise TypeError(f"options must be a RunOptions or None, got {type(options).__name__}")
+
+
+def _axes(axis: Any) -> tuple[int, ...] | None:
+    """``reduce``'s ``axis``: None, an int, or a tuple or list of ints (TensorFlow's forms)."""
+    if axis is None:
+        return None
+    if isinstance(axis, list | tuple):
+        return tuple(int(a) for a in axis)
+    return (int(axis),)
+
+
+def _check_same_shapes(shapes: Sequence[torch.Size], what: str) -> None:
+    """InvalidArgumentError unless every replica's value has one shape: adding broadcasts."""
+    if any(shape != shapes[0] for shape in shapes[1:]):
+        listed = ", ".join(str(tuple(shape)) for shape in shapes)
+        raise InvalidArgumentError(
+            f"{what}: the replicas' values have different shapes ({listed}); they must be the "
+            "same on every replica (a partial batch: reduce with axis=0, or gather)"
+        )

@@ -123,14 +123,31 @@ def _select_in_sequence(value: tuple[Any, ...] | list[Any], replica: int) -> Any
     return tuple(selected) if type(value) is tuple else selected
 
 
-def regroup(results: Sequence[Any], always_wrap: bool = False) -> Any:
+def regroup(results: Sequence[Any], always_wrap: bool = False, merge_same: bool = False) -> Any:
     """Per-replica results (one structure each) as one structure of ``PerReplica`` leaves;
-    one replica's result as it is, unless ``always_wrap`` (a multi-worker strategy's input)."""
+    one replica's result as it is, unless ``always_wrap`` (a multi-worker strategy's input).
+
+    With ``merge_same`` (``strategy.run``'s results, as in TensorFlow), a leaf that is the same
+    object on every replica (a captured tensor, a constant, the None of a step that returns
+    nothing) is that object, not a ``PerReplica``.
+    """
     if len(results) == 1 and not always_wrap:
         return results[0]
+    leaf = _same_or_per_replica if merge_same else _per_replica
     if all(optree.tree_is_leaf(r, none_is_leaf=True) for r in results):  # a loss each
-        return PerReplica(tuple(results))
+        return leaf(*results)
     try:
-        return optree.tree_map(lambda *vs: PerReplica(vs), *results, none_is_leaf=True)
+        return optree.tree_map(leaf, *results, none_is_leaf=True)
     except ValueError:
         return PerReplica(results)  # replicas returned differently shaped structures
+
+
+def _per_replica(*values: Any) -> PerReplica:
+    return PerReplica(values)
+
+
+def _same_or_per_replica(*values: Any) -> Any:
+    first = values[0]
+    if all(v is first for v in values):
+        return first
+    return PerReplica(values)

@@ -45,6 +45,8 @@ BASICS = (
     CHIEF
     + """
 results = {"plain": coordinator.schedule(lambda: 40 + 2).fetch()}
+# As in TensorFlow, one coordinator per strategy.
+results["one_per_strategy"] = ClusterCoordinator(strategy) is coordinator
 
 names = PerWorkerValues(["zero", "one"])
 def read_named(iterator, name):
@@ -120,7 +122,7 @@ def test_schedule_fetch_join_per_worker_values_and_errors() -> None:
     cluster = launcher.tf_config_envs({"chief": 1, "worker": 2, "ps": 1})
     with ps_here(cluster), servers(only(cluster, "worker:0", "worker:1"), wait=False):
         results = launcher.run(BASICS, only(cluster, "chief:0"), timeout=120)["chief:0"].result
-    assert results["plain"] == 42
+    assert results["plain"] == 42 and results["one_per_strategy"] is True
     # Each worker got its own element of the PerWorkerValues and read its own dataset in order.
     assert results["pairs"] == [[0, "zero"], [1, "one"]]
     for positions in results["positions"].values():

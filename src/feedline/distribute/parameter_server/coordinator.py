@@ -60,10 +60,19 @@ class ClusterCoordinator:
         every wait raises ``UnavailableError`` naming the workers. None waits for them forever
         (as TensorFlow does, for a cluster manager that restarts them).
 
+    As in TensorFlow, a strategy has one coordinator: ``ClusterCoordinator(strategy)`` again
+    returns the one made first (its arguments as first given) until it is closed.
+
     Raises:
       InvalidArgumentError: ``strategy`` is not a ParameterServerStrategy, belongs to a
         worker (between-graph form), or its cluster has no worker tasks.
     """
+
+    def __new__(cls, strategy: ParameterServerStrategy, **kwargs: Any) -> ClusterCoordinator:
+        existing = getattr(strategy, "_cluster_coordinator", None)
+        if isinstance(existing, cls) and not existing._stopping.is_set():
+            return existing
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -73,6 +82,8 @@ class ClusterCoordinator:
         function_timeout: float = 3600.0,
         worker_timeout: float | None = 600.0,
     ) -> None:
+        if getattr(strategy, "_cluster_coordinator", None) is self:
+            return  # the strategy's coordinator, already running
         if not isinstance(strategy, ParameterServerStrategy):
             raise InvalidArgumentError(
                 f"ClusterCoordinator needs a ParameterServerStrategy, got {type(strategy).__name__}"
@@ -107,6 +118,7 @@ class ClusterCoordinator:
         self._monitor.start()
         _exit.register(self, "close", _exit.CONSUMER)
         _exit.join_at_exit(self._monitor)
+        strategy._cluster_coordinator = self
 
     # -- the public API ----------------------------------------------------------------------
     def schedule(

@@ -38,7 +38,7 @@ from feedline.distribute import cluster_resolver as resolvers
 from feedline.distribute._devices import ReplicaDevice
 from feedline.distribute.parameter_server import executor, variables
 from feedline.distribute.parameter_server.runtime import Cluster
-from feedline.distribute.strategy import Strategy, StrategyExtended
+from feedline.distribute.strategy import RunOptions, Strategy, StrategyExtended
 from feedline.errors import InvalidArgumentError
 
 __all__ = ["ParameterServerStrategy"]
@@ -82,6 +82,9 @@ class ParameterServerStrategy(Strategy):
       InvalidArgumentError: the cluster has no ps tasks, or this process's task is one the
         strategy cannot play (``ps``: run ``feedline server``; ``evaluator``).
     """
+
+    #: The strategy's ``ClusterCoordinator`` once one is made (one per strategy).
+    _cluster_coordinator: Any = None
 
     def __init__(
         self,
@@ -158,12 +161,16 @@ class ParameterServerStrategy(Strategy):
         return self._ps_placer.cluster
 
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict | None = None,
+        options: RunOptions | None = None,
     ) -> Any:
         """Calls ``fn`` on this worker's replica as one step: the values it reads are pulled
         fresh, and ``optimizer.step()`` inside pushes its update (no other worker waits)."""
         with variables.step(clear_grads=False):
-            return super().run(fn, args, kwargs)
+            return super().run(fn, args, kwargs, options)
 
     call_for_each_replica = run
 
