@@ -70,8 +70,8 @@ def test_the_callers_autograd_and_autocast_modes_hold_in_every_replica() -> None
         return torch.is_grad_enabled()
 
     with torch.no_grad():
-        assert _strategy().run(step).values == (False, False)
-    assert _strategy().run(step).values == (True, True)
+        assert _strategy().run(step) is False  # the same object on both replicas: returned once
+    assert _strategy().run(step) is True
 
     def autocast_step() -> tuple[bool, torch.dtype]:
         _context().all_reduce("SUM", torch.tensor(1.0))

@@ -115,8 +115,8 @@ class ReplicaContext:
           ...     context = fdist.get_replica_context()
           ...     mine = torch.tensor(float(context.replica_id_in_sync_group + 1))
           ...     return context.merge_call(lambda s, v: float(s.reduce("SUM", v)), args=(mine,))
-          >>> strategy.experimental_local_results(strategy.run(step))
-          (3.0, 3.0)
+          >>> strategy.run(step)  # every replica got the one result: run returns it as it is
+          3.0
         """
         strategy = self.strategy
 

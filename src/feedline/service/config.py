@@ -120,7 +120,8 @@ JOURNAL_SYNC = ("full", "normal")
 
 @dataclasses.dataclass(frozen=True)
 class DispatcherConfig:
-    """Configuration of a ``DispatchServer``.
+    """Configuration of a ``DispatchServer``. TensorFlow's fields come first, in its order; from
+    ``journal_sync`` on they are keyword-only.
 
     Attributes:
       port: the port to listen on; 0 picks a free one.
@@ -130,12 +131,6 @@ class DispatcherConfig:
       fault_tolerant_mode: journal every state change in SQLite under ``work_dir``, durable
         before the reply that depends on it, so that a dispatcher started again on the same
         ``work_dir`` (and port) resumes its datasets, jobs, tasks, split cursors and consumers.
-      journal_sync: how durable a journaled change is before its reply: ``"full"`` (the
-        default: each commit is fsynced before the reply, outside the dispatcher's lock and
-        shared by the requests that commit meanwhile, so it survives a crash of the machine) or
-        ``"normal"`` (SQLite's ``synchronous=NORMAL`` in WAL mode: it survives the
-        dispatcher's own crash, kill -9 included, but a power cut or a kernel crash may lose
-        the last commits; a commit costs tens of microseconds instead of an fsync).
       worker_addresses: the fixed list of worker addresses that static sharding (FILE, DATA,
         FILE_OR_DATA, HINT) needs; worker ``i`` is ``worker_addresses[i]``.
       job_gc_check_interval_ms: how often the dispatcher looks for jobs and datasets to
@@ -145,6 +140,12 @@ class DispatcherConfig:
         registered after its last use (default 300000); -1: never. A job without a name is
         collected as soon as its consumer is done with it.
       worker_timeout_ms: a worker without a heartbeat for this long is dropped (default 10000).
+      journal_sync: how durable a journaled change is before its reply: ``"full"`` (the
+        default: each commit is fsynced before the reply, outside the dispatcher's lock and
+        shared by the requests that commit meanwhile, so it survives a crash of the machine) or
+        ``"normal"`` (SQLite's ``synchronous=NORMAL`` in WAL mode: it survives the
+        dispatcher's own crash, kill -9 included, but a power cut or a kernel crash may lose
+        the last commits; a commit costs tens of microseconds instead of an fsync).
       client_timeout_ms: a consumer without a heartbeat for this long is released (default 10000).
       bind: the interface to listen on; loopback unless told otherwise.
       token: the shared secret every request must carry; ``$FEEDLINE_SERVICE_TOKEN`` when None.
@@ -165,11 +166,14 @@ class DispatcherConfig:
     protocol: str = "grpc"
     work_dir: str | None = None
     fault_tolerant_mode: bool = False
-    journal_sync: str = "full"
     worker_addresses: tuple[str, ...] | None = None
     job_gc_check_interval_ms: int | None = None
     job_gc_timeout_ms: int | None = None
     worker_timeout_ms: int | None = None
+    # TensorFlow's fields above, in its order (positional calls mean the same); feedline's own
+    # below, by keyword only.
+    _: dataclasses.KW_ONLY
+    journal_sync: str = "full"
     client_timeout_ms: int | None = None
     bind: str = "127.0.0.1"
     token: str | None = None
@@ -257,7 +261,8 @@ class DispatcherConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
-    """Configuration of a ``WorkerServer``.
+    """Configuration of a ``WorkerServer``. TensorFlow's fields come first, in its order; from
+    ``worker_tags`` on they are keyword-only.
 
     Attributes:
       dispatcher_address: the dispatcher's ``host:port`` (a ``grpc://`` prefix is accepted).
@@ -309,6 +314,8 @@ class WorkerConfig:
     heartbeat_interval_ms: int | None = None
     dispatcher_timeout_ms: int | None = None
     data_transfer_protocol: str | None = None
+    # TensorFlow's fields above, in its order; feedline's own below, by keyword only.
+    _: dataclasses.KW_ONLY
     worker_tags: tuple[str, ...] = ()
     bind: str = "127.0.0.1"
     token: str | None = None

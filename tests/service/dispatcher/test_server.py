@@ -202,6 +202,18 @@ def test_worker_config_is_validated(config: dict[str, Any], match: str) -> None:
         service.WorkerConfig(**config)
 
 
+def test_configs_keep_tensorflows_positions_and_take_the_rest_by_keyword() -> None:
+    # DispatcherConfig(port, protocol, work_dir, fault_tolerant_mode, worker_addresses, ...)
+    # and WorkerConfig(dispatcher_address, worker_address, port, protocol,
+    # heartbeat_interval_ms, ...) as TensorFlow orders them.
+    config = service.DispatcherConfig(0, "grpc", None, False, ("127.0.0.1:1",), 500, 600, 700)
+    assert config.worker_addresses == ("127.0.0.1:1",) and config.worker_timeout_ms == 700
+    worker = service.WorkerConfig("127.0.0.1:1", None, 0, "grpc", 250, 900)
+    assert worker.heartbeat_interval_ms == 250 and worker.dispatcher_timeout_ms == 900
+    with pytest.raises(TypeError):
+        service.DispatcherConfig(0, "grpc", None, False, None, 1, 1, 1, "normal")  # type: ignore[misc]
+
+
 def test_sharding_policy_strings() -> None:
     parse = service.ShardingPolicy.parse
     assert parse("parallel_epochs") is service.ShardingPolicy.OFF
