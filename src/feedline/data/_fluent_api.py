@@ -645,7 +645,9 @@ class FluentAPI:
         _not_attached("concatenate")
 
     def ignore_errors(self, log_warning: bool = False) -> Dataset:
-        """The elements whose production raised no error; the others are dropped.
+        """The elements whose production raised no error; the others are dropped. Errors of
+        the code rather than of an element (``NameError``, ``AttributeError``, ``ImportError``,
+        ``SyntaxError``) are raised, as TensorFlow raises them when it traces the function.
 
         Args:
           log_warning: log every dropped element's error as a warning.
