@@ -79,3 +79,22 @@ def test_attached_methods_run_and_datasets_still_pickle() -> None:
 
 def test_docstring_examples() -> None:
     assert doctest.testmod(_fluent_api).failed == 0
+
+
+def test_tensorflows_name_argument_is_accepted_and_unused(tmp_path: Any) -> None:
+    ds = (
+        Dataset.from_tensor_slices([1, 2, 3], name="slices")
+        .map(lambda x: x * 2, name="double")
+        .filter(lambda x: x > 2, name="big")
+        .batch(2, name="pairs")
+        .prefetch(1, name="ahead")
+    )
+    assert [b.tolist() for b in ds] == [[4, 6]]
+    taking = [n for n in DECLARED if "name" in inspect.signature(getattr(Dataset, n)).parameters]
+    assert {"map", "batch", "from_tensor_slices", "zip", "interleave"} <= set(taking)
+    from feedline.data import TextLineDataset, TFRecordDataset
+
+    path = tmp_path / "lines.txt"
+    path.write_text("a\nb\n")
+    assert [x.item() for x in TextLineDataset(str(path), name="lines")] == [b"a", b"b"]
+    assert TFRecordDataset(str(path), name="records").element_spec.shape == ()

@@ -9,6 +9,7 @@ name, attached to ``Dataset`` with the declaration's docstring.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -482,8 +483,30 @@ def _declared() -> dict[str, Any]:
     return {name: getattr(FluentAPI, name) for name in vars(FluentAPI) if not name.startswith("_")}
 
 
+def _taking_name(fn: Callable[..., Any], declared: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` that also takes (and drops) TensorFlow's ``name=`` where its declaration has it
+    and the body does not, with the declared signature."""
+    if "name" not in inspect.signature(declared).parameters:
+        return fn
+    if "name" in inspect.signature(fn).parameters:
+        return fn
+
+    def with_name(*args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    signature = inspect.signature(declared)
+    own = inspect.signature(fn).parameters
+    if "self" in own:  # the body's ``self: Dataset``, for help()
+        signature = signature.replace(
+            parameters=[own["self"], *list(signature.parameters.values())[1:]]
+        )
+    with_name.__signature__ = signature  # type: ignore[attr-defined]
+    return with_name
+
+
 def attach() -> None:
-    """Sets every implementation on ``Dataset`` under its declared name, with its docstring."""
+    """Sets every implementation on ``Dataset`` under its declared name, with its docstring;
+    a ``name=`` that TensorFlow's op takes is accepted and unused."""
     declared = _declared()
     if declared.keys() != _STATIC.keys() | _METHODS.keys():
         raise ImportError(
@@ -491,11 +514,13 @@ def attach() -> None:
             f"{sorted(declared.keys() - _STATIC.keys() - _METHODS.keys())}, implemented but not "
             f"declared {sorted((_STATIC.keys() | _METHODS.keys()) - declared.keys())}"
         )
-    for name, fn in _STATIC.items():
+    for name, body in _STATIC.items():
+        fn = _taking_name(body, declared[name])
         fn.__name__ = fn.__qualname__ = name
         fn.__doc__ = declared[name].__doc__
         setattr(Dataset, name, staticmethod(fn))
-    for name, fn in _METHODS.items():
+    for name, body in _METHODS.items():
+        fn = _taking_name(body, declared[name])
         fn.__name__ = name
         fn.__qualname__ = f"Dataset.{name}"
         fn.__doc__ = declared[name].__doc__

@@ -56,7 +56,7 @@ class FluentAPI:
         _not_attached("range")
 
     @staticmethod
-    def from_tensors(tensors: Any) -> Dataset:
+    def from_tensors(tensors: Any, *, name: str | None = None) -> Dataset:
         """A dataset of one element, ``tensors`` (a nested structure of arrays).
 
         Example:
@@ -67,7 +67,7 @@ class FluentAPI:
         _not_attached("from_tensors")
 
     @staticmethod
-    def from_tensor_slices(tensors: Any) -> Dataset:
+    def from_tensor_slices(tensors: Any, *, name: str | None = None) -> Dataset:
         """The rows of ``tensors`` (a nested structure of arrays) along their first dimension.
 
         Example:
@@ -84,6 +84,8 @@ class FluentAPI:
         output_shapes: Any = None,
         args: Sequence[Any] | None = None,
         output_signature: Any = None,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """The elements of ``generator(*args)``, converted to ``output_signature``.
 
@@ -121,7 +123,11 @@ class FluentAPI:
 
     @staticmethod
     def list_files(
-        file_pattern: str | Sequence[str], shuffle: bool | None = None, seed: int | None = None
+        file_pattern: str | Sequence[str],
+        shuffle: bool | None = None,
+        seed: int | None = None,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """The names of the files matching ``file_pattern``, as ``bytes`` scalars.
 
@@ -133,7 +139,7 @@ class FluentAPI:
         _not_attached("list_files")
 
     @staticmethod
-    def zip(*args: Any, datasets: Any = None) -> Dataset:
+    def zip(*args: Any, datasets: Any = None, name: str | None = None) -> Dataset:
         """Elements of several datasets side by side, until the shortest ends.
 
         ``Dataset.zip(a, b)``, ``Dataset.zip((a, b))`` and ``Dataset.zip(datasets={"x": a})`` all
@@ -259,6 +265,7 @@ class FluentAPI:
         deterministic: bool | None = None,
         *,
         use_processes: bool = False,
+        name: str | None = None,
     ) -> Dataset:
         """``map_func`` applied to every element (a tuple element is passed as arguments).
 
@@ -277,7 +284,7 @@ class FluentAPI:
         """
         _not_attached("map")
 
-    def filter(self, predicate: Callable[..., Any]) -> Dataset:
+    def filter(self, predicate: Callable[..., Any], *, name: str | None = None) -> Dataset:
         """The elements for which ``predicate`` returns True.
 
         Example:
@@ -287,7 +294,7 @@ class FluentAPI:
         """
         _not_attached("filter")
 
-    def flat_map(self, map_func: Callable[..., Dataset]) -> Dataset:
+    def flat_map(self, map_func: Callable[..., Dataset], *, name: str | None = None) -> Dataset:
         """The elements of the datasets that ``map_func`` returns, one dataset after another.
 
         Example:
@@ -304,6 +311,8 @@ class FluentAPI:
         block_length: int | None = None,
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """The datasets ``map_func`` makes, ``cycle_length`` open at a time, read in turns.
 
@@ -328,6 +337,8 @@ class FluentAPI:
         drop_remainder: bool = False,
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """Consecutive elements stacked in batches of ``batch_size``.
 
@@ -350,6 +361,8 @@ class FluentAPI:
         padded_shapes: Any = None,
         padding_values: Any = None,
         drop_remainder: bool = False,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """Batches of elements padded to a common shape.
 
@@ -417,7 +430,7 @@ class FluentAPI:
         """
         _not_attached("sparse_batch")
 
-    def unbatch(self) -> Dataset:
+    def unbatch(self, *, name: str | None = None) -> Dataset:
         """Every element split along its first dimension.
 
         Example:
@@ -427,7 +440,13 @@ class FluentAPI:
         """
         _not_attached("unbatch")
 
-    def rebatch(self, batch_size: int | Sequence[int], drop_remainder: bool = False) -> Dataset:
+    def rebatch(
+        self,
+        batch_size: int | Sequence[int],
+        drop_remainder: bool = False,
+        *,
+        name: str | None = None,
+    ) -> Dataset:
         """The rows of batched elements regrouped into batches of ``batch_size``.
 
         Args:
@@ -446,6 +465,8 @@ class FluentAPI:
         buffer_size: int,
         seed: int | None = None,
         reshuffle_each_iteration: bool | None = None,
+        *,
+        name: str | None = None,
     ) -> Dataset:
         """The elements in random order, drawn from a buffer of ``buffer_size``.
 
@@ -462,7 +483,7 @@ class FluentAPI:
         """
         _not_attached("shuffle")
 
-    def repeat(self, count: int | None = None) -> Dataset:
+    def repeat(self, count: int | None = None, *, name: str | None = None) -> Dataset:
         """The dataset ``count`` times, each a new pass (forever with None or -1).
 
         Example:
@@ -472,7 +493,7 @@ class FluentAPI:
         """
         _not_attached("repeat")
 
-    def take(self, count: int) -> Dataset:
+    def take(self, count: int, *, name: str | None = None) -> Dataset:
         """At most the first ``count`` elements (-1: all).
 
         Example:
@@ -499,7 +520,7 @@ class FluentAPI:
         """
         _not_attached("take_while")
 
-    def skip(self, count: int) -> Dataset:
+    def skip(self, count: int, *, name: str | None = None) -> Dataset:
         """All but the first ``count`` elements (-1: none).
 
         Example:
@@ -509,7 +530,7 @@ class FluentAPI:
         """
         _not_attached("skip")
 
-    def shard(self, num_shards: int, index: int) -> Dataset:
+    def shard(self, num_shards: int, index: int, *, name: str | None = None) -> Dataset:
         """Elements ``index``, ``index + num_shards``, ``index + 2 * num_shards``, ...
 
         Example:
@@ -519,7 +540,7 @@ class FluentAPI:
         """
         _not_attached("shard")
 
-    def enumerate(self, start: int = 0) -> Dataset:
+    def enumerate(self, start: int = 0, *, name: str | None = None) -> Dataset:
         """``(i, element)`` pairs, ``i`` an int64 counting from ``start``.
 
         Example:
@@ -608,7 +629,7 @@ class FluentAPI:
         """
         _not_attached("get_single_element")
 
-    def prefetch(self, buffer_size: int) -> Dataset:
+    def prefetch(self, buffer_size: int, *, name: str | None = None) -> Dataset:
         """Elements produced ahead on a background thread, up to ``buffer_size`` of them.
 
         ``AUTOTUNE`` sizes the buffer as the consumer needs; 0 prefetches nothing.
@@ -620,7 +641,7 @@ class FluentAPI:
         """
         _not_attached("prefetch")
 
-    def cache(self, filename: str = "") -> Dataset:
+    def cache(self, filename: str = "", *, name: str | None = None) -> Dataset:
         """The elements of the first complete pass, kept for later passes.
 
         Args:
@@ -634,7 +655,7 @@ class FluentAPI:
         """
         _not_attached("cache")
 
-    def concatenate(self, dataset: Dataset) -> Dataset:
+    def concatenate(self, dataset: Dataset, *, name: str | None = None) -> Dataset:
         """This dataset's elements, then those of ``dataset`` (of the same structure).
 
         Example:
@@ -644,7 +665,7 @@ class FluentAPI:
         """
         _not_attached("concatenate")
 
-    def ignore_errors(self, log_warning: bool = False) -> Dataset:
+    def ignore_errors(self, log_warning: bool = False, *, name: str | None = None) -> Dataset:
         """The elements whose production raised no error; the others are dropped. Errors of
         the code rather than of an element (``NameError``, ``AttributeError``, ``ImportError``,
         ``SyntaxError``) are raised, as TensorFlow raises them when it traces the function.
@@ -654,7 +675,7 @@ class FluentAPI:
         """
         _not_attached("ignore_errors")
 
-    def with_options(self, options: Options) -> Dataset:
+    def with_options(self, options: Options, *, name: str | None = None) -> Dataset:
         """The same dataset with ``options`` merged over its current ones.
 
         Example:

@@ -26,6 +26,7 @@ class ByteStreamReaderMixin(FileReaderMixin):
         compression_type: str | None = None,
         buffer_size: int | None = None,
         num_parallel_reads: int | None = None,
+        name: str | None = None,  # TensorFlow's op name: accepted and unused
     ) -> None:
         name = type(self).__name__
         self._init_files(filenames)
