@@ -222,10 +222,17 @@ def test_manager_keeps_max_to_keep_and_lists_them_in_the_index(tmp_path: pathlib
     assert [os.path.basename(p) for p in paths] == ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-3", "ckpt-4"]
     assert manager.checkpoints == paths[2:] and manager.latest_checkpoint == paths[3]
-    assert read_index(tmp_path) == [
+    lines = read_index(tmp_path)
+    assert lines[:3] == [
         'model_checkpoint_path: "ckpt-4"',
         'all_model_checkpoint_paths: "ckpt-3"',
         'all_model_checkpoint_paths: "ckpt-4"',
+    ]
+    # TensorFlow's timestamps follow: one per listed checkpoint, then the last preserved.
+    assert [line.split(":")[0] for line in lines[3:]] == [
+        "all_model_checkpoint_timestamps",
+        "all_model_checkpoint_timestamps",
+        "last_preserved_timestamp",
     ]
     assert latest_checkpoint(tmp_path) == paths[3]
 
@@ -456,8 +463,8 @@ def test_missing_files_directories_and_newer_versions(tmp_path: pathlib.Path) ->
     with pytest.raises(NotFoundError, match="no checkpoint file at") as raised:
         checkpoint.restore(tmp_path / "ckpt-1")
     assert raised.value.name == str(tmp_path / "ckpt-1")
-    with pytest.raises(InvalidArgumentError, match=r"is a directory.*latest_checkpoint"):
-        checkpoint.restore(tmp_path)
+    with pytest.raises(NotFoundError, match=r"is a directory.*latest_checkpoint"):
+        checkpoint.restore(tmp_path)  # TensorFlow's NotFoundError
     torch.save(
         {"format": "feedline.train.Checkpoint", "version": 99, "save_counter": 0, "objects": {}},
         tmp_path / "new",
@@ -653,3 +660,104 @@ def test_training_restored_mid_epoch_continues_exactly(tmp_path) -> None:
     assert len(rows) == len(expected_rows)
     assert all(torch.equal(a, b) for a, b in zip(rows, expected_rows, strict=True))
     torch.testing.assert_close(model.weight, expected_weights, rtol=0, atol=0)
+
+
+# -- TensorFlow's arguments --------------------------------------------------------------------
+def test_a_root_object_and_tensorflows_options(tmp_path: pathlib.Path) -> None:
+    # tf.train.Checkpoint(model), as the class's example writes it; options=CheckpointOptions.
+    model = make_model(seed=1)
+    written: list[str] = []
+    called: list[bool] = []
+    options = feedline.train.CheckpointOptions(
+        experimental_write_callbacks=[written.append, lambda: called.append(True)]
+    )
+    checkpoint = Checkpoint(model)
+    path = checkpoint.save(tmp_path / "ckpt", options=options)
+    exact = checkpoint.write(tmp_path / "exact", options)
+    assert written == [path, exact] and called == [True, True]
+    checkpoint.sync()  # saves are synchronous: nothing to wait for
+    fresh = make_model(seed=2)
+    status = Checkpoint(fresh).restore(path, options=feedline.train.CheckpointOptions())
+    assert status.matched == ("root",)
+    assert_states_equal(fresh.state_dict(), model.state_dict())
+    with pytest.raises(TypeError, match="CheckpointOptions"):
+        checkpoint.save(tmp_path / "ckpt", options={"enable_async": True})  # type: ignore[arg-type]
+    assert Checkpoint(root=fresh).restore(path).matched == ("root",)
+
+
+def test_a_failed_assertion_of_a_restore_is_an_assertion_error(tmp_path: pathlib.Path) -> None:
+    # Ported code catches TensorFlow's AssertionError; it is a NotFoundError too.
+    path = Checkpoint(model=make_model(seed=0)).save(tmp_path / "ckpt")
+    status = Checkpoint(other=make_model(seed=0)).restore(path)
+    for error in (AssertionError, NotFoundError, checkpoint_module.CheckpointMismatchError):
+        with pytest.raises(error, match="objects without an entry in the file: \\['other'\\]"):
+            status.assert_consumed()
+    status.expect_partial()
+
+
+def test_manager_takes_tensorflows_arguments_in_tensorflows_order(tmp_path: pathlib.Path) -> None:
+    # (checkpoint, directory, max_to_keep, keep_checkpoint_every_n_hours, checkpoint_name, ...)
+    manager = CheckpointManager(Checkpoint(model=make_model(seed=0)), tmp_path, 2, None, "model")
+    assert os.path.basename(manager.save()) == "model-1"
+    with pytest.raises(ValueError, match="step_counter should be passed"):
+        CheckpointManager(Checkpoint(), tmp_path, 2, checkpoint_interval=5)
+
+
+def test_manager_keeps_one_checkpoint_every_n_hours(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_management.time, "time", lambda: clock[0])
+    checkpoint = Checkpoint(step=torch.tensor(0))
+    manager = CheckpointManager(
+        checkpoint, tmp_path, max_to_keep=2, keep_checkpoint_every_n_hours=1
+    )
+    for _ in range(8):  # a save every 20 minutes
+        clock[0] += 1200
+        manager.save()
+    # ckpt-7 and 8 are listed; of the older ones, the first saved an hour after the manager
+    # started (ckpt-3) and an hour after that (ckpt-6) stay on disk, unlisted, as TensorFlow
+    # keeps them.
+    assert [os.path.basename(p) for p in manager.checkpoints] == ["ckpt-7", "ckpt-8"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-3", "ckpt-6", "ckpt-7", "ckpt-8"]
+    # A restarted manager reads the timestamps back and goes on by the same rule.
+    resumed = CheckpointManager(
+        Checkpoint(step=torch.tensor(0)), tmp_path, max_to_keep=2, keep_checkpoint_every_n_hours=1
+    )
+    for _ in range(3):
+        clock[0] += 1200
+        resumed.save()
+    assert "ckpt-9" in os.listdir(tmp_path) and "ckpt-8" not in os.listdir(tmp_path)
+
+
+def test_manager_saves_every_checkpoint_interval_steps_and_restores_or_initializes(
+    tmp_path: pathlib.Path,
+) -> None:
+    step = torch.tensor(0)
+    initialised: list[bool] = []
+    checkpoint = Checkpoint(step=step)
+    manager = CheckpointManager(
+        checkpoint,
+        tmp_path,
+        max_to_keep=None,
+        step_counter=step,
+        checkpoint_interval=3,
+        init_fn=lambda: initialised.append(True),
+    )
+    assert manager.restore_or_initialize() is None and initialised == [True]
+    saved = []
+    for _ in range(8):
+        saved.append(manager.save())
+        step += 1  # in place, as a training loop counts
+    assert [None if p is None else os.path.basename(p) for p in saved] == [
+        "ckpt-1", None, None, "ckpt-2", None, None, "ckpt-3", None,
+    ]  # fmt: skip
+    assert manager.save(check_interval=False) is not None  # step 8: not saved yet
+    assert manager.save(check_interval=False) is None  # the same step again
+    assert manager.checkpoint_interval == 3
+    step.fill_(0)
+    again = CheckpointManager(
+        Checkpoint(step=step), tmp_path, None, step_counter=step, checkpoint_interval=3
+    )
+    assert again.restore_or_initialize() == manager.latest_checkpoint and int(step) == 8
+    assert again.save() is None  # step 8 was the last saved

@@ -6,7 +6,8 @@ and parse them with ``feedline.io.parse_example``.
 
 ``Checkpoint`` and ``latest_checkpoint`` (``feedline.train.checkpoint``) and
 ``CheckpointManager`` (``feedline.train.checkpoint_management``) save and restore models,
-optimizers, iterators and metrics; ``BackupAndRestore`` saves them every N steps of a training
+optimizers, iterators and metrics (``CheckpointOptions`` is TensorFlow's ``options=`` of their
+calls); ``BackupAndRestore`` saves them every N steps of a training
 loop and restores them after a failure (``feedline.train.backup_and_restore``);
 ``ClusterSpec`` is ``feedline.distribute.cluster_resolver.ClusterSpec`` (TensorFlow's
 ``tf.train.ClusterSpec``). ``SidecarEvaluator`` evaluates each new checkpoint of a training job
@@ -25,6 +26,7 @@ from feedline.io.example_pb import (
     FloatList,
     Int64List,
 )
+from feedline.train.checkpoint_options import CheckpointOptions
 
 __all__ = [
     "BackupAndRestore",
@@ -32,6 +34,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointLoadStatus",
     "CheckpointManager",
+    "CheckpointMismatchError",
+    "CheckpointOptions",
     "ClusterSpec",
     "Example",
     "Feature",
@@ -50,6 +54,7 @@ __getattr__, __dir__ = _porting.lazy_attributes(
         "Checkpoint": "feedline.train.checkpoint:Checkpoint",
         "CheckpointLoadStatus": "feedline.train.checkpoint:CheckpointLoadStatus",
         "CheckpointManager": "feedline.train.checkpoint_management:CheckpointManager",
+        "CheckpointMismatchError": "feedline.train.checkpoint:CheckpointMismatchError",
         "ClusterSpec": "feedline.distribute.cluster_resolver:ClusterSpec",
         "SidecarEvaluator": "feedline.train.sidecar_evaluator:SidecarEvaluator",
         "latest_checkpoint": "feedline.train.checkpoint:latest_checkpoint",

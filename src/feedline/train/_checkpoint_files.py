@@ -38,6 +38,7 @@ __all__ = [
     "latest_checkpoint",
     "number_of",
     "read_index",
+    "read_index_times",
     "remove",
     "same_directory",
     "tidy",
@@ -50,6 +51,9 @@ INDEX_FILENAME = "checkpoint"
 
 _NUMBERED = re.compile(r"(.+)-(\d+)")
 _INDEX_LINE = re.compile(r'\s*(\w+)\s*:\s*"((?:[^"\\]|\\.)*)"\s*')
+_TIME_LINE = re.compile(
+    r"\s*(all_model_checkpoint_timestamps|last_preserved_timestamp)\s*:\s*(\S+)\s*"
+)
 _OPERATION = "checkpoint"
 
 
@@ -172,8 +176,16 @@ def tidy(directory: str, prefix_name: str) -> None:
             remove(join(directory, name))
 
 
-def write_index(directory: str, latest: str, paths: list[str]) -> None:
-    """Writes TensorFlow's ``checkpoint`` text file; paths in ``directory`` are relative."""
+def write_index(
+    directory: str,
+    latest: str,
+    paths: list[str],
+    times: list[float] | None = None,
+    last_preserved: float | None = None,
+) -> None:
+    """Writes TensorFlow's ``checkpoint`` text file; paths in ``directory`` are relative.
+    ``times`` (each path's save time) and ``last_preserved`` (the time of the last checkpoint
+    kept for ``keep_checkpoint_every_n_hours``) are TensorFlow's timestamp fields."""
     directory = directory or "."
 
     def entry(key: str, path: str) -> str:
@@ -184,7 +196,34 @@ def write_index(directory: str, latest: str, paths: list[str]) -> None:
 
     text = entry("model_checkpoint_path", latest)
     text += "".join(entry("all_model_checkpoint_paths", path) for path in paths)
+    text += "".join(f"all_model_checkpoint_timestamps: {t!r}\n" for t in times or ())
+    if last_preserved is not None:
+        text += f"last_preserved_timestamp: {last_preserved!r}\n"
     atomic_write(join(directory, INDEX_FILENAME), lambda f: f.write(text.encode()))
+
+
+def read_index_times(directory: str) -> tuple[list[float], float | None]:
+    """The index's timestamps: each listed checkpoint's save time (in the listed order) and
+    the last preserved one; ``([], None)`` where the index has none (or there is no index)."""
+    try:
+        data = _fs.read_small(join(directory or ".", INDEX_FILENAME), _OPERATION)
+    except (FileNotFoundError, FailedPreconditionError):
+        return [], None
+    times: list[float] = []
+    last: float | None = None
+    for line in data.decode("utf-8").splitlines():
+        match = _TIME_LINE.fullmatch(line)
+        if match is None:
+            continue
+        try:
+            value = float(match[2])
+        except ValueError:
+            continue
+        if match[1] == "last_preserved_timestamp":
+            last = value
+        else:
+            times.append(value)
+    return times, last
 
 
 def read_index(directory: str) -> tuple[str | None, list[str]] | None:

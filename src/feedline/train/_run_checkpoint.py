@@ -139,7 +139,9 @@ class RunCheckpoint:
         """Saves the objects and ``total_run_calls`` as checkpoint number ``total_run_calls``
         (every worker of a cluster calls it at the same step)."""
         self._runs.fill_(self.total_run_calls)
-        return self.manager.save(checkpoint_number=self.total_run_calls)
+        path = self.manager.save(checkpoint_number=self.total_run_calls)
+        assert path is not None  # the manager has no checkpoint_interval: it always saves
+        return path
 
     def delete(self) -> None:
         """Removes the checkpoints saved here and their index (the chief; every worker waits)."""

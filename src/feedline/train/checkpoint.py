@@ -85,8 +85,15 @@ from feedline.train._checkpoint_files import (
     latest_checkpoint,
     write_index,
 )
+from feedline.train.checkpoint_options import CheckpointOptions, check_options, run_write_callbacks
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "latest_checkpoint", "load_state"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointLoadStatus",
+    "CheckpointMismatchError",
+    "latest_checkpoint",
+    "load_state",
+]
 
 FORMAT = "feedline.train.Checkpoint"
 VERSION = _checkpoint_format.VERSION
@@ -101,6 +108,7 @@ class Checkpoint:
     is single-threaded: save and restore from one thread, with no step running.
 
     Args:
+      root: an object saved under the name ``"root"`` (TensorFlow's ``Checkpoint(model)``).
       **objects: modules, optimizers, LR schedulers, iterators, metrics, tensors and nested
         ``Checkpoint`` objects, by name.
 
@@ -122,9 +130,11 @@ class Checkpoint:
       True
     """
 
-    def __init__(self, **objects: Any) -> None:
+    def __init__(self, root: Any = None, **objects: Any) -> None:
         self._objects: dict[str, Any] = {}
         self._save_counter = 0
+        if root is not None:
+            objects = {"root": root, **objects}
         for name, obj in objects.items():
             self._track(name, obj)
 
@@ -167,7 +177,11 @@ class Checkpoint:
 
     # -- saving --------------------------------------------------------------------------------
     def save(
-        self, file_prefix: PathLike, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        file_prefix: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> str:
         """Writes ``{file_prefix}-{n}`` and makes it the directory's latest checkpoint.
 
@@ -179,13 +193,17 @@ class Checkpoint:
         ``storage_options`` are the file system's arguments (for ``s3://``,
         ``s3fs.S3FileSystem``'s: ``key``, ``secret``, ``client_kwargs={"endpoint_url": ...}``);
         without them the back-end finds its credentials the standard way (environment, config
-        files). ``write``, ``restore`` and ``read`` take them too.
+        files). ``write``, ``restore`` and ``read`` take them too, and TensorFlow's
+        ``options`` (a ``CheckpointOptions``: its write callbacks run once the file is written).
 
         Returns:
           The path written, ``{file_prefix}-{n}``.
         """
+        check_options(options)
         with _storage_scope(storage_options, "Checkpoint.save"):
-            return self._save(_fs.as_url(file_prefix))
+            path = self._save(_fs.as_url(file_prefix))
+        run_write_callbacks(options, path)
+        return path
 
     def _save(self, prefix: str) -> str:
         cluster = _cluster.current()
@@ -199,14 +217,24 @@ class Checkpoint:
         return path
 
     def write(
-        self, file_path: PathLike, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        file_path: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> str:
         """Writes a checkpoint to exactly ``file_path``: no numbering, no index file, and
         ``save_counter`` unchanged. Creates the directory if needed. Returns the path."""
+        check_options(options)
         path = _fs.as_url(file_path)
         with _storage_scope(storage_options, "Checkpoint.write"):
             self._write(_cluster.current(), path, None, lambda: None)
+        run_write_callbacks(options, path)
         return path
+
+    def sync(self) -> None:
+        """Waits for saves in flight: none, as feedline saves synchronously (TensorFlow's
+        ``sync`` for asynchronous checkpoints)."""
 
     def _write(
         self,
@@ -248,7 +276,11 @@ class Checkpoint:
 
     # -- restoring -----------------------------------------------------------------------------
     def restore(
-        self, save_path: PathLike | None, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        save_path: PathLike | None,
+        options: CheckpointOptions | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> CheckpointLoadStatus:
         """Restores every object that the checkpoint at ``save_path`` holds under its name.
 
@@ -268,20 +300,26 @@ class Checkpoint:
         before they are unpickled.
 
         Raises:
-          NotFoundError: no file at ``save_path``.
+          NotFoundError: no file at ``save_path`` (or a directory there).
           InvalidArgumentError: the file is not a feedline checkpoint, is of a newer format, or
             holds a module whose parameter names or shapes differ from the object's.
           DataLossError: the file is damaged (truncated, or a part fails its checksum); it
             names the file and the damaged tensor, and nothing was restored.
         """
+        check_options(options)
         if save_path is None:
             return CheckpointLoadStatus(None, (), tuple(self._objects), ())
         return self.read(save_path, storage_options=storage_options)
 
     def read(
-        self, save_path: PathLike, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        save_path: PathLike,
+        options: CheckpointOptions | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> CheckpointLoadStatus:
         """Restores from ``save_path`` as ``restore`` does (a path is required)."""
+        check_options(options)
         path = _fs.as_url(save_path)
         with _storage_scope(storage_options, "Checkpoint.read"):
             saved = load_state(path)
@@ -341,6 +379,11 @@ class Checkpoint:
 _PUBLIC_ATTRIBUTES = sorted(name for name in vars(Checkpoint) if not name.startswith("_"))
 
 
+class CheckpointMismatchError(NotFoundError, AssertionError):
+    """A restore status's assertion failed: a ``NotFoundError`` (what is missing is named) and,
+    as TensorFlow raises it, an ``AssertionError``."""
+
+
 class CheckpointLoadStatus:
     """What ``Checkpoint.restore`` matched (``tf.train.Checkpoint``'s load status).
 
@@ -365,19 +408,22 @@ class CheckpointLoadStatus:
         self._quiet = save_path is None or not (unmatched_objects or unused_entries)
 
     def assert_consumed(self) -> CheckpointLoadStatus:
-        """Raises NotFoundError unless every object and every entry of the file matched."""
+        """Raises ``CheckpointMismatchError`` (an ``AssertionError``) unless every object and
+        every entry of the file matched."""
         if self.unmatched_objects or self.unused_entries:
             self._raise(self.unmatched_objects, self.unused_entries)
         return self
 
     def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
-        """Raises NotFoundError unless every object had an entry (extra entries are fine)."""
+        """Raises ``CheckpointMismatchError`` (an ``AssertionError``) unless every object had
+        an entry (extra entries are fine)."""
         if self.unmatched_objects:
             self._raise(self.unmatched_objects, ())
         return self
 
     def assert_nontrivial_match(self) -> CheckpointLoadStatus:
-        """Raises NotFoundError unless at least one object was restored."""
+        """Raises ``CheckpointMismatchError`` (an ``AssertionError``) unless at least one
+        object was restored."""
         if not self.matched:
             self._raise(self.unmatched_objects, self.unused_entries)
         return self
@@ -395,7 +441,7 @@ class CheckpointLoadStatus:
         details = [f"objects without an entry in the file: {list(objects)}"] if objects else []
         if entries:
             details.append(f"entries of the file without an object: {list(entries)}")
-        raise NotFoundError(
+        raise CheckpointMismatchError(
             f"{problem}: {'; '.join(details)}; call expect_partial() if a partial restore is "
             f"intended",
             name=(objects or entries or (None,))[0],
@@ -584,9 +630,10 @@ def load_state(save_path: PathLike) -> dict[str, Any]:
     path = _fs.as_url(save_path)
     if not is_file(path):
         if is_dir(path):
-            raise InvalidArgumentError(
-                f"{path} is a directory; restore a checkpoint file in it, for example "
-                f"feedline.train.latest_checkpoint({path!r})"
+            raise NotFoundError(
+                f"{path} is a directory, not a checkpoint; restore a checkpoint file in it, for "
+                f"example feedline.train.latest_checkpoint({path!r})",
+                name=path,
             )
         raise NotFoundError(f"no checkpoint file at {path}", name=path)
     version = _checkpoint_format.read_version(path)

@@ -8,7 +8,8 @@ are re-exported here, where TensorFlow keeps them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from feedline import _fs
@@ -23,10 +24,12 @@ from feedline.train._checkpoint_files import (
     latest_checkpoint,
     number_of,
     read_index,
+    read_index_times,
     remove,
     write_index,
 )
 from feedline.train.checkpoint import Checkpoint
+from feedline.train.checkpoint_options import CheckpointOptions, check_options, run_write_callbacks
 
 __all__ = ["INDEX_FILENAME", "CheckpointManager", "PathLike", "latest_checkpoint"]
 
@@ -62,7 +65,12 @@ class CheckpointManager:
         checkpoint: Checkpoint,
         directory: PathLike,
         max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
         checkpoint_name: str = "ckpt",
+        step_counter: Any = None,
+        checkpoint_interval: int | None = None,
+        init_fn: Callable[[], Any] | None = None,
+        last_checkpoint_step: int | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -76,18 +84,49 @@ class CheckpointManager:
                 f"max_to_keep must be a positive int, or None to keep every checkpoint; got "
                 f"{max_to_keep!r}"
             )
+        if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
+            raise InvalidArgumentError(
+                f"keep_checkpoint_every_n_hours must be positive or None, got "
+                f"{keep_checkpoint_every_n_hours!r}"
+            )
+        if checkpoint_interval is not None:
+            if step_counter is None:
+                raise ValueError("step_counter should be passed if checkpoint_interval is not None")
+            if type(checkpoint_interval) is not int or checkpoint_interval < 1:
+                raise InvalidArgumentError(
+                    f"checkpoint_interval must be a positive int, got {checkpoint_interval!r}"
+                )
+        if init_fn is not None and not callable(init_fn):
+            raise TypeError(f"init_fn must be callable, got {type(init_fn).__name__}")
         self._checkpoint = checkpoint
         self._directory = _fs.as_url(directory)
         self._prefix = join(self._directory, checkpoint_name)
         self._max_to_keep = max_to_keep
+        self._keep_every_s = (
+            None if keep_checkpoint_every_n_hours is None else keep_checkpoint_every_n_hours * 3600
+        )
+        self._step_counter = step_counter
+        self._checkpoint_interval = checkpoint_interval
+        self._last_checkpoint_step = last_checkpoint_step
+        self._init_fn = init_fn
         self._storage_options = _fs.check_storage_options(storage_options, "CheckpointManager")
+        now = time.time()
         with self.storage_scope():
             _, listed = read_index(self._directory) or (None, [])
-            self._checkpoints = [
-                path
-                for path in listed
+            times, last_preserved = read_index_times(self._directory)
+        if len(times) != len(listed):
+            times = [now] * len(listed)  # an index without TensorFlow's timestamps
+        # As TensorFlow: a clock set back slightly, so that a manager made again at once
+        # preserves by the same rule; never later than now.
+        self._last_preserved = min(now, last_preserved) if last_preserved is not None else now - 1
+        with self.storage_scope():
+            kept = [
+                (path, min(t, now))
+                for path, t in zip(listed, times, strict=True)
                 if number_of(path, self._prefix) is not None and is_file(path)
             ]
+        self._checkpoints = [path for path, _ in kept]
+        self._times = dict(kept)
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -116,18 +155,61 @@ class CheckpointManager:
         """The newest kept checkpoint, or None before the first save."""
         return self._checkpoints[-1] if self._checkpoints else None
 
-    def save(self, checkpoint_number: int | None = None) -> str:
-        """Writes a checkpoint, updates the index, deletes the ones beyond ``max_to_keep``.
+    @property
+    def checkpoint_interval(self) -> int | None:
+        """The fewest steps between two saves (``checkpoint_interval``), or None."""
+        return self._checkpoint_interval
+
+    def save(
+        self,
+        checkpoint_number: int | None = None,
+        check_interval: bool = True,
+        options: CheckpointOptions | None = None,
+    ) -> str | None:
+        """Writes a checkpoint, updates the index, deletes the ones beyond ``max_to_keep``
+        (keeping one every ``keep_checkpoint_every_n_hours`` on disk, unlisted).
 
         Args:
           checkpoint_number: the file's number (a training step, say); by default the next
             number as ``Checkpoint.save`` picks it.
+          check_interval: with a ``checkpoint_interval``, save only once ``step_counter`` has
+            moved that many steps past the last save; False saves unless this step was saved.
+          options: a ``CheckpointOptions`` (its write callbacks run once the file is written).
 
         Returns:
-          The path written.
+          The path written; None where ``checkpoint_interval`` says not yet.
         """
+        check_options(options)
+        if self._checkpoint_interval is not None:
+            step = _step(self._step_counter)
+            last = self._last_checkpoint_step
+            if last is not None and (
+                step == last or (check_interval and step < last + self._checkpoint_interval)
+            ):
+                return None
+            self._last_checkpoint_step = step
         with self.storage_scope():
-            return self._save(checkpoint_number)
+            path = self._save(checkpoint_number)
+        run_write_callbacks(options, path)
+        return path
+
+    def restore_or_initialize(self) -> str | None:
+        """Restores the latest checkpoint and returns its path; without one, calls ``init_fn``
+        (if given) and returns None."""
+        latest = self.latest_checkpoint
+        if latest is not None:
+            with self.storage_scope():
+                self._checkpoint.restore(latest)
+            if self._checkpoint_interval is not None:
+                self._last_checkpoint_step = _step(self._step_counter)
+            return latest
+        if self._init_fn is not None:
+            self._init_fn()
+        return None
+
+    def sync(self) -> None:
+        """Waits for saves in flight: none, as saves are synchronous."""
+        self._checkpoint.sync()
 
     def _save(self, checkpoint_number: int | None) -> str:
         checkpoint = self._checkpoint
@@ -141,16 +223,30 @@ class CheckpointManager:
         else:
             number, counter = int(checkpoint_number), checkpoint.save_counter + 1
         path = f"{self._prefix}-{number}"
+        now = time.time()
+        times = {p: t for p, t in self._times.items() if p != path} | {path: now}
         kept = [p for p in self._checkpoints if p != path] + [path]
         stale: list[str] = []
-        if self._max_to_keep is not None and len(kept) > self._max_to_keep:
-            stale, kept = kept[: -self._max_to_keep], kept[-self._max_to_keep :]
+        last_preserved = self._last_preserved
+        while self._max_to_keep is not None and len(kept) > self._max_to_keep:
+            oldest = kept.pop(0)
+            saved_at = times.pop(oldest)
+            if self._keep_every_s is not None and saved_at - self._keep_every_s >= last_preserved:
+                last_preserved = saved_at  # kept on disk, no longer listed (as TensorFlow)
+            else:
+                stale.append(oldest)
 
         def index_and_prune() -> None:
-            write_index(self._directory, path, kept)
+            write_index(self._directory, path, kept, [times[p] for p in kept], last_preserved)
             for old in stale:  # after the index: it never names a deleted file
                 remove(old)
 
         checkpoint._write(cluster, path, counter, index_and_prune)
-        self._checkpoints = kept
+        self._checkpoints, self._times, self._last_preserved = kept, times, last_preserved
         return path
+
+
+def _step(step_counter: Any) -> int:
+    """The value of a ``step_counter``: a tensor or array (updated in place) or a callable."""
+    value = step_counter() if callable(step_counter) else step_counter
+    return int(value)
