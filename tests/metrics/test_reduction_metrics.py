@@ -102,3 +102,24 @@ def test_mean_metric_wrapper_passes_its_kwargs() -> None:
     assert m.name == "scaled_error"
     assert m([1.0, 2.0], [1.5, 2.0], sample_weight=[1.0, 0.0]).item() == 5.0
     assert isinstance(m, Mean)
+
+
+def test_dtype_argument_and_labels_lined_up_with_predictions_as_keras_does() -> None:
+    import feedline.metrics as metrics
+
+    assert metrics.Mean(name="m", dtype="float64")([1.0, 2.0]).dtype == torch.float64
+    assert metrics.Sum("s", torch.float64)([1.0]).dtype == torch.float64
+    assert metrics.Accuracy("acc", "float32").dtype == torch.float32
+    with pytest.raises(InvalidArgumentError, match="floating point"):
+        metrics.Mean(dtype="int32")
+
+    def matches(y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor:
+        return torch.eq(y_true, y_pred).float()
+
+    # [[1], [2]] against [1, 3]: Keras drops the label's trailing 1 (0.5), where broadcasting
+    # the two gave a 2 x 2 comparison (0.25).
+    wrapper = metrics.MeanMetricWrapper(matches, name="a", dtype="float32")
+    wrapper.update_state([[1], [2]], [1, 3])
+    assert wrapper.result().item() == 0.5
+    wrapper.update_state([1, 2], [[1], [2]])
+    assert wrapper.result().item() == 0.75

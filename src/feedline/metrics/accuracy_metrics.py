@@ -97,8 +97,8 @@ class Accuracy(_CountingMetric):
       0.5
     """
 
-    def __init__(self, name: str = "accuracy") -> None:
-        super().__init__(accuracy, name)
+    def __init__(self, name: str = "accuracy", dtype: Any = None) -> None:
+        super().__init__(accuracy, name, dtype)
 
     def _matches(self, y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor | None:
         return torch.eq(y_true, y_pred) if y_true.shape == y_pred.shape else None
@@ -118,8 +118,8 @@ class SparseCategoricalAccuracy(_CountingMetric):
       0.3
     """
 
-    def __init__(self, name: str = "sparse_categorical_accuracy") -> None:
-        super().__init__(sparse_categorical_accuracy, name)
+    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: Any = None) -> None:
+        super().__init__(sparse_categorical_accuracy, name, dtype)
 
     def _matches(self, y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor | None:
         if y_pred.dim() == 0 or y_true.shape != y_pred.shape[:-1]:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from feedline.distribute import context
@@ -39,10 +40,13 @@ class Metric:
 
     Args:
       name: the metric's name, as in Keras.
+      dtype: the dtype of ``result()`` (a torch or NumPy dtype, or its name); float32 by
+        default. The state is float64 whatever it is.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, dtype: Any = None) -> None:
         self.name = name
+        self.dtype = result_dtype(dtype)
         self._lock = threading.RLock()
         self._state = torch.zeros(2, dtype=torch.float64)
         self._placed = False  # whether an update has chosen the state's device
@@ -69,7 +73,7 @@ class Metric:
         if self._strategy is not None:
             state = self._strategy._sum_across_workers(state)
         total, count = state
-        return self._result(total, count).to(torch.float32)
+        return self._result(total, count).to(self.dtype)
 
     def reset_state(self) -> None:
         """Forgets every update."""
@@ -204,6 +208,36 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def result_dtype(dtype: Any) -> torch.dtype:
+    """A metric's ``dtype`` argument as a floating torch dtype (float32 for None).
+
+    Raises:
+      InvalidArgumentError: not a floating-point dtype.
+    """
+    if dtype is None:
+        return torch.float32
+    if not isinstance(dtype, torch.dtype):
+        try:
+            dtype = torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
+        except (TypeError, ValueError) as error:
+            raise InvalidArgumentError(
+                f"a metric's dtype must be a dtype, got {dtype!r}"
+            ) from error
+    if not dtype.is_floating_point:
+        raise InvalidArgumentError(f"a metric's dtype must be floating point, got {dtype}")
+    return dtype
+
+
+def squeeze_or_expand(y_true: torch.Tensor, y_pred: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``y_true`` and ``y_pred`` with a trailing dimension of 1 dropped from the one whose rank
+    is one more than the other's, as Keras lines them up (``[[1], [2]]`` against ``[1, 3]``)."""
+    if y_true.dim() == y_pred.dim() + 1 and y_true.shape[-1] == 1:
+        y_true = y_true.squeeze(-1)
+    elif y_pred.dim() == y_true.dim() + 1 and y_pred.shape[-1] == 1:
+        y_pred = y_pred.squeeze(-1)
+    return y_true, y_pred
 
 
 def metric_input(value: Any, name: str) -> torch.Tensor:

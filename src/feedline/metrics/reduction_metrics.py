@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from feedline.metrics.base import Metric, metric_input, weighted_sums
+from feedline.metrics.base import Metric, metric_input, squeeze_or_expand, weighted_sums
 
 
 class _Reduce(Metric):
@@ -75,8 +75,8 @@ class Mean(_Reduce):
       2.0
     """
 
-    def __init__(self, name: str = "mean") -> None:
-        super().__init__(name)
+    def __init__(self, name: str = "mean", dtype: Any = None) -> None:
+        super().__init__(name, dtype)
 
     def _result(self, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         return torch.where(count != 0, total / count, 0.0)
@@ -98,8 +98,8 @@ class Sum(_Reduce):
 
     _reduce_trailing = "sum"
 
-    def __init__(self, name: str = "sum") -> None:
-        super().__init__(name)
+    def __init__(self, name: str = "sum", dtype: Any = None) -> None:
+        super().__init__(name, dtype)
 
     def _result(self, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         return total
@@ -111,7 +111,11 @@ class MeanMetricWrapper(Mean):
     Args:
       fn: returns one value per example (or per element) for a batch of labels and predictions.
       name: the metric's name; by default the function's name.
+      dtype: the dtype of ``result()`` (float32 by default).
       **kwargs: passed to ``fn`` on every update.
+
+    As in Keras, labels and predictions whose ranks differ by one are lined up first: the one
+    with a trailing dimension of 1 loses it.
 
     Example:
       >>> m = MeanMetricWrapper(lambda y_true, y_pred: (y_true - y_pred).abs(), name="mae")
@@ -120,9 +124,13 @@ class MeanMetricWrapper(Mean):
     """
 
     def __init__(
-        self, fn: Callable[..., torch.Tensor], name: str | None = None, **kwargs: Any
+        self,
+        fn: Callable[..., torch.Tensor],
+        name: str | None = None,
+        dtype: Any = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(name or fn.__name__)
+        super().__init__(name or fn.__name__, dtype)
         self._fn = fn
         self._fn_kwargs = kwargs
 
@@ -131,8 +139,9 @@ class MeanMetricWrapper(Mean):
         self, y_true: Any, y_pred: Any, sample_weight: Any = None
     ) -> None:
         """Adds the batch's per-example values, weighted by ``sample_weight`` (default 1)."""
-        y_true = metric_input(y_true, "y_true")
-        y_pred = metric_input(y_pred, "y_pred")
+        y_true, y_pred = squeeze_or_expand(
+            metric_input(y_true, "y_true"), metric_input(y_pred, "y_pred")
+        )
         if y_true.numel() == 0 or y_pred.numel() == 0:
             return
         super().update_state(self._fn(y_true, y_pred, **self._fn_kwargs), sample_weight)
