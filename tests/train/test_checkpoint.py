@@ -200,6 +200,12 @@ def test_latest_checkpoint_without_index_or_files(tmp_path: pathlib.Path) -> Non
     assert latest_checkpoint(tmp_path) == str(tmp_path / "ckpt-7")  # the index wins
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "gone-99"\n')
     assert latest_checkpoint(tmp_path) == str(tmp_path / "ckpt-11")  # its file is gone
+    # A numbered file that is not a checkpoint (a data shard) is passed over.
+    (tmp_path / "shard-70").write_text("not a checkpoint")
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "ckpt-11")
+    # TensorFlow's latest_filename names another index.
+    (tmp_path / "index_b").write_text('model_checkpoint_path: "ckpt-3"\n')
+    assert latest_checkpoint(tmp_path, "index_b") == str(tmp_path / "ckpt-3")
 
 
 def test_restore_none_is_a_no_op(tmp_path: pathlib.Path) -> None:

@@ -55,6 +55,8 @@ _TIME_LINE = re.compile(
     r"\s*(all_model_checkpoint_timestamps|last_preserved_timestamp)\s*:\s*(\S+)\s*"
 )
 _OPERATION = "checkpoint"
+# Checkpoints of format version 1 are torch.save archives: zip files.
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def join(directory: str, name: str) -> str:
@@ -114,25 +116,30 @@ def remove(path: str) -> None:
 
 
 def latest_checkpoint(
-    checkpoint_dir: PathLike, *, storage_options: Mapping[str, Any] | None = None
+    checkpoint_dir: PathLike,
+    latest_filename: str | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The path of the newest checkpoint in ``checkpoint_dir``, or None if there is none.
 
     Reads the directory's ``checkpoint`` index; without one (or when the file it names is
-    gone), falls back to the highest-numbered ``{prefix}-{n}`` file. ``checkpoint_dir`` may be
-    a URL (``s3://bucket/run``); the path returned is then a URL too. ``storage_options``: the
+    gone), falls back to the highest-numbered ``{prefix}-{n}`` file that is a feedline
+    checkpoint (other files of such names are passed over). ``checkpoint_dir`` may be
+    a URL (``s3://bucket/run``); the path returned is then a URL too. ``latest_filename``: the
+    index's name, ``checkpoint`` by default (TensorFlow's argument). ``storage_options``: the
     file system's arguments, as ``Checkpoint.save`` takes them.
     """
     options = _fs.check_storage_options(storage_options, "latest_checkpoint")
     with _fs.with_storage_options(options):
-        return _latest(_fs.as_url(checkpoint_dir))
+        return _latest(_fs.as_url(checkpoint_dir), latest_filename or INDEX_FILENAME)
 
 
-def _latest(directory: str) -> str | None:
-    index = read_index(directory)
+def _latest(directory: str, index_name: str = INDEX_FILENAME) -> str | None:
+    index = read_index(directory, index_name)
     if index is not None and index[0] is not None and is_file(index[0]):
         return index[0]
-    best: tuple[int, Any, str] | None = None
+    candidates: list[tuple[int, Any, str]] = []
     for name in _fs.list_names(directory, _OPERATION):
         match = _NUMBERED.fullmatch(name)
         if not match or name.startswith("."):
@@ -141,9 +148,23 @@ def _latest(directory: str) -> str | None:
         version = file_version(path)
         if version is not None:
             # Ties of number (ckpt-3 of two prefixes) go to the later file where times compare.
-            key = (int(match[2]), version if isinstance(version, int | float) else 0, path)
-            best = key if best is None or key > best else best
-    return None if best is None else best[2]
+            candidates.append(
+                (int(match[2]), version if isinstance(version, int | float) else 0, path)
+            )
+    for _, _, path in sorted(candidates, reverse=True):
+        if _is_checkpoint(path):
+            return path
+    return None
+
+
+def _is_checkpoint(path: str) -> bool:
+    """Whether ``path`` starts as a feedline checkpoint does (either format version)."""
+    from feedline.train._checkpoint_format import MAGIC  # torch: only where there is no index
+
+    fs, inner = _fs.filesystem(path)
+    with _fs.translate_errors(path, _OPERATION), fs.open(inner, "rb", block_size=4096) as file:
+        head = file.read(len(MAGIC))
+    return head.startswith(MAGIC) or head.startswith(_ZIP_MAGIC)
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], object]) -> None:
@@ -226,9 +247,11 @@ def read_index_times(directory: str) -> tuple[list[float], float | None]:
     return times, last
 
 
-def read_index(directory: str) -> tuple[str | None, list[str]] | None:
+def read_index(
+    directory: str, index_name: str = INDEX_FILENAME
+) -> tuple[str | None, list[str]] | None:
     """(latest, all) from ``directory``'s index, paths joined to it; None without an index."""
-    url = join(directory or ".", INDEX_FILENAME)
+    url = join(directory or ".", index_name)
     try:
         # One request on a store: an index that saves keep replacing is read whole, old or new.
         data = _fs.read_small(url, _OPERATION)
