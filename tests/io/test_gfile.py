@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 import pytest
@@ -49,6 +50,20 @@ def test_listdir_glob_exists_isdir(root: str) -> None:
     assert not gfile.isdir(gfile.join(root, "nope"))
     with pytest.raises(NotFoundError, match="could not find directory"):
         gfile.listdir(gfile.join(root, "nope"))
+
+
+def test_glob_of_several_patterns_and_of_a_relative_one(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TensorFlow: "the pattern can be a Python iterable of string patterns"; a relative pattern
+    # gives relative paths ("For example, ['__init__.py']").
+    (tmp_path / "sub").mkdir()
+    for name in ("a.py", "b.txt", "c.py"):
+        (tmp_path / "sub" / name).write_text(name)
+    monkeypatch.chdir(tmp_path)
+    assert gfile.glob("sub/*.py") == ["sub/a.py", "sub/c.py"]
+    assert gfile.glob(iter(["sub/a.*", "sub/*.txt", "sub/a.py"])) == ["sub/a.py", "sub/b.txt"]
+    assert gfile.glob(str(tmp_path / "sub" / "*.txt")) == [str(tmp_path / "sub" / "b.txt")]
 
 
 def test_reading_and_writing_files(root: str) -> None:

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -179,11 +180,18 @@ def isdir(path: Any) -> bool:
 
 
 def glob(pattern: Any) -> list[str]:
-    """The paths that match ``pattern`` (``*``, ``?``, ``[...]``), as full paths or URLs;
-    an empty list when none does."""
+    """The paths that match ``pattern`` (``*``, ``?``, ``[...]``), or any of an iterable of
+    patterns, sorted; an empty list when none does. As in TensorFlow, a relative local pattern
+    gives paths relative to the working directory (``sub/*.py``: ``sub/a.py``), other patterns
+    full paths or URLs."""
+    if not isinstance(pattern, str | bytes | os.PathLike):
+        return sorted({path for one in pattern for path in glob(one)})
     fs, inner, url = _on(pattern)
     with _fs.translate_errors(url, "glob"):
-        return sorted(_fs.unstrip(fs, p, url) for p in fs.glob(inner))
+        found = [_fs.unstrip(fs, p, url) for p in fs.glob(inner)]
+    if _fs.split_protocol(url)[0] is None and not os.path.isabs(url):
+        found = [os.path.relpath(path) for path in found]
+    return sorted(found)
 
 
 def listdir(path: Any) -> list[str]:
