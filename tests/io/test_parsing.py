@@ -101,6 +101,22 @@ def test_errors_name_the_key_as_tensorflow_does() -> None:
         parse_example([TF_EXAMPLE, b"\x0a\x05zz"], {"a": VarLenFeature(np.int64)})
 
 
+def test_example_names_are_said_in_errors_and_name_is_accepted() -> None:
+    # TensorFlow's signatures: parse_example(serialized, features, example_names, name).
+    spec = {"a": FixedLenFeature([2], np.float32)}
+    with pytest.raises(InvalidArgumentError, match=r"record 0 of the batch, 'first'"):
+        parse_example([TF_EXAMPLE, TF_EXAMPLE], spec, example_names=["first", "second"], name="p")
+    with pytest.raises(InvalidArgumentError, match=r"Key: a \(example 'only'\)"):
+        parse_single_example(TF_EXAMPLE, spec, example_names="only", name="p")
+    with pytest.raises(InvalidArgumentError, match="2 names for 1 record"):
+        parse_example([TF_EXAMPLE], {"a": VarLenFeature(np.int64)}, example_names=["x", "y"])
+    parsed = parse_example([TF_EXAMPLE], {"a": VarLenFeature(np.int64)}, ["x"], "p")
+    assert (
+        parsed["a"].values.tolist()
+        == parse_single_example(TF_EXAMPLE, {"a": VarLenFeature(np.int64)})["a"].values.tolist()
+    )
+
+
 def test_feature_specs_are_checked() -> None:
     with pytest.raises(InvalidArgumentError, match="dtype must be float32, int64 or a string"):
         FixedLenFeature([], np.int32)

@@ -165,13 +165,20 @@ def _shaped(key: str, spec: Spec, kind: str, values: Any, where: str) -> np.ndar
     return array if isinstance(spec, VarLenFeature) else array.reshape(spec.shape)
 
 
-def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, Any]:
+def parse_single_example(
+    serialized: Any,
+    features: Mapping[str, Spec],
+    example_names: Any = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """One serialized ``Example`` parsed into ``{name: array}`` as ``features`` describe.
 
     Args:
       serialized: the record: ``bytes``, or a 0-d object array holding them (a
         ``TFRecordDataset`` element).
       features: ``{name: FixedLenFeature | VarLenFeature}``.
+      example_names: the record's name (a string, or a list of one), said in errors.
+      name: TensorFlow's op name: accepted and unused.
 
     Returns:
       For a ``FixedLenFeature(shape)``, an array of ``shape``; for a ``VarLenFeature``, a
@@ -183,7 +190,9 @@ def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[
     """
     check_features(features)
     raw, fuzzy = _to_bytes(serialized)
-    out = _feature_values(_parse_proto(raw, fuzzy, ""), features, "")
+    names = _example_names(example_names, 1)
+    where = "" if names is None else f" (example {names[0]!r})"
+    out = _feature_values(_parse_proto(raw, fuzzy, where), features, where)
     for key, spec in features.items():
         if isinstance(spec, VarLenFeature):
             flat = out[key]
@@ -193,13 +202,21 @@ def parse_single_example(serialized: Any, features: Mapping[str, Spec]) -> dict[
     return out
 
 
-def parse_example(serialized: Any, features: Mapping[str, Spec]) -> dict[str, Any]:
+def parse_example(
+    serialized: Any,
+    features: Mapping[str, Spec],
+    example_names: Any = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """A batch of serialized ``Example`` protos parsed into ``{name: array}``.
 
     Args:
       serialized: a 1-d object array of ``bytes`` (as ``TFRecordDataset(...).batch(n)``
         yields) or a list of ``bytes``; a 0-d array is one record.
       features: ``{name: FixedLenFeature | VarLenFeature}``.
+      example_names: one name per record (strings), said in the errors of the records that
+        fail.
+      name: TensorFlow's op name: accepted and unused.
 
     Returns:
       For a ``FixedLenFeature(shape)``, an array of shape ``(batch, *shape)``; for a
@@ -218,9 +235,10 @@ dense_shape=[2, 2])
     """
     check_features(features)
     if isinstance(serialized, np.ndarray) and serialized.ndim == 0:
-        return parse_single_example(serialized, features)
+        return parse_single_example(serialized, features, example_names)
     rows, records, fuzzy = _batch_rows(serialized)
     n = len(records) if rows is None else len(rows)
+    names = _example_names(example_names, n)
     fast, matched = (
         _parse_fast(rows, features, records) if rows is not None and n > 1 else ({}, None)
     )
@@ -228,11 +246,32 @@ dense_shape=[2, 2])
     slow: dict[int, dict[str, Any]] = {}
     for i in slow_rows:
         raw = records[i] if records else rows[i].tobytes()  # type: ignore[index]
-        where = f" (record {i} of the batch)"
+        where = f" (record {i} of the batch{'' if names is None else f', {names[i]!r}'})"
         slow[i] = _feature_values(_parse_proto(raw, fuzzy, where), features, where)
     return {
         key: _assemble(key, spec, n, fast.get(key), matched, slow) for key, spec in features.items()
     }
+
+
+def _example_names(example_names: Any, n: int) -> list[str] | None:
+    """``example_names`` as ``n`` strings (bytes decoded), or None where not given.
+
+    Raises:
+      InvalidArgumentError: not one name per record.
+    """
+    if example_names is None:
+        return None
+    if isinstance(example_names, str | bytes):
+        example_names = [example_names]
+    names = [
+        n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n)
+        for n in np.asarray(example_names, dtype=object).reshape(-1).tolist()
+    ]
+    if len(names) != n:
+        raise InvalidArgumentError(
+            f"example_names has {len(names)} names for {n} record(s): give one per record"
+        )
+    return names
 
 
 def _batch_rows(serialized: Any) -> tuple[np.ndarray | None, list[bytes], bool]:
