@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import pathlib
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,3 +83,22 @@ def test_bad_options() -> None:
         TFRecordWriter("/tmp/never.tfrecord", "BZ2")
     with pytest.raises(InvalidArgumentError, match="compression_level"):
         TFRecordOptions("GZIP", compression_level=12)
+
+
+def test_tensorflows_zlib_options(tmp_path: Any) -> None:
+    # TFRecordOptions(compression_type, flush_mode, input_buffer_size, output_buffer_size,
+    # window_bits, compression_level, compression_method, mem_level, compression_strategy).
+    options = TFRecordOptions("ZLIB", None, 1 << 16, 1 << 16, 9, 9, zlib.DEFLATED, 9, 1)
+    path = tmp_path / "small-window.tfrecord"
+    with TFRecordWriter(str(path), options) as writer:
+        for i in range(50):
+            writer.write(b"record %d" % i * 100)
+    raw = path.read_bytes()
+    assert raw[0] >> 4 == 1  # the zlib header's window: 2 ** (8 + 1) bytes, as asked
+    got = [r.item() for r in TFRecordDataset(str(path), compression_type="ZLIB")]
+    assert got == [b"record %d" % i * 100 for i in range(50)]
+    assert TFRecordOptions.get_compression_type_string(options) == "ZLIB"
+    assert TFRecordOptions.get_compression_type_string(None) == ""
+    assert TFRecordOptions.get_compression_type_string("GZIP") == "GZIP"
+    with pytest.raises(InvalidArgumentError, match="window_bits must be an int from 8 to 15"):
+        TFRecordOptions("ZLIB", window_bits=20)

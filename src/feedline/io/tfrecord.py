@@ -44,10 +44,30 @@ class TFRecordOptions:
     Attributes:
       compression_type: None or "" (no compression), "GZIP" or "ZLIB".
       compression_level: 0 (none) to 9 (best); None is zlib's default (6).
+      window_bits, mem_level, compression_strategy: zlib's ``wbits`` (8 to 15), ``memLevel``
+        (1 to 9) and ``strategy`` of a ZLIB file; None is zlib's default.
+      compression_method: zlib's method, ``zlib.DEFLATED`` (8), the only one there is.
+      flush_mode, input_buffer_size, output_buffer_size: TensorFlow's buffering of its zlib
+        stream; accepted, and the writer's own buffering applies.
     """
 
     compression_type: str | None = None
+    flush_mode: int | None = None
+    input_buffer_size: int | None = None
+    output_buffer_size: int | None = None
+    window_bits: int | None = None
     compression_level: int | None = None
+    compression_method: int | None = None
+    mem_level: int | None = None
+    compression_strategy: int | None = None
+
+    @classmethod
+    def get_compression_type_string(cls, options: str | TFRecordOptions | None) -> str:
+        """The compression of ``options`` (a ``TFRecordOptions``, a name or None) as
+        TensorFlow's readers name it: ``""``, ``"GZIP"`` or ``"ZLIB"``."""
+        if not isinstance(options, TFRecordOptions):
+            options = cls(options)
+        return options.compression_type or ""
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -59,6 +79,27 @@ class TFRecordOptions:
                 f"TFRecordOptions: compression_level must be an int from 0 to 9 (or -1 for the "
                 f"default), got {level!r}"
             )
+        for field, low, high in (("window_bits", 8, 15), ("mem_level", 1, 9)):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or not low <= value <= high):
+                raise InvalidArgumentError(
+                    f"TFRecordOptions: {field} must be an int from {low} to {high}, got {value!r}"
+                )
+        if self.compression_method not in (None, zlib.DEFLATED):
+            raise InvalidArgumentError(
+                f"TFRecordOptions: compression_method must be zlib.DEFLATED ({zlib.DEFLATED}), "
+                f"got {self.compression_method!r}"
+            )
+
+    def _zlib_compressor(self) -> Any:
+        """A compressor of a ZLIB file with these options."""
+        return zlib.compressobj(
+            -1 if self.compression_level is None else self.compression_level,
+            zlib.DEFLATED,
+            self.window_bits or zlib.MAX_WBITS,
+            self.mem_level or zlib.DEF_MEM_LEVEL,
+            self.compression_strategy or zlib.Z_DEFAULT_STRATEGY,
+        )
 
 
 def _open_for_writing(path: str) -> BinaryIO:
@@ -105,7 +146,7 @@ class TFRecordWriter:
                 mtime=0,
             )
         elif options.compression_type == "ZLIB":
-            self._zlib = zlib.compressobj(level)
+            self._zlib = options._zlib_compressor()
 
     @property
     def path(self) -> str:
