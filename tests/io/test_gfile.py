@@ -66,6 +66,25 @@ def test_glob_of_several_patterns_and_of_a_relative_one(
     assert gfile.glob(str(tmp_path / "sub" / "*.txt")) == [str(tmp_path / "sub" / "b.txt")]
 
 
+def test_text_mode_is_the_bytes_decoded_as_tensorflow_reads_them(root: str) -> None:
+    # No newline translation, lines end at \n only, byte offsets for seek and tell, and
+    # str or bytes written in either mode.
+    path = gfile.join(root, "crlf.txt")
+    with gfile.GFile(path, "wb") as f:
+        f.write(b"a\r\nb\rc\n")
+        f.write("\u00e9\n")  # a str in binary mode: its UTF-8 bytes
+    with gfile.GFile(path, "w+") as f:
+        f.write(b"a\r\nb\rc\n\xc3\xa9\n")
+    reader = gfile.GFile(path)
+    assert reader.readlines() == ["a\r\n", "b\rc\n", "\u00e9\n"]
+    reader.seek(-3, 2)  # 3 bytes before the end: the two of "é" and the newline
+    assert reader.read() == "\u00e9\n" and reader.tell() == 10
+    reader.seek(0)
+    reader.seek(3, 1)
+    assert reader.read(2) == "b\r"
+    assert gfile.GFile(path, "rb").read() == b"a\r\nb\rc\n\xc3\xa9\n"
+
+
 def test_reading_and_writing_files(root: str) -> None:
     path = gfile.join(root, "a", "f.txt")
     assert gfile.GFile(path).read() == "hi\n"

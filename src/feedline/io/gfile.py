@@ -61,7 +61,10 @@ class GFile:
     """A file on any file system, as ``tf.io.gfile.GFile``: ``mode`` is ``"r"``, ``"w"``,
     ``"a"`` (or with ``+``), with ``"b"`` for bytes; text is UTF-8.
 
-    Opened when first used, as TensorFlow's; a context manager and an iterator of lines.
+    Opened when first used, as TensorFlow's; a context manager and an iterator of lines. As in
+    TensorFlow, text mode is the file's bytes decoded: lines end at ``\n`` only and nothing is
+    translated, ``seek`` and ``tell`` count bytes (relative to the current position or the end
+    too), and ``write`` takes ``str`` or ``bytes`` in either mode.
     """
 
     def __init__(self, name: Any, mode: str = "r") -> None:
@@ -80,10 +83,12 @@ class GFile:
         if self._file is None:
             fs, path = _fs.filesystem(self.name)
             with _fs.translate_errors(self.name, "GFile"):
-                self._file = fs.open(
-                    path, self.mode if self._binary else self.mode.replace("b", "") + "t"
-                )
+                self._file = fs.open(path, self.mode.replace("b", "") + "b")
         return self._file
+
+    def _value(self, data: bytes) -> Any:
+        """What a read gives: ``bytes`` in binary mode, else the UTF-8 text."""
+        return data if self._binary else data.decode("utf-8")
 
     def _readable(self) -> IO[Any]:
         if self.mode.replace("b", "") in ("w", "a"):
@@ -96,26 +101,32 @@ class GFile:
         return self._open()
 
     def read(self, n: int = -1) -> Any:
+        """``n`` bytes (all with -1), as ``bytes`` or, in text mode, decoded."""
         with _fs.translate_errors(self.name, "GFile.read"):
-            return self._readable().read(n)
+            return self._value(self._readable().read(n))
 
     def readline(self) -> Any:
         with _fs.translate_errors(self.name, "GFile.readline"):
-            return self._readable().readline()
+            return self._value(self._readable().readline())
 
     def readlines(self) -> list[Any]:
         with _fs.translate_errors(self.name, "GFile.readlines"):
-            return self._readable().readlines()
+            return [self._value(line) for line in self._readable().readlines()]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._readable())
+        return self
 
     def __next__(self) -> Any:
-        return next(self._readable())
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Any) -> None:
+        """Appends ``data``: ``str`` (written as UTF-8) or bytes-like, in either mode."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         with _fs.translate_errors(self.name, "GFile.write"):
-            return self._writable().write(data)
+            self._writable().write(raw)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self._open().seek(offset, whence)
