@@ -115,3 +115,24 @@ def test_state_lives_on_the_device_of_the_first_update() -> None:
     m.reset_state()
     m.update_state([1.0])
     assert m.get_state().device.type == "cpu"
+
+
+def test_get_config_and_from_config_make_the_metric_again() -> None:
+    import feedline.metrics as metrics
+
+    for metric in (
+        metrics.Mean(name="loss", dtype="float64"),
+        metrics.Sum(),
+        metrics.SparseCategoricalAccuracy(name="acc"),
+        metrics.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1),
+        metrics.MeanMetricWrapper(metrics.accuracy, name="same"),
+    ):
+        config = metric.get_config()
+        again = type(metric).from_config(config)
+        assert again.get_config() == config and again is not metric
+        assert again.name == metric.name and again.dtype == metric.dtype
+    assert metrics.Mean(name="loss", dtype="float64").get_config() == {
+        "name": "loss",
+        "dtype": "float64",
+    }
+    assert metrics.SparseCategoricalCrossentropy().get_config()["from_logits"] is False

@@ -82,6 +82,16 @@ class Metric:
             self._placed = False
             self._counts, self._counted = [], 0
 
+    def get_config(self) -> dict[str, Any]:
+        """The constructor's arguments (Keras' ``get_config``): ``name`` and ``dtype``, and a
+        subclass's own; ``type(metric).from_config(config)`` makes the metric again."""
+        return {"name": self.name, "dtype": str(self.dtype).removeprefix("torch.")}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Metric:
+        """A new metric of this class from ``get_config()``'s arguments (no state)."""
+        return cls(**config)
+
     def reset_states(self) -> None:
         """Alias of ``reset_state`` (the older Keras name, used by the seeds)."""
         self.reset_state()

@@ -108,6 +108,15 @@ class SparseCategoricalCrossentropy(MeanMetricWrapper):
         self.ignore_class = ignore_class
         self.axis = axis
 
+    def get_config(self) -> dict[str, Any]:
+        """``name``, ``dtype``, ``from_logits``, ``ignore_class`` and ``axis``."""
+        return {
+            **super().get_config(),
+            "from_logits": self.from_logits,
+            "ignore_class": self.ignore_class,
+            "axis": self.axis,
+        }
+
     def update_state(  # type: ignore[override]
         self, y_true: Any, y_pred: Any, sample_weight: Any = None
     ) -> None:

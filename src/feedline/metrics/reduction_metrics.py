@@ -134,6 +134,14 @@ class MeanMetricWrapper(Mean):
         self._fn = fn
         self._fn_kwargs = kwargs
 
+    def get_config(self) -> dict[str, Any]:
+        """``name``, ``dtype``, and for a plain wrapper ``fn`` and the keyword arguments it is
+        called with (a subclass's function is its own)."""
+        config = super().get_config()
+        if type(self) is MeanMetricWrapper:
+            config.update(fn=self._fn, **self._fn_kwargs)
+        return config
+
     # Keras' signature: a wrapper is updated with labels and predictions, where Mean takes values.
     def update_state(  # type: ignore[override]
         self, y_true: Any, y_pred: Any, sample_weight: Any = None
