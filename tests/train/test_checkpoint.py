@@ -396,7 +396,7 @@ def test_nested_checkpoints_and_attribute_access(tmp_path: pathlib.Path) -> None
 def test_unsupported_objects_and_reserved_names_are_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"cannot save 'epoch': a int has neither"):
         Checkpoint(model=make_model(seed=0), epoch=3)
-    with pytest.raises(TypeError, match=r"'data': a list"):
+    with pytest.raises(TypeError, match=r"in 'data': Checkpoint cannot save '0': a int"):
         Checkpoint().data = [1, 2]
     for name in ("save", "restore", "save_counter", "_private"):
         with pytest.raises(InvalidArgumentError, match=f"'{name}' cannot name"):
@@ -767,3 +767,27 @@ def test_manager_saves_every_checkpoint_interval_steps_and_restores_or_initializ
     )
     assert again.restore_or_initialize() == manager.latest_checkpoint and int(step) == 8
     assert again.save() is None  # step 8 was the last saved
+
+
+def test_lists_tuples_and_dicts_of_objects(tmp_path: pathlib.Path) -> None:
+    # TensorFlow: "All kwargs must be trackable objects, or a nested structure of trackable
+    # objects (list, dict, or tuple)".
+    models = [make_model(seed=0), make_model(seed=1)]
+    step = torch.tensor(7)
+    path = Checkpoint(models=models, extra={"step": step}, pair=(torch.ones(2),)).save(
+        tmp_path / "ckpt"
+    )
+    fresh = [make_model(seed=2), make_model(seed=3)]
+    restored_step = torch.tensor(0)
+    status = Checkpoint(
+        models=fresh, extra={"step": restored_step}, pair=(torch.zeros(2),)
+    ).restore(path)
+    assert status.matched == ("models.0", "models.1", "extra.step", "pair.0")
+    status.assert_consumed()
+    for model, again in zip(models, fresh, strict=True):
+        assert_states_equal(again.state_dict(), model.state_dict())
+    assert int(restored_step) == 7
+    with pytest.raises(TypeError, match="in 'models': Checkpoint cannot save '1'"):
+        Checkpoint(models=[make_model(seed=0), 3])
+    with pytest.raises(TypeError, match="needs str keys"):
+        Checkpoint(models={1: make_model(seed=0)})

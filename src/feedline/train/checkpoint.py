@@ -110,7 +110,9 @@ class Checkpoint:
     Args:
       root: an object saved under the name ``"root"`` (TensorFlow's ``Checkpoint(model)``).
       **objects: modules, optimizers, LR schedulers, iterators, metrics, tensors and nested
-        ``Checkpoint`` objects, by name.
+        ``Checkpoint`` objects, by name; lists, tuples and dicts (with str keys) of them are
+        nested ``Checkpoint`` objects of their items (``models=[a, b]``: ``models.0``,
+        ``models.1``).
 
     Raises:
       TypeError: an object has no state to save (see the module docstring for what has).
@@ -144,6 +146,8 @@ class Checkpoint:
                 f"{name!r} cannot name a checkpoint object: names may not start with '_' or be "
                 f"an attribute of Checkpoint ({', '.join(_PUBLIC_ATTRIBUTES)}); use another name"
             )
+        if isinstance(obj, list | tuple | dict):
+            obj = _nested(name, obj)
         if not isinstance(obj, Checkpoint | torch.Tensor) and _accessors(obj) is None:
             raise TypeError(
                 f"Checkpoint cannot save {name!r}: a {type(obj).__name__} has neither "
@@ -377,6 +381,25 @@ class Checkpoint:
 
 
 _PUBLIC_ATTRIBUTES = sorted(name for name in vars(Checkpoint) if not name.startswith("_"))
+
+
+def _nested(name: str, container: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> Checkpoint:
+    """A list, tuple or dict of objects (TensorFlow's nested structures of trackables) as a
+    nested ``Checkpoint``: items by their index (``models.0``) or their key."""
+    if isinstance(container, dict):
+        keys = [key for key in container if not isinstance(key, str)]
+        if keys:
+            raise TypeError(
+                f"Checkpoint cannot save {name!r}: a dict of objects needs str keys, got "
+                f"{keys[0]!r}"
+            )
+        items = dict(container)
+    else:
+        items = {str(index): value for index, value in enumerate(container)}
+    try:
+        return Checkpoint(**items)
+    except (TypeError, InvalidArgumentError) as error:
+        raise type(error)(f"in {name!r}: {error}") from None
 
 
 class CheckpointMismatchError(NotFoundError, AssertionError):
