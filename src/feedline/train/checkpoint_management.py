@@ -180,6 +180,7 @@ class CheckpointManager:
           The path written; None where ``checkpoint_interval`` says not yet.
         """
         check_options(options)
+        step = None
         if self._checkpoint_interval is not None:
             step = _step(self._step_counter)
             last = self._last_checkpoint_step
@@ -187,9 +188,10 @@ class CheckpointManager:
                 step == last or (check_interval and step < last + self._checkpoint_interval)
             ):
                 return None
-            self._last_checkpoint_step = step
         with self.storage_scope():
             path = self._save(checkpoint_number)
+        if step is not None:
+            self._last_checkpoint_step = step  # once saved: a failed save is tried again
         run_write_callbacks(options, path)
         return path
 
