@@ -16,6 +16,7 @@ complete.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ from feedline.errors import FailedPreconditionError
 
 __all__ = [
     "INDEX_FILENAME",
+    "IndexState",
     "PathLike",
     "atomic_write",
     "basename",
@@ -38,7 +40,7 @@ __all__ = [
     "latest_checkpoint",
     "number_of",
     "read_index",
-    "read_index_times",
+    "read_index_state",
     "remove",
     "same_directory",
     "tidy",
@@ -223,34 +225,20 @@ def write_index(
     atomic_write(join(directory, INDEX_FILENAME), lambda f: f.write(text.encode()))
 
 
-def read_index_times(directory: str) -> tuple[list[float], float | None]:
-    """The index's timestamps: each listed checkpoint's save time (in the listed order) and
-    the last preserved one; ``([], None)`` where the index has none (or there is no index)."""
-    try:
-        data = _fs.read_small(join(directory or ".", INDEX_FILENAME), _OPERATION)
-    except (FileNotFoundError, FailedPreconditionError):
-        return [], None
-    times: list[float] = []
-    last: float | None = None
-    for line in data.decode("utf-8").splitlines():
-        match = _TIME_LINE.fullmatch(line)
-        if match is None:
-            continue
-        try:
-            value = float(match[2])
-        except ValueError:
-            continue
-        if match[1] == "last_preserved_timestamp":
-            last = value
-        else:
-            times.append(value)
-    return times, last
+@dataclasses.dataclass(frozen=True)
+class IndexState:
+    """What a ``checkpoint`` index holds: the latest checkpoint, every listed one (paths joined
+    to the directory), their save times (in the listed order; empty where the index has none)
+    and the last preserved time (None where it has none)."""
+
+    latest: str | None
+    paths: list[str]
+    times: list[float]
+    last_preserved: float | None
 
 
-def read_index(
-    directory: str, index_name: str = INDEX_FILENAME
-) -> tuple[str | None, list[str]] | None:
-    """(latest, all) from ``directory``'s index, paths joined to it; None without an index."""
+def read_index_state(directory: str, index_name: str = INDEX_FILENAME) -> IndexState | None:
+    """``directory``'s index, or None without one."""
     url = join(directory or ".", index_name)
     try:
         # One request on a store: an index that saves keep replacing is read whole, old or new.
@@ -259,13 +247,34 @@ def read_index(
         return None
     latest: str | None = None
     paths: list[str] = []
+    times: list[float] = []
+    last: float | None = None
     for line in data.decode("utf-8").splitlines():
-        match = _INDEX_LINE.fullmatch(line)  # unquoted fields (timestamps) are skipped
-        if match is None:
+        match = _INDEX_LINE.fullmatch(line)
+        if match is not None:
+            path = join(directory, re.sub(r"\\(.)", r"\1", match[2]))
+            if match[1] == "model_checkpoint_path":
+                latest = path
+            elif match[1] == "all_model_checkpoint_paths":
+                paths.append(path)
             continue
-        path = join(directory, re.sub(r"\\(.)", r"\1", match[2]))
-        if match[1] == "model_checkpoint_path":
-            latest = path
-        elif match[1] == "all_model_checkpoint_paths":
-            paths.append(path)
-    return latest, paths
+        timed = _TIME_LINE.fullmatch(line)
+        if timed is None:
+            continue
+        try:
+            value = float(timed[2])
+        except ValueError:
+            continue
+        if timed[1] == "last_preserved_timestamp":
+            last = value
+        else:
+            times.append(value)
+    return IndexState(latest, paths, times, last)
+
+
+def read_index(
+    directory: str, index_name: str = INDEX_FILENAME
+) -> tuple[str | None, list[str]] | None:
+    """(latest, all) from ``directory``'s index, paths joined to it; None without an index."""
+    state = read_index_state(directory, index_name)
+    return None if state is None else (state.latest, state.paths)

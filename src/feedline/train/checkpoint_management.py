@@ -23,8 +23,7 @@ from feedline.train._checkpoint_files import (
     join,
     latest_checkpoint,
     number_of,
-    read_index,
-    read_index_times,
+    read_index_state,
     remove,
     write_index,
 )
@@ -112,8 +111,10 @@ class CheckpointManager:
         self._storage_options = _fs.check_storage_options(storage_options, "CheckpointManager")
         now = time.time()
         with self.storage_scope():
-            _, listed = read_index(self._directory) or (None, [])
-            times, last_preserved = read_index_times(self._directory)
+            index = read_index_state(self._directory)
+        listed = [] if index is None else index.paths
+        times = [] if index is None else index.times
+        last_preserved = None if index is None else index.last_preserved
         if len(times) != len(listed):
             times = [now] * len(listed)  # an index without TensorFlow's timestamps
         # As TensorFlow: a clock set back slightly, so that a manager made again at once
