@@ -92,6 +92,11 @@ def test_tensorflows_name_argument_is_accepted_and_unused(tmp_path: Any) -> None
     assert [b.tolist() for b in ds] == [[4, 6]]
     taking = [n for n in DECLARED if "name" in inspect.signature(getattr(Dataset, n)).parameters]
     assert {"map", "batch", "from_tensor_slices", "zip", "interleave"} <= set(taking)
+    # TensorFlow's other map arguments: synchronous=True refuses parallelism, as there.
+    quiet = Dataset.range(3).map(lambda x: x + 1, synchronous=True, use_unbounded_threadpool=True)
+    assert [int(x) for x in quiet] == [1, 2, 3]
+    with pytest.raises(ValueError, match="`synchronous` is not supported with"):
+        Dataset.range(3).map(lambda x: x, num_parallel_calls=2, synchronous=True)
     from feedline.data import TextLineDataset, TFRecordDataset
 
     path = tmp_path / "lines.txt"

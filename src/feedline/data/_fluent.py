@@ -165,9 +165,17 @@ def map_(
     map_func: Callable[..., Any],
     num_parallel_calls: int | None = None,
     deterministic: bool | None = None,
+    synchronous: bool | None = None,
+    use_unbounded_threadpool: bool = False,
     *,
     use_processes: bool = False,
+    name: str | None = None,
 ) -> Dataset:
+    if synchronous and num_parallel_calls is not None:
+        raise ValueError(
+            "`synchronous` is not supported with `num_parallel_calls`, but `num_parallel_calls` "
+            f"was set to {num_parallel_calls}"
+        )
     return MapDataset(
         self, map_func, num_parallel_calls, deterministic, use_processes=use_processes
     )

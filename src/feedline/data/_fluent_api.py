@@ -263,6 +263,8 @@ class FluentAPI:
         map_func: Callable[..., Any],
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
+        synchronous: bool | None = None,
+        use_unbounded_threadpool: bool = False,
         *,
         use_processes: bool = False,
         name: str | None = None,
@@ -275,6 +277,11 @@ class FluentAPI:
             processes), ``AUTOTUNE`` to let feedline choose; None maps in the caller's thread.
           deterministic: whether the output keeps the input's order when mapping in parallel
             (None: the dataset's ``Options.deterministic``).
+          synchronous: TensorFlow's promise of no parallelism and no buffering, which a map
+            without ``num_parallel_calls`` keeps anyway; True with ``num_parallel_calls`` is a
+            ``ValueError``, as in TensorFlow.
+          use_unbounded_threadpool: accepted (TensorFlow's thread pool for I/O-bound
+            functions); ``num_parallel_calls`` sets the threads here.
           use_processes: map in spawned worker processes instead of threads.
 
         Example:
