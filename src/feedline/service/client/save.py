@@ -26,7 +26,7 @@ __all__ = ["distributed_save"]
 def distributed_save(
     dataset: Dataset,
     path: str | os.PathLike[str],
-    dispatcher_address: str,
+    data_service_address: str,
     compression: str | None = "AUTO",
 ) -> None:
     """Saves ``dataset`` to ``path`` with the data service's workers
@@ -50,7 +50,7 @@ def distributed_save(
         ``from_tensor_slices``, files) must yield the same elements each time it runs.
       path: the snapshot's directory, a local path or a URL (``s3://``, ``gs://``, ...) that
         the dispatcher and every worker can write.
-      dispatcher_address: the dispatcher's ``host:port`` (``grpc://host:port`` also works).
+      data_service_address: the dispatcher's ``host:port`` (``grpc://host:port`` also works).
       compression: ``"AUTO"`` (LZ4), ``"GZIP"``, ``"LZ4"``, ``"SNAPPY"``, or None.
 
     Raises:
@@ -63,14 +63,14 @@ def distributed_save(
         raise InvalidArgumentError(
             f"distributed_save expects a Dataset, got {type(dataset).__name__}"
         )
-    if not isinstance(dispatcher_address, str) or not dispatcher_address:
+    if not isinstance(data_service_address, str) or not data_service_address:
         raise InvalidArgumentError(
-            "distributed_save: dispatcher_address must be the dispatcher's 'host:port', got "
-            f"{dispatcher_address!r}"
+            "distributed_save: data_service_address must be the dispatcher's 'host:port', got "
+            f"{data_service_address!r}"
         )
     path = os.fspath(path)
     codec = resolve_codec(compression, "distributed_save", allow_auto=True)
-    address = _rpc.parse_service(dispatcher_address)
+    address = _rpc.parse_service(data_service_address)
     dataset_id = register_dataset(address, dataset)
     request = SnapshotRequest(
         path,
