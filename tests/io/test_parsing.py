@@ -117,6 +117,32 @@ def test_example_names_are_said_in_errors_and_name_is_accepted() -> None:
     )
 
 
+def test_fixed_len_sequence_features_are_padded_as_tensorflow_pads_them() -> None:
+    from feedline.io import FixedLenSequenceFeature
+
+    def record(ids: list[int], words: list[bytes]) -> bytes:
+        feature = {"ids": Feature(int64_list=Int64List(value=ids))}
+        if words:
+            feature["words"] = Feature(bytes_list=BytesList(value=words))
+        return Example(features=Features(feature=feature)).SerializeToString()
+
+    spec = {
+        "ids": FixedLenSequenceFeature([2], np.int64, allow_missing=True, default_value=-1),
+        "words": FixedLenSequenceFeature([], feedline.string, allow_missing=True),
+    }
+    rows = [record([1, 2, 3, 4], [b"a"]), record([5, 6], [b"b", b"c"]), record([], [])]
+    parsed = parse_example(rows, spec)
+    assert parsed["ids"].tolist() == [[[1, 2], [3, 4]], [[5, 6], [-1, -1]], [[-1, -1], [-1, -1]]]
+    assert parsed["words"].tolist() == [[b"a", b""], [b"b", b"c"], [b"", b""]]
+    one = parse_single_example(rows[0], spec)
+    assert one["ids"].tolist() == [[1, 2], [3, 4]] and one["words"].tolist() == [b"a"]
+    assert parsing.parsed_spec(spec, 3)["ids"] == feedline.TensorSpec((3, None, 2), np.int64)
+    with pytest.raises(InvalidArgumentError, match="not a multiple of stride length"):
+        parse_single_example(record([1, 2, 3], []), spec)
+    with pytest.raises(InvalidArgumentError, match="requires allow_missing to be True"):
+        FixedLenSequenceFeature([2], np.int64)
+
+
 def test_feature_specs_are_checked() -> None:
     with pytest.raises(InvalidArgumentError, match="dtype must be float32, int64 or a string"):
         FixedLenFeature([], np.int32)

@@ -19,12 +19,13 @@ Example:
 from feedline.io import gfile
 from feedline.io.csv_decode import decode_csv
 from feedline.io.decode import decode_raw
-from feedline.io.features import FixedLenFeature, VarLenFeature
+from feedline.io.features import FixedLenFeature, FixedLenSequenceFeature, VarLenFeature
 from feedline.io.parsing import parse_example, parse_single_example
 from feedline.io.tfrecord import TFRecordOptions, TFRecordWriter
 
 __all__ = [
     "FixedLenFeature",
+    "FixedLenSequenceFeature",
     "TFRecordOptions",
     "TFRecordWriter",
     "VarLenFeature",

@@ -1,4 +1,5 @@
-"""Feature specs of ``parse_example``: ``FixedLenFeature`` and ``VarLenFeature``."""
+"""Feature specs of ``parse_example``: ``FixedLenFeature``, ``FixedLenSequenceFeature`` and
+``VarLenFeature``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from feedline.errors import InvalidArgumentError
 from feedline.io._example_fast import BYTES, FLOAT, INT64
 from feedline.structure import as_bytes_leaf
 
-__all__ = ["FixedLenFeature", "Spec", "VarLenFeature", "check_features", "kind_of"]
+__all__ = [
+    "FixedLenFeature",
+    "FixedLenSequenceFeature",
+    "Spec",
+    "VarLenFeature",
+    "check_features",
+    "kind_of",
+]
 
 # Byte strings are object arrays of Python ``bytes`` (``feedline.string``), as in tf .numpy().
 DTYPES = {BYTES: np.dtype(object), FLOAT: np.dtype(np.float32), INT64: np.dtype(np.int64)}
@@ -87,7 +95,59 @@ class VarLenFeature:
         object.__setattr__(self, "dtype", _feature_dtype(self.dtype, "VarLenFeature"))
 
 
-Spec = FixedLenFeature | VarLenFeature
+@dataclasses.dataclass(frozen=True)
+class FixedLenSequenceFeature:
+    """A feature holding any number of items of ``shape`` (``tf.io.FixedLenSequenceFeature``),
+    parsed into an array of ``[n, *shape]`` for one record and ``[batch, longest, *shape]`` for
+    a batch, the shorter records padded with ``default_value``.
+
+    Attributes:
+      shape: the shape of one item; a record's values must be a whole number of items.
+      dtype: float32, int64 or a string dtype, as ``FixedLenFeature``'s.
+      allow_missing: must be True for ``Example`` records (a record without the feature has
+        no items), as in TensorFlow.
+      default_value: the scalar that pads shorter records (0, or ``b""`` for strings).
+    """
+
+    shape: Sequence[int]
+    dtype: Any
+    allow_missing: bool = False
+    default_value: Any = None
+
+    def __post_init__(self) -> None:
+        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
+        if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
+            raise InvalidArgumentError(
+                f"FixedLenSequenceFeature: shape must be a list of ints >= 0, got {self.shape!r}"
+            )
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        dtype = _feature_dtype(self.dtype, "FixedLenSequenceFeature")
+        object.__setattr__(self, "dtype", dtype)
+        if not self.allow_missing:
+            raise InvalidArgumentError(
+                "Unsupported: FixedLenSequenceFeature requires allow_missing to be True"
+            )
+        value = self.default_value
+        if value is None:
+            value = b"" if dtype == DTYPES[BYTES] else 0
+        try:
+            if dtype == DTYPES[BYTES]:
+                pad = as_bytes_leaf(np.asarray(value, dtype=object), encode_str=True)
+            else:
+                pad = np.asarray(value, dtype=dtype)
+        except (ValueError, TypeError, InvalidArgumentError) as error:
+            raise InvalidArgumentError(
+                f"FixedLenSequenceFeature: default_value {self.default_value!r} is not a "
+                f"{dtype} scalar: {error}"
+            ) from None
+        if pad.shape != ():
+            raise InvalidArgumentError(
+                f"FixedLenSequenceFeature: default_value must be a scalar, got shape {pad.shape}"
+            )
+        object.__setattr__(self, "default_value", pad)
+
+
+Spec = FixedLenFeature | FixedLenSequenceFeature | VarLenFeature
 
 
 def check_features(features: Mapping[str, Spec]) -> None:
@@ -96,7 +156,8 @@ def check_features(features: Mapping[str, Spec]) -> None:
             f"features must be a dict of name -> FixedLenFeature/VarLenFeature, got {features!r}"
         )
     for key, spec in features.items():
-        if not isinstance(spec, FixedLenFeature | VarLenFeature):
+        if not isinstance(spec, FixedLenFeature | FixedLenSequenceFeature | VarLenFeature):
             raise InvalidArgumentError(
-                f"features[{key!r}] must be a FixedLenFeature or VarLenFeature, got {spec!r}"
+                f"features[{key!r}] must be a FixedLenFeature, FixedLenSequenceFeature or "
+                f"VarLenFeature, got {spec!r}"
             )

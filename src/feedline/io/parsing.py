@@ -39,6 +39,7 @@ from feedline.io.features import (
     DTYPES,
     NAMES,
     FixedLenFeature,
+    FixedLenSequenceFeature,
     Spec,
     VarLenFeature,
     check_features,
@@ -141,6 +142,8 @@ def _feature_values(example: Any, features: Mapping[str, Spec], where: str) -> d
 def _missing(key: str, spec: Spec, where: str) -> np.ndarray:
     if isinstance(spec, VarLenFeature):
         return zeros((0,), spec.dtype)
+    if isinstance(spec, FixedLenSequenceFeature):
+        return zeros((0, *spec.shape), spec.dtype)
     if spec.default_value is None:
         raise InvalidArgumentError(
             f"Feature: {key} (data type: {NAMES[kind_of(spec.dtype)]}) is required but could not "
@@ -156,6 +159,19 @@ def _shaped(key: str, spec: Spec, kind: str, values: Any, where: str) -> np.ndar
             f"Key: {key}{where}. Number of {NAMES[kind]} values != expected. "
             f"Values size: {n} but output shape: {list(spec.shape)}"
         )
+    if isinstance(spec, FixedLenSequenceFeature):
+        item = math.prod(spec.shape)
+        if (item == 0 and n) or (item and n % item):
+            raise InvalidArgumentError(
+                f"Key: {key}{where}. Number of {NAMES[kind]} values is not a multiple of "
+                f"stride length. Saw {n} values but output shape is: {list(spec.shape)}"
+            )
+        array = (
+            np.fromiter(values, DTYPES[kind], count=n)
+            if kind != BYTES
+            else bytes_array(list(values))
+        )
+        return array.reshape((n // item if item else 0, *spec.shape))
     if kind != BYTES:
         array = np.fromiter(values, DTYPES[kind], count=n)
     elif isinstance(spec, FixedLenFeature) and spec.shape == ():
@@ -349,6 +365,8 @@ def _parse_fast(
     chosen = rows if everyone else rows[matched]
     sources = records if everyone and records else None
     for key, spec in features.items():
+        if isinstance(spec, FixedLenSequenceFeature):
+            return {}, None  # records of one length may hold items of several counts
         layout = template.features.get(key)
         if layout is None or layout.kind is None:
             if isinstance(spec, FixedLenFeature) and spec.default_value is None:
@@ -368,6 +386,8 @@ def _parse_fast(
 def _missing_rows(spec: Spec, n: int) -> np.ndarray:
     if isinstance(spec, VarLenFeature):
         return zeros((n, 0), spec.dtype)
+    if isinstance(spec, FixedLenSequenceFeature):
+        return zeros((n, 0, *spec.shape), spec.dtype)
     return np.broadcast_to(spec.default_value, (n, *spec.shape))
 
 
@@ -382,12 +402,15 @@ def parsed_spec(features: Mapping[str, Spec], batch: int | None) -> dict[str, An
       {'ids': SparseTensorSpec(shape=(None, None), dtype=int64)}
     """
     check_features(features)
-    return {
-        key: SparseTensorSpec((batch, None), spec.dtype)
-        if isinstance(spec, VarLenFeature)
-        else TensorSpec((batch, *spec.shape), spec.dtype)
-        for key, spec in features.items()
-    }
+    return {key: _parsed_spec(spec, batch) for key, spec in features.items()}
+
+
+def _parsed_spec(spec: Spec, batch: int | None) -> Any:
+    if isinstance(spec, VarLenFeature):
+        return SparseTensorSpec((batch, None), spec.dtype)
+    if isinstance(spec, FixedLenSequenceFeature):
+        return TensorSpec((batch, None, *spec.shape), spec.dtype)
+    return TensorSpec((batch, *spec.shape), spec.dtype)
 
 
 def _sparse_rows(values: np.ndarray, counts: np.ndarray) -> SparseArray:
@@ -426,6 +449,18 @@ def _assemble(
         parts = [r for r in rows if len(r)]
         values = np.concatenate(parts) if parts else _missing(key, spec, "")
         return _sparse_rows(values, counts)
+    if isinstance(spec, FixedLenSequenceFeature):
+        return _padded(spec, rows)
     if not rows:
         return zeros((0, *spec.shape), spec.dtype)
     return np.stack(rows)
+
+
+def _padded(spec: FixedLenSequenceFeature, rows: list[np.ndarray]) -> np.ndarray:
+    """The records' items as ``[batch, longest, *shape]``, the shorter padded."""
+    longest = max((len(r) for r in rows), default=0)
+    out = np.empty((len(rows), longest, *spec.shape), dtype=spec.dtype)
+    out[...] = spec.default_value
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
