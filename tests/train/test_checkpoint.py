@@ -791,3 +791,26 @@ def test_lists_tuples_and_dicts_of_objects(tmp_path: pathlib.Path) -> None:
         Checkpoint(models=[make_model(seed=0), 3])
     with pytest.raises(TypeError, match="needs str keys"):
         Checkpoint(models={1: make_model(seed=0)})
+
+
+def test_an_object_attached_after_the_restore_is_restored_then(tmp_path: pathlib.Path) -> None:
+    # TensorFlow: "Dependencies added after this call will be matched if they have a
+    # corresponding object in the checkpoint."
+    model = make_model(seed=0)
+    step = torch.tensor(5)
+    path = Checkpoint(model=model, inner=Checkpoint(step=step)).save(tmp_path / "ckpt")
+    checkpoint = Checkpoint()
+    status = checkpoint.restore(path)
+    assert status.unused_entries == ("model", "inner")
+    status.expect_partial()
+    late = make_model(seed=1)
+    checkpoint.model = late
+    assert_states_equal(late.state_dict(), model.state_dict())
+    later_step = torch.tensor(0)
+    checkpoint.inner = Checkpoint(step=later_step)
+    assert int(later_step) == 5
+    # Matched once: an object attached again under the name is left as it is.
+    another = make_model(seed=2)
+    before = {k: v.clone() for k, v in another.state_dict().items()}
+    checkpoint.model = another
+    assert_states_equal(another.state_dict(), before)

@@ -155,7 +155,30 @@ class Checkpoint:
                 f"get_state()/set_state() (feedline iterators, metrics) and is not a tensor or "
                 f"a Checkpoint"
             )
+        deferred = self.__dict__.get("_deferred")
+        if deferred and name in deferred:
+            self._restore_deferred(name, obj, deferred)
         self._objects[name] = obj
+
+    def _restore_deferred(self, name: str, obj: Any, deferred: dict[str, Any]) -> None:
+        """Restores ``obj``, attached under ``name`` after a restore whose file held an entry
+        of that name (TensorFlow's delayed restoration)."""
+        path, state = deferred[name]
+        if isinstance(obj, Checkpoint) != _is_checkpoint_state(state):
+            return  # another kind of object: the entry stays unused, as at the restore
+        if isinstance(obj, Checkpoint):
+            plan: list[tuple[str, Callable[[], None]]] = []
+            obj._plan_restore(state, path, name + ".", plan, ([], [], []))
+        else:
+            _check_compatible(obj, state, name, path, {})
+            plan = [(name, functools.partial(_set_state, obj, state))]
+        for dotted, apply in plan:
+            try:
+                apply()
+            except Exception as error:
+                error.add_note(f"while restoring checkpoint object {dotted!r} from {path}")
+                raise
+        del deferred[name]
 
     def __getattr__(self, name: str) -> Any:
         objects = self.__dict__.get("_objects", {})
@@ -292,7 +315,9 @@ class Checkpoint:
         and reported by the returned status: ``status.assert_consumed()`` raises if there are
         any; ``status.expect_partial()`` silences the warning given otherwise when the status
         is discarded. ``save_path=None`` (``latest_checkpoint`` of an empty directory) restores
-        nothing, as in TensorFlow, so that one line both starts and resumes a run.
+        nothing, as in TensorFlow, so that one line both starts and resumes a run. As in
+        TensorFlow, an object attached later under the name of an unused entry
+        (``checkpoint.model = model`` after the restore) is restored from it then.
 
         Modules, optimizers and tensors are restored in place, so the values land on the device
         of the object's current parameters whatever device they were saved from (optimizers
@@ -376,6 +401,15 @@ class Checkpoint:
             matched.append(dotted)
             plan.append((dotted, functools.partial(_set_state, obj, state)))
         unused.extend(prefix + name for name in entries if name not in self._objects)
+        later = {
+            name: (path, state) for name, state in entries.items() if name not in self._objects
+        }
+        plan.append(
+            (
+                prefix + "(entries for objects attached later)",
+                lambda: setattr(self, "_deferred", later),
+            )
+        )
         counter = int(saved["save_counter"])
         plan.append((prefix + "save_counter", lambda: setattr(self, "_save_counter", counter)))
 
