@@ -412,32 +412,6 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
     assert ledger.done_for(5, [0, 4]) == [(4, 4)]
 
 
-def test_a_live_task_a_restored_trainer_lacks_part_of_is_not_finished() -> None:
-    """A trainer restored from before it received a live task's splits lacks them, while the
-    task's worker counts them as returned by the trainer's last word before it was killed:
-    the task is not finished (its worker would let go of the elements) until the restored
-    trainer has them again (found by ``--kill worker+trainer`` chaos rounds under load)."""
-    ledger = SplitLedger(per_trainer=True)
-    ledger.joined(1, "a")
-    ledger.joined(2, "b")
-    ledger.grant(0, task_id=7)
-    ledger.count(0, 4)
-    for client in (1, 2):
-        ledger.receive(0, [[0, 4]], client_id=client)
-    assert ledger.done == {0: 4} and not ledger.lacked_from(7)
-    ledger.client_gone(2)  # b is killed, then restored from a checkpoint with half of split 0
-    assert not ledger.lacked_from(7)  # b is away: nothing waits for it
-    ledger.joined(3, "b", restored={0: [[0, 2]]})
-    assert ledger.lacked_from(7) and not ledger.lacked_from(8)
-    assert ledger.done_for(3, [0]) == []  # b reads the rest from task 7's cache
-    ledger.receive(0, [[2, 4]], client_id=3)
-    assert not ledger.lacked_from(7) and ledger.done_for(3, [0]) == [(0, 4)]
-    # Only cross-trainer ledgers hold tasks back.
-    plain = SplitLedger()
-    plain.grant(0, task_id=7)
-    assert not plain.lacked_from(7)
-
-
 def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() -> None:
     """A lost task's split waits to be handed out again for a trainer that lacks it; that
     trainer leaves (its consumer is replaced by a restored one) and the split is done for the

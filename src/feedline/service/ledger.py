@@ -402,20 +402,6 @@ class SplitLedger:
                 split.handed_out = False
                 self._release(key)
 
-    def lacked_from(self, task_id: int) -> bool:
-        """(``per_trainer``) Whether a trainer reading the job lacks part of a split that
-        ``task_id`` made: one restored from a checkpoint older than what its worker saw it
-        return, which that worker's cache still holds for it. The task is not finished while
-        one does (its worker would let go of the elements)."""
-        if not self.per_trainer:
-            return False
-        reading = self.reading()
-        return any(
-            split.holder == task_id
-            and not all(covers(split.trainers.get(t, []), split.count or 0) for t in reading)
-            for split in (*self.finished.values(), *self.open.values())
-        )
-
     def reading(self) -> set[str]:
         """The trainers with a consumer that did not leave (``per_trainer``)."""
         left = set(self.left)

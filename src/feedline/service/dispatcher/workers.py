@@ -94,12 +94,6 @@ class Workers:
             for task_id in request.finished_tasks:
                 task = state.tasks.get(task_id)
                 if task is not None and task.worker_address == address and not task.finished:
-                    ledger = state.ledgers.get(task.job_id)
-                    if ledger is not None and ledger.lacked_from(task_id):
-                        # A trainer restored from before lacks what the task made, and the
-                        # worker counted it as returned by the trainer's last word before it
-                        # was killed: the task stays until the trainer has read it again.
-                        continue
                     core.apply(FinishTask(task_id))
                     self._finish_job_if_done(state.jobs[task.job_id])
             for report in request.failed_tasks:
