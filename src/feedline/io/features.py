@@ -38,6 +38,13 @@ def _feature_dtype(dtype: Any, spec: str) -> np.dtype:
     )
 
 
+def _feature_shape(shape: Any, spec: str) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(not isinstance(d, int | np.integer) or d < 0 for d in dims):
+        raise InvalidArgumentError(f"{spec}: shape must be a list of ints >= 0, got {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
 def kind_of(dtype: np.dtype) -> str:
     return BYTES if dtype == DTYPES[BYTES] else FLOAT if dtype == np.float32 else INT64
 
@@ -59,12 +66,7 @@ class FixedLenFeature:
     default_value: Any = None
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
-        if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
-            raise InvalidArgumentError(
-                f"FixedLenFeature: shape must be a list of ints >= 0, got {self.shape!r}"
-            )
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        object.__setattr__(self, "shape", _feature_shape(self.shape, "FixedLenFeature"))
         dtype = _feature_dtype(self.dtype, "FixedLenFeature")
         object.__setattr__(self, "dtype", dtype)
         if self.default_value is not None:
@@ -115,12 +117,7 @@ class FixedLenSequenceFeature:
     default_value: Any = None
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
-        if any(not isinstance(d, int | np.integer) or d < 0 for d in shape):
-            raise InvalidArgumentError(
-                f"FixedLenSequenceFeature: shape must be a list of ints >= 0, got {self.shape!r}"
-            )
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        object.__setattr__(self, "shape", _feature_shape(self.shape, "FixedLenSequenceFeature"))
         dtype = _feature_dtype(self.dtype, "FixedLenSequenceFeature")
         object.__setattr__(self, "dtype", dtype)
         if not self.allow_missing:
