@@ -37,7 +37,9 @@ joins, the three others wait before their last 10 elements until ``late`` has it
 ``--kill worker+trainer``: the victim saves checkpoints only up to ``--fault-at`` of the epoch;
 once every trainer has read 100 elements past that (the victim, reading slowest, last), the
 first worker is killed and replaced,
-then the victim is killed and restarted from that checkpoint, older than the worker's death:
+then the victim is killed and, once the dispatcher has dropped the dead worker (see
+docs/data_service.md for a victim back before that), restarted from that checkpoint, older than
+the worker's death:
 under ``--fault-tolerant`` the dead worker's splits that every trainer had received in full
 since run again for the restored victim. The two others wait before their last 10 elements
 until the restarted victim has its first: a trainer that comes back once the others have
@@ -228,11 +230,7 @@ def run_round(
             cluster.start_worker()  # its replacement
             groups: list[tuple[Any, tuple[str, ...]]] = [(trainers, TRAINERS)]
             if late:
-                deadline = time.monotonic() + 30
-                while "missed heartbeats" not in cluster.output(dispatcher):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the dispatcher did not drop the dead worker in 30 s")
-                    time.sleep(0.05)
+                _wait_for_drop(cluster, dispatcher)
                 extra = {"HOLD": "", "JOINED": common["HOLD"]}
                 joined = cluster.run(
                     TRAINER, [(LATE, env(LATE, 0.0, **extra))], timeout=hang_seconds + 60
@@ -244,6 +242,8 @@ def run_round(
             if trainers.wait_exit("victim", 30) is None:
                 raise RuntimeError("the victim outlived its kill -9 for 30 s")
             killed_at = len(files["victim"].read_text().split())
+            if past:  # the victim comes back once the dispatcher has dropped the dead worker
+                _wait_for_drop(cluster, dispatcher)
             back = {"HOLD": "", "JOINED": common.get("HOLD", "")}
             restarted = cluster.run(
                 TRAINER,
@@ -267,6 +267,15 @@ def run_round(
         lost[name] = len(set(range(elements)) - set(values))
         duplicated[name] = len(values) - len(set(values))
     return Round(fault_fraction, killed_at, lost, duplicated, hung, failed)
+
+
+def _wait_for_drop(cluster: ServiceProcesses, dispatcher: Any) -> None:
+    """Waits (at most 30 s) until the dispatcher has dropped the killed worker."""
+    deadline = time.monotonic() + 30
+    while "missed heartbeats" not in cluster.output(dispatcher):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the dispatcher did not drop the dead worker in 30 s")
+        time.sleep(0.05)
 
 
 def main() -> None:
