@@ -494,16 +494,14 @@ def _declared() -> dict[str, Any]:
 def _taking_name(fn: Callable[..., Any], declared: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` that also takes (and drops) TensorFlow's ``name=`` where its declaration has it
     and the body does not, with the declared signature."""
-    if "name" not in inspect.signature(declared).parameters:
-        return fn
-    if "name" in inspect.signature(fn).parameters:
+    signature = inspect.signature(declared)
+    own = inspect.signature(fn).parameters
+    if "name" not in signature.parameters or "name" in own:
         return fn
 
     def with_name(*args: Any, name: str | None = None, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
-    signature = inspect.signature(declared)
-    own = inspect.signature(fn).parameters
     if "self" in own:  # the body's ``self: Dataset``, for help()
         signature = signature.replace(
             parameters=[own["self"], *list(signature.parameters.values())[1:]]

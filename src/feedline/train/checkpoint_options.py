@@ -47,14 +47,10 @@ class CheckpointOptions:
 
 
 def run_write_callbacks(options: CheckpointOptions | None, path: str) -> None:
-    """Calls ``options``' write callbacks in order, with ``path`` where one takes an argument.
-
-    Raises:
-      TypeError: ``options`` is not a ``CheckpointOptions`` (or None).
-    """
+    """Calls ``options``' write callbacks in order, with ``path`` where one takes an argument
+    (the caller checked ``options`` with ``check_options`` before it wrote)."""
     if options is None:
         return
-    check_options(options)
     for callback in options.experimental_write_callbacks or ():
         try:
             takes_path = bool(inspect.signature(callback).parameters)
