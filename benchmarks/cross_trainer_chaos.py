@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
     .venv/bin/python benchmarks/cross_trainer_chaos.py [--rounds 10] [--fault-at random]
         [--fault-tolerant] [--elements 400] [--kill trainer|worker|worker+trainer]
-        [--late-trainer]
+        [--late-trainer] [--back-before-drop] [--no-hold]
 
 Each round starts a fresh cluster (``tests/service/procs.py``): a ``feedline dispatcher`` (with
 ``--fault-tolerant``: on a fresh work dir, ``--fault-tolerant``), two ``feedline worker``
@@ -36,14 +36,13 @@ other trainers had received in full, run again. So that the epoch still runs whe
 joins, the three others wait before their last 10 elements until ``late`` has its first.
 ``--kill worker+trainer``: the victim saves checkpoints only up to ``--fault-at`` of the epoch;
 once every trainer has read 100 elements past that (the victim, reading slowest, last), the
-first worker is killed and replaced,
-then the victim is killed and, once the dispatcher has dropped the dead worker (see
-docs/data_service.md for a victim back before that), restarted from that checkpoint, older than
-the worker's death:
-under ``--fault-tolerant`` the dead worker's splits that every trainer had received in full
-since run again for the restored victim. The two others wait before their last 10 elements
-until the restarted victim has its first: a trainer that comes back once the others have
-finished the epoch finds nothing to run those splits again (docs/data_service.md).
+first worker is killed and replaced, then the victim is killed and, once the dispatcher has
+dropped the dead worker (with ``--back-before-drop``: at once, before that), restarted from
+that checkpoint, older than the worker's death: under ``--fault-tolerant`` the dead worker's
+splits that every trainer had received in full since run again for the restored victim. The
+two others wait before their last 10 elements until the restarted victim has its first (with
+``--no-hold`` they read on to the end of the epoch without it: where the job's tasks ended
+their splits by then, a live worker gets a new task of the job that runs them).
 ``tests/service/client/test_cross_trainer.py`` runs five rounds.
 """
 
@@ -158,11 +157,16 @@ def run_round(
     hang_seconds: float = 90.0,
     kill: str = "trainer",
     late: bool = False,
+    back_before_drop: bool = False,
+    hold: bool = True,
 ) -> Round:
     """Runs one round on a fresh cluster (module docstring); ``kill``: ``trainer`` (the
     victim), ``worker`` (the first worker, replaced by a new one) or ``worker+trainer`` (the
     worker, then the victim, restored from a checkpoint older than the worker's death);
-    ``late``: a trainer first joins after the worker died (``kill="worker"`` only)."""
+    ``late``: a trainer first joins after the worker died (``kill="worker"`` only). With
+    ``kill="worker+trainer"``: ``back_before_drop``, the victim is restarted at once, not once
+    the dispatcher dropped the dead worker; ``hold=False``, the others read to the epoch's end
+    without waiting for the victim to be back."""
     if late and kill != "worker":
         raise ValueError("a late trainer joins after a worker died: use kill='worker'")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +186,8 @@ def run_round(
     if kill == "worker+trainer":
         kill_at = max(EVERY, round((elements - 150) * fault_fraction))
         past = 100
-        common["HOLD"] = str(workdir / "victim-back")  # the epoch runs until it is back
+        if hold:  # the epoch runs until it is back
+            common["HOLD"] = str(workdir / "victim-back")
     if late:  # the epoch runs on until the late trainer joins
         common["HOLD"] = str(workdir / "late-joined")
     with ServiceProcesses(timeout=hang_seconds + 120) as cluster:
@@ -242,7 +247,7 @@ def run_round(
             if trainers.wait_exit("victim", 30) is None:
                 raise RuntimeError("the victim outlived its kill -9 for 30 s")
             killed_at = len(files["victim"].read_text().split())
-            if past:  # the victim comes back once the dispatcher has dropped the dead worker
+            if past and not back_before_drop:  # back once the dead worker is dropped
                 _wait_for_drop(cluster, dispatcher)
             back = {"HOLD": "", "JOINED": common.get("HOLD", "")}
             restarted = cluster.run(
@@ -292,6 +297,18 @@ def main() -> None:
         action="store_true",
         help="with --kill worker: a fourth trainer first joins after the worker died",
     )
+    parser.add_argument(
+        "--back-before-drop",
+        action="store_true",
+        help="with --kill worker+trainer: the victim is restarted at once, not once the "
+        "dispatcher dropped the dead worker",
+    )
+    parser.add_argument(
+        "--no-hold",
+        action="store_true",
+        help="with --kill worker+trainer: the others read to the epoch's end without waiting "
+        "for the victim to be back",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -312,6 +329,8 @@ def main() -> None:
             fault_tolerant=args.fault_tolerant,
             kill=args.kill,
             late=args.late_trainer,
+            back_before_drop=args.back_before_drop,
+            hold=not args.no_hold,
         )
         rounds.append(row)
         print(

@@ -286,7 +286,11 @@ def test_a_cross_trainer_split_is_done_once_every_trainer_reading_the_job_has_it
     ledger.receive(8, [[0, 1]], client_id=1)
     assert list(ledger.open) == [8]
     ledger.receive(8, [[0, 1]], client_id=3)
-    assert ledger.settled and ledger.reading() == {"a", "b"}
+    # b lacks what it missed of 0 and 4, which it reads from task 7's cache: not settled yet.
+    assert not ledger.open and not ledger.settled and ledger.reading() == {"a", "b"}
+    ledger.receive(0, [[2, 3]], client_id=3)
+    ledger.receive(4, [[0, 2]], client_id=3)
+    assert ledger.settled
     copy = SplitLedger.from_json(ledger.to_json())
     assert copy == ledger
 
@@ -372,9 +376,11 @@ def test_a_trainer_that_first_joins_after_a_worker_was_lost_gets_its_done_splits
     ledger.receive(4, [[0, 3]], client_id=3)
     assert ledger.done == {0: 4, 8: 4} and list(ledger.open) == [4]
     ledger.receive(4, [[3, 4]], client_id=3)
+    assert not ledger.open and not ledger.settled  # late lacks 8, in task 9's cache
+    ledger.receive(8, [[0, 4]], client_id=3)
     assert ledger.settled
-    ledger.joined(4, "later")  # task 10 lives: nothing is open again
-    assert ledger.settled
+    ledger.joined(4, "later")  # task 10 lives: nothing is open again; it reads the caches
+    assert not ledger.open and not ledger.replay and not ledger.settled
 
 
 def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position_lacks() -> None:
@@ -426,6 +432,38 @@ def test_a_replay_done_while_a_trainer_was_away_runs_again_when_it_comes_back() 
     ledger.regrant(0, task_id=8)
     ledger.receive(0, [[0, 4]], client_id=3)
     assert ledger.settled and ledger.done == {0: 4}
+
+
+def test_the_splits_do_not_end_while_a_trainer_reading_the_job_lacks_a_done_split() -> None:
+    """A trainer restored from a checkpoint lacks a done split whose task lives as far as the
+    dispatcher knows: the job's splits are not settled (its tasks are not told they ended)
+    until it has received that split from the task's cache, or the task is lost and the split
+    runs again for it."""
+    ledger = SplitLedger(per_trainer=True)
+    ledger.joined(1, "a")
+    ledger.joined(2, "b")
+    for key in (0, 4):
+        ledger.grant(key, task_id=7)
+        ledger.count(key, 4)
+        for client in (1, 2):
+            ledger.receive(key, [[0, 4]], client_id=client)
+    assert ledger.settled
+    ledger.client_gone(2)
+    ledger.joined(3, "b", restored={0: [[0, 4]]})  # its checkpoint had split 0 only
+    assert ledger.done == {0: 4, 4: 4} and not ledger.replay and not ledger.settled
+    ledger.receive(4, [[0, 2]], client_id=3)  # from task 7's cache
+    assert not ledger.settled
+    ledger.holder_lost(7, consumers=[1, 3])  # the rest runs again, as task 7 is lost
+    assert ledger.replay == [4] and not ledger.settled
+    ledger.regrant(4, task_id=8)
+    ledger.count(4, 4)
+    ledger.receive(4, [[2, 4]], client_id=3)
+    assert ledger.settled and ledger.done == {0: 4, 4: 4}
+    ledger.client_gone(3)
+    ledger.joined(5, "c", restored={})  # a new trainer reads split 0 and 4 from the caches
+    assert not ledger.settled
+    ledger.client_gone(5)  # ... or leaves: nothing is waited for
+    assert ledger.settled
 
 
 def _cross_trainer_job() -> tuple[st.DispatcherState, int, int]:

@@ -170,6 +170,11 @@ def covers(ranges: Sequence[Sequence[int]], count: int) -> bool:
     return bool(ranges) and ranges[0][0] <= 0 and ranges[0][1] >= count
 
 
+def _received_by(split: OpenSplit, trainers: Iterable[str]) -> bool:
+    """(``per_trainer``) Whether each of ``trainers`` received all of ``split``."""
+    return all(covers(split.trainers.get(t, []), split.count or 0) for t in trainers)
+
+
 def _last_start(ranges: Sequence[Sequence[int]], offset: int) -> int:
     """The index of the last range starting at or before ``offset`` (-1 if none)."""
     return bisect.bisect_right(ranges, offset, key=lambda pair: pair[0]) - 1
@@ -391,8 +396,8 @@ class SplitLedger:
         reading the job has not received all of: it is handed out again, whole."""
         reading = self.reading()
         for key, split in list(self.finished.items()):
-            if (split.holder is None or split.holder in self.lost) and not all(
-                covers(split.trainers.get(t, []), split.count or 0) for t in reading
+            if (split.holder is None or split.holder in self.lost) and not _received_by(
+                split, reading
             ):
                 del self.finished[key], self.done[key]
                 self.open[key] = split
@@ -733,8 +738,15 @@ class SplitLedger:
 
     @property
     def settled(self) -> bool:
-        """Whether every split handed out is done (none open, none waiting for a replay)."""
-        return not self.open and not self.replay
+        """Whether every split handed out is done (none open, none waiting for a replay) and
+        (``per_trainer``) each trainer reading the job received all of every done split: one
+        restored from a checkpoint may lack some, whose worker may yet turn out to be lost
+        (``holder_lost``), and the job's tasks wait for them until it has them or they run
+        again."""
+        if self.open or self.replay:
+            return False
+        reading = self.reading() if self.per_trainer else set()
+        return all(_received_by(split, reading) for split in self.finished.values())
 
     def _release(self, key: int) -> None:
         split = self.open[key]
@@ -746,7 +758,7 @@ class SplitLedger:
         if split.count is None:
             return
         if self.per_trainer:
-            done = all(covers(split.trainers.get(t, []), split.count) for t in self.reading())
+            done = _received_by(split, self.reading())
         else:
             done = covers(split.delivered, split.count) or (
                 self.consumer_left and split.handed_out and not self.commits

@@ -382,10 +382,18 @@ def test_a_trainer_restored_from_before_a_worker_died_loses_and_repeats_nothing(
     tmp_path: Path,
 ) -> None:
     """Trainer processes: a worker is killed (kill -9) once every trainer has read 100 elements
-    past the victim's last checkpoint, then the victim, which is restarted from that
-    checkpoint (``benchmarks/cross_trainer_chaos.py --kill worker+trainer``, one round)."""
+    past the victim's last checkpoint, then the victim, which is restarted from that checkpoint
+    at once, before the dispatcher drops the dead worker, while the others read on to the end
+    of the epoch (``benchmarks/cross_trainer_chaos.py --kill worker+trainer --back-before-drop
+    --no-hold``, one round)."""
     row = run_round(
-        tmp_path, elements=400, fault_fraction=0.2, fault_tolerant=True, kill="worker+trainer"
+        tmp_path,
+        elements=400,
+        fault_fraction=0.2,
+        fault_tolerant=True,
+        kill="worker+trainer",
+        back_before_drop=True,
+        hold=False,
     )
     print(json.dumps(dataclasses.asdict(row)))
     assert not row.failed and not row.hung, row
@@ -514,6 +522,51 @@ def test_a_trainer_restored_from_before_a_worker_died_gets_the_splits_every_trai
     got = read_concurrently({"restarted": again, "steady": steady}, {})
     assert sorted(before + got["restarted"]) == list(range(300))
     assert sorted(first + got["steady"]) == list(range(300))
+
+
+def _restore_after_the_worker_dies(
+    make_cluster: Callable[..., Cluster], tmp_path: Path, wait_for_the_drop: bool
+) -> None:
+    """Trainer "restarted" saves its position after 20 elements, reads 100, and leaves;
+    "steady" reads the whole epoch, and the first worker dies (once the dispatcher dropped it,
+    with ``wait_for_the_drop``). The trainer, restored from its position, gets every element
+    it had not returned by then, once: the dead worker's splits, done for every trainer, run
+    again for it in a task of a live worker, though the job's other tasks ended their splits."""
+    cluster, trainer = _fault_tolerant_trainers(make_cluster, tmp_path)
+    steady, restarted = trainer("steady"), trainer("restarted")
+    before = [int(next(restarted)) for _ in range(20)]
+    state = restarted.get_state()
+    assert len({int(next(restarted)) for _ in range(100)} | set(before)) == 120
+    restarted.close()
+    assert sorted(int(x) for x in steady) == list(range(300))
+    core = cluster.dispatcher._core
+    (job_ledger,) = core.state.ledgers.values()
+    dead = cluster.workers[0].worker_address
+    tasks = {t.task_id for t in core.state.tasks.values() if t.worker_address == dead}
+    cluster.workers[0].stop()
+    deadline = time.monotonic() + 30
+    while wait_for_the_drop and not set(job_ledger.lost) & tasks and time.monotonic() < deadline:
+        time.sleep(0.05)  # the dispatcher drops the dead worker after 1 s
+    again = trainer("restarted")
+    again.set_state(state)
+    got = read_concurrently({"restarted": again}, {})
+    assert sorted(before + got["restarted"]) == list(range(300))
+    assert set(job_ledger.lost) & tasks  # the worker was lost, its splits ran elsewhere
+
+
+def test_a_trainer_restored_once_the_others_ended_the_epoch_gets_a_dead_workers_splits(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    _restore_after_the_worker_dies(make_cluster, tmp_path, wait_for_the_drop=True)
+
+
+def test_a_trainer_restored_before_a_dead_worker_is_dropped_gets_its_splits(
+    tmp_path: Path, make_cluster: Callable[..., Cluster]
+) -> None:
+    """As above, the trainer restored before the dispatcher dropped the dead worker: its
+    epoch does not end when the tasks it can read ended, but once the dispatcher says it has
+    every element."""
+    _restore_after_the_worker_dies(make_cluster, tmp_path, wait_for_the_drop=False)
 
 
 def test_a_trainer_that_joins_after_the_epoch_ended_is_told_what_it_lacks(

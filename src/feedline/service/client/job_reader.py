@@ -236,6 +236,8 @@ class _JobReader:
                 None if self.trainer is None else self.trainer.restored_splits(),
             )
             self._heartbeat_s = self._idle_heartbeat_s = min(self._heartbeat_s, _REPORT_S)
+            # A trainer's epoch ends when the dispatcher says it has every element of it.
+            self.queue.ends_by_view = self.trainer is not None
         if params.commits and self._splits is not None:
             self._commits = StepCommits()
         self._fetchers = Fetchers(

@@ -121,6 +121,11 @@ class ElementQueue:
         self._ends = 0
         self._viewed_ends = 0
         self._job_finished = False
+        #: The end of the tasks known here is never the end of the input; only a view that
+        #: says the job ended is (a trainer of an exactly-once cross-trainer job: the
+        #: dispatcher also says when it has every element, and a done split it lacks, of a
+        #: lost task, may run again in a new task after the others ended).
+        self.ends_by_view = False
         self._idle_since: float | None = None  # since when no task of the job can be read
 
     # -- the job's tasks ----------------------------------------------------------------------
@@ -408,7 +413,7 @@ class ElementQueue:
             return False
         if self._job_finished:
             return True
-        return bool(self._completed) and self._viewed_ends >= self._ends
+        return not self.ends_by_view and bool(self._completed) and self._viewed_ends >= self._ends
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None and not self._closed.is_set():

@@ -177,6 +177,25 @@ class DispatcherCore:
             if not state.active_clients(job.job_id):
                 self.job_idle_since[job.job_id] = now
 
+    def finish_job_if_done(self, job: JobRecord) -> None:
+        """Ends ``job`` once every task ended, at least one because its input did, and (an
+        exactly-once job) its splits are settled: a cross-trainer job's may settle after its
+        tasks ended, once a trainer that joined late reports what it read from their caches,
+        or leaves. A job whose tasks were all lost with their workers is not over: under
+        DYNAMIC sharding the next worker to register takes its remaining splits, and its
+        consumers wait (for their bounded time) instead of taking the loss for the end of the
+        data."""
+        tasks = self.state.job_tasks(job.job_id)
+        ledger = self.state.ledgers.get(job.job_id)
+        if (
+            not job.finished
+            and tasks
+            and all(t.finished for t in tasks)
+            and not all(t.lost for t in tasks)
+            and (ledger is None or ledger.settled)
+        ):
+            self.apply(FinishJob(job.job_id))
+
     # -- queries ----------------------------------------------------------------------------
     def consumer(self, client_id: int) -> JobRecord:
         """The job of consumer ``client_id``.

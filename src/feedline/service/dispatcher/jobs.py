@@ -130,6 +130,8 @@ class Jobs:
                     request.trainer_splits,
                 )
             )
+            # A restored trainer that lacks done splits of a lost task opened them again.
+            self._workers.run_replays(job)
             core.job_idle_since.pop(job.job_id, None)
             return self._join_reply(job, client_id)
 
@@ -338,6 +340,7 @@ class Jobs:
         state = core.state
         if not state.clients[client_id].released:
             core.apply(ReleaseClient(client_id))
+            core.finish_job_if_done(job)  # a trainer leaving may settle its splits
         core.client_seen.pop(client_id, None)
         if state.active_clients(job.job_id):
             return

@@ -138,6 +138,7 @@ class LongPoll:
         flushed = request.flushed if 0 < wanted <= request.flushed else 0
         if news or closed or commits or flushed:
             self._core.apply(ReportSplits(job.job_id, client_id, news, closed, commits, flushed))
+            self._core.finish_job_if_done(job)
         keys = {key for key, _ in (*received, *committed)}
         keys |= {k for k in request.holding if isinstance(k, int)}
         done = tuple(ledger.done_for(client_id, keys))

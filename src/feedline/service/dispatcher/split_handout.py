@@ -29,6 +29,7 @@ from feedline.service.dispatcher.core import DispatcherCore, Reply
 from feedline.service.dispatcher.state import (
     CountSplit,
     DatasetRecord,
+    EndTaskSplits,
     HandOutSplits,
     JobRecord,
     MoveSplitCursor,
@@ -277,6 +278,8 @@ class SplitHandout:
                 MoveSplitCursor(job.job_id, 0, cursor.to_json(), task.task_id, number, previous)
             )
         elif ledger.settled:
+            if not task.splits_ended:
+                core.apply(EndTaskSplits(task.task_id))
             return GetSplitReply(None)
         else:
             return GetSplitReply(None, wait=True)

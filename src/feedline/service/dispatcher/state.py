@@ -37,6 +37,7 @@ __all__ = [
     "CreateTask",
     "DatasetRecord",
     "DispatcherState",
+    "EndTaskSplits",
     "FailSnapshot",
     "FinishJob",
     "FinishSnapshot",
@@ -107,6 +108,9 @@ class TaskRecord:
     #: Elements the worker skips before serving: the count a resumed consumer had already
     #: received from this task's stream (``GetOrCreateJob``'s ``resume``), else 0.
     skip: int = 0
+    #: (Exactly-once jobs) GetSplit told the task that the splits ended: it asks for none
+    #: again, and a split that comes back later runs in a task of its own.
+    splits_ended: bool = False
 
 
 @dataclasses.dataclass
@@ -227,6 +231,13 @@ class CreateTask:
 
 @dataclasses.dataclass(frozen=True)
 class FinishTask:
+    task_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EndTaskSplits:
+    """GetSplit told ``task_id`` (of an exactly-once job) that the job's splits ended."""
+
     task_id: int
 
 
@@ -422,6 +433,7 @@ Update = (
     | CreateJob
     | CreateTask
     | FinishTask
+    | EndTaskSplits
     | FinishJob
     | AcquireClient
     | ReleaseClient
@@ -555,6 +567,8 @@ class DispatcherState:
                 self._take_id(task.task_id)
             case FinishTask(task_id):
                 self.tasks[task_id].finished = True
+            case EndTaskSplits(task_id):
+                self.tasks[task_id].splits_ended = True
             case FinishJob(job_id, error):
                 job = self.jobs[job_id]
                 job.finished = True

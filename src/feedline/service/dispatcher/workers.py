@@ -8,6 +8,7 @@ and kept here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -95,7 +96,7 @@ class Workers:
                 task = state.tasks.get(task_id)
                 if task is not None and task.worker_address == address and not task.finished:
                     core.apply(FinishTask(task_id))
-                    self._finish_job_if_done(state.jobs[task.job_id])
+                    self._core.finish_job_if_done(state.jobs[task.job_id])
             for report in request.failed_tasks:
                 self._fail_job(address, report)
 
@@ -206,7 +207,33 @@ class Workers:
         jobs = {task.job_id for task in state.worker_tasks(address)}
         core.apply(RemoveWorker(address))
         for job_id in sorted(jobs):
-            self._finish_job_if_done(state.jobs[job_id])
+            self._core.finish_job_if_done(state.jobs[job_id])
+            self.run_replays(state.jobs[job_id])
+
+    def run_replays(self, job: JobRecord) -> None:
+        """Splits of exactly-once ``job`` wait to run again while none of its tasks asks for
+        splits any more (each was told that they ended, or was lost): a cross-trainer job's
+        done split, open again for a trainer that lacks it once its worker was lost. A live
+        worker gets a new task of the job, which runs them (under the lock); with none live,
+        the next worker to register does (``_assign_running_jobs``)."""
+        state = self._core.state
+        ledger = state.ledgers.get(job.job_id)
+        if job.finished or ledger is None or not ledger.replay:
+            return
+        tasks = state.job_tasks(job.job_id)
+        if any(not t.finished and not t.splits_ended for t in tasks):
+            return
+        running = collections.Counter(
+            task.worker_address for task in state.tasks.values() if not task.finished
+        )
+        live = [address for address in state.workers if address not in self._draining]
+        if live:
+            self._add_task(job, min(live, key=lambda address: (running[address], address)))
+
+    def _add_task(self, job: JobRecord, address: str) -> None:
+        """Gives the worker at ``address`` a new task of ``job``, as its last worker."""
+        state, count = self._core.state, len(job.task_ids)
+        self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
 
     def _assign_running_jobs(self, address: str) -> None:
         """Gives a newly registered worker a task of every running OFF or DYNAMIC job (jobs of
@@ -221,8 +248,7 @@ class Workers:
                 continue
             if any(t.worker_address == address for t in state.job_tasks(job.job_id)):
                 continue
-            count = len(job.task_ids)
-            self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
+            self._add_task(job, address)
 
     def _task_def(self, task: TaskRecord) -> TaskDef:
         """The definition of ``task`` that its worker runs."""
@@ -244,21 +270,3 @@ class Workers:
             shared=job.job_name is not None and job.num_consumers is None and not job.cross_trainer,
             cross_trainer=job.cross_trainer,
         )
-
-    def _finish_job_if_done(self, job: JobRecord) -> None:
-        """Ends ``job`` once every task ended and at least one ended because its input did. A
-        job whose tasks were all lost with their workers is not over: under DYNAMIC sharding
-        the next worker to register takes its remaining splits, and its consumers wait (for
-        their bounded time) instead of taking the loss for the end of the data (under the
-        lock)."""
-        state = self._core.state
-        tasks = state.job_tasks(job.job_id)
-        ledger = state.ledgers.get(job.job_id)
-        if (
-            not job.finished
-            and tasks
-            and all(t.finished for t in tasks)
-            and not all(t.lost for t in tasks)
-            and (ledger is None or ledger.settled)
-        ):
-            self._core.apply(FinishJob(job.job_id))
