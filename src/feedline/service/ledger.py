@@ -67,7 +67,11 @@ again (so is one that became done while it waited to be handed out again, as the
 lacking it had left: no worker made it since). A trainer restored from a checkpoint joins
 with the offsets its position says it returned (``restored``), which replace what the ledger
 had counted for it (it may have received more before it was killed): a done split of a lost
-task that it lacks since is open again for it as well.
+task that it lacks since is open again for it as well. The job's splits end (``settled``: its
+tasks are told so) only once every trainer reading it has all of every done split, so that a
+task still runs a split its worker turns out to have lost for a trainer that lacks it; where
+the tasks ended their splits before one came back, the dispatcher gives a live worker a new
+task (``dispatcher.workers``).
 
   >>> ledger = SplitLedger(per_trainer=True)
   >>> ledger.joined(1, "a"); ledger.joined(2, "b")
