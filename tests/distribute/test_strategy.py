@@ -3,10 +3,13 @@ reduce, gather, scopes and contexts."""
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 import torch
 
 import feedline.distribute as fdist
+from feedline.distribute import strategy as strategy_module
 from feedline.distribute import MirroredStrategy, OneDeviceStrategy, PerReplica, ReduceOp
 from feedline.errors import InvalidArgumentError
 
@@ -14,6 +17,10 @@ from feedline.errors import InvalidArgumentError
 @pytest.fixture
 def two() -> MirroredStrategy:
     return MirroredStrategy(["cpu:0", "cpu:1"])
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(strategy_module).failed == 0
 
 
 def test_replicas_and_devices(two: MirroredStrategy) -> None:
@@ -187,6 +194,34 @@ def test_reduce_and_gather_only_in_the_cross_replica_context(two: MirroredStrate
         other.run(lambda: 1)
     with two.scope(), pytest.raises(RuntimeError, match="Mixing different"):
         other.reduce("SUM", one, axis=None)
+
+
+def test_extended_reduce_to_places_the_reduced_value_on_its_destinations(
+    two: MirroredStrategy,
+) -> None:
+    values = two.run(
+        lambda: torch.tensor(float(fdist.get_replica_context().replica_id_in_sync_group + 1))
+    )
+    mirrored = two.extended.reduce_to(ReduceOp.SUM, values, destinations=values)
+    assert isinstance(mirrored, PerReplica) and [float(v) for v in mirrored.values] == [3.0, 3.0]
+    assert float(two.extended.reduce_to("MEAN", values, "cpu:1")) == 1.5
+    assert float(two.extended.reduce_to("SUM", values, torch.zeros(()))) == 3.0
+    pairs = [(values, "cpu:0"), (PerReplica([torch.ones(2), torch.ones(2)]), values)]
+    first, second = two.extended.batch_reduce_to("SUM", pairs)
+    assert float(first) == 3.0 and [v.tolist() for v in second.values] == [[2.0, 2.0]] * 2
+    # In a merge_call's function (the cross-replica context), each replica gets its component.
+    got = two.run(
+        lambda: fdist.get_replica_context().merge_call(
+            lambda strategy, v: strategy.extended.reduce_to("SUM", v, v),
+            args=(torch.tensor(float(fdist.get_replica_context().replica_id_in_sync_group)),),
+        )
+    )
+    assert float(got) == 1.0  # the same on both replicas: run returns it once
+    with pytest.raises(RuntimeError, match="cross-replica context"):
+        two.run(lambda: two.extended.reduce_to("SUM", torch.tensor(1.0), "cpu:0"))
+    with pytest.raises(InvalidArgumentError, match="destinations must be"):
+        two.extended.reduce_to("SUM", values, destinations=3)
+    assert two.extended.parameter_devices == ("cpu:0", "cpu:1")
 
 
 def test_experimental_set_strategy(two: MirroredStrategy) -> None:

@@ -35,7 +35,7 @@ from feedline.distribute.values import (
     regroup,
     select_replica,
 )
-from feedline.errors import InvalidArgumentError
+from feedline.errors import FailedPreconditionError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from feedline.distribute.cluster_resolver import ClusterResolver
@@ -60,6 +60,7 @@ class StrategyExtended:
         self.local_devices = tuple(devices)
         self.num_workers = num_workers
         self.worker_index = worker_index
+        self._owner: Strategy | None = None  # set by the strategy it belongs to
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
@@ -99,12 +100,90 @@ class StrategyExtended:
     def _in_multi_worker_mode(self) -> bool:
         return self.num_workers > 1
 
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices that hold the parameters: the local replicas' (mirrored variables)."""
+        return self.worker_devices
+
+    def reduce_to(
+        self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None
+    ) -> Any:
+        """``value`` combined across replicas (and workers), placed on ``destinations``
+        (TensorFlow's ``StrategyExtended.reduce_to``): a ``PerReplica`` value holds the result
+        on each of its replicas' devices (pass ``value`` itself for an all-reduce); a tensor or
+        a device name (``"cpu:0"``, ``"cuda:1"``) gets one tensor on that device. In the
+        cross-replica context: outside ``run``, or in the function of a ``merge_call``.
+        ``options`` (a ``CommunicationOptions``) is accepted as TensorFlow's.
+
+        Example:
+          >>> import torch, feedline.distribute as fdist
+          >>> strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+          >>> losses = strategy.run(lambda: torch.tensor(
+          ...     float(fdist.get_replica_context().replica_id_in_sync_group + 1)))
+          >>> strategy.extended.reduce_to("SUM", losses, destinations=losses)
+          PerReplica:{
+            0: tensor(3.),
+            1: tensor(3.)
+          }
+          >>> strategy.extended.reduce_to("MEAN", losses, destinations="cpu:0")
+          tensor(1.5000)
+
+        Raises:
+          RuntimeError: called in a replica context (inside ``run``).
+          InvalidArgumentError: ``destinations`` is not a value, tensor or device.
+        """
+        return _placed(self._strategy.reduce(reduce_op, value), destinations)
+
+    def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: Any = None,
+    ) -> list[Any]:
+        """``reduce_to`` of each ``(value, destinations)`` pair, in order (TensorFlow's
+        ``StrategyExtended.batch_reduce_to``).
+
+        Example:
+          >>> import torch, feedline.distribute as fdist
+          >>> strategy = fdist.MirroredStrategy(["cpu:0", "cpu:1"])
+          >>> a, b = strategy.run(lambda: (torch.tensor(1.0), torch.tensor([2.0, 3.0])))
+          >>> strategy.extended.batch_reduce_to("SUM", [(a, "cpu:0"), (b, "cpu:0")])
+          [tensor(2.), tensor([4., 6.])]
+        """
+        return [
+            self.reduce_to(reduce_op, value, destinations, options)
+            for value, destinations in value_destination_pairs
+        ]
+
+    @property
+    def _strategy(self) -> Strategy:
+        if self._owner is None:
+            raise FailedPreconditionError("this StrategyExtended belongs to no strategy")
+        return self._owner
+
+
+def _placed(reduced: torch.Tensor, destinations: Any) -> Any:
+    """``reduced`` on ``destinations`` (``StrategyExtended.reduce_to``)."""
+    if isinstance(destinations, DistributedValues):
+        return PerReplica([reduced.to(torch.as_tensor(d).device) for d in destinations.values])
+    if isinstance(destinations, torch.Tensor):
+        return reduced.to(destinations.device)
+    try:
+        device = ReplicaDevice.parse(destinations)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            "destinations must be a PerReplica value, a tensor or a device name such as "
+            f"'cpu:0', got {type(destinations).__name__}"
+        ) from None
+    return reduced.to(device.torch_device)
+
 
 class Strategy:
     """Distributes computation and input over replicas (``tf.distribute.Strategy``)."""
 
     def __init__(self, extended: StrategyExtended) -> None:
         self.extended = extended
+        extended._owner = self  # reduce_to and batch_reduce_to reduce through it
         if not isinstance(self, _DefaultStrategy):  # logical devices are fixed from now on
             config._mark_initialized()
 
