@@ -61,6 +61,9 @@ class StrategyExtended:
         self.num_workers = num_workers
         self.worker_index = worker_index
         self._owner: Strategy | None = None  # set by the strategy it belongs to
+        #: The devices that hold the parameters: the local replicas' (mirrored parameters), or
+        #: the parameter servers'.
+        self.parameter_devices: tuple[str, ...] = self.worker_devices
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
@@ -99,11 +102,6 @@ class StrategyExtended:
 
     def _in_multi_worker_mode(self) -> bool:
         return self.num_workers > 1
-
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        """The devices that hold the parameters: the local replicas' (mirrored variables)."""
-        return self.worker_devices
 
     def reduce_to(
         self, reduce_op: ReduceOp | str, value: Any, destinations: Any, options: Any = None

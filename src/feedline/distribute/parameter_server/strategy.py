@@ -138,7 +138,7 @@ class ParameterServerStrategy(Strategy):
             )
         )
         self.extended.variable_partitioner = variable_partitioner  # type: ignore[attr-defined]
-        self.extended.parameter_devices = tuple(  # type: ignore[attr-defined]
+        self.extended.parameter_devices = tuple(
             f"/job:ps/replica:0/task:{i}" for i in range(len(addresses))
         )
 
