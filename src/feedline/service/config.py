@@ -281,12 +281,15 @@ class WorkerConfig:
       data_transfer_protocol: the protocol consumers read elements with: ``None`` (through
         shared memory for consumers on this host that offer it, gRPC for the others) or
         ``"grpc"`` (every element over gRPC; offers of shared memory are refused).
+      data_transfer_address: TensorFlow's address of a separate data transfer server; a
+        feedline worker serves elements on its own port, so it is None or ``worker_address``.
       worker_tags: tags reported to the dispatcher.
       bind: the interface to listen on; loopback unless told otherwise.
       token: the shared secret; ``$FEEDLINE_SERVICE_TOKEN`` when None.
       status_port: serve an HTML status page at ``http://<bind>:<status_port>/`` and Prometheus
-        metrics at ``/metrics`` (which needs the token, when there is one); 0 picks a free
-        port; None (the default): no status server, and no metrics are collected.
+        metrics at ``/metrics`` (which needs the token, when there is one; HTTPS with
+        ``tls_cert``); 0 picks a free port; None (the default): no status server, and no
+        metrics are collected.
       buffer_memory_bytes: the most bytes the buffers of all of the worker's tasks hold
         together (256 MiB by default), beyond one element per task; each task's buffer is
         also bounded on its own (64 MiB and 4096 elements). Stalled jobs cost the worker no
@@ -294,9 +297,6 @@ class WorkerConfig:
       cross_trainer_cache_size_bytes: the bytes each task of a cross-trainer job
         (``CrossTrainerCache``) keeps in memory for its trainers (64 MiB by default): the
         sliding window of an infinite dataset; past it, a finite epoch spills to local disk.
-        metrics at ``/metrics`` (both need the token, when there is one; HTTPS with
-        ``tls_cert``); 0 picks a free port; None (the default): no status server, and no
-        metrics are collected.
       tls_cert: a PEM certificate (chain) to serve TLS with, also presented to the
         dispatcher for mutual TLS; ``$FEEDLINE_TLS_CERT`` when None.
       tls_key: the PEM key of ``tls_cert``; ``$FEEDLINE_TLS_KEY`` when None.
@@ -314,6 +314,7 @@ class WorkerConfig:
     heartbeat_interval_ms: int | None = None
     dispatcher_timeout_ms: int | None = None
     data_transfer_protocol: str | None = None
+    data_transfer_address: str | None = None
     # TensorFlow's fields above, in its order; feedline's own below, by keyword only.
     _: dataclasses.KW_ONLY
     worker_tags: tuple[str, ...] = ()
@@ -353,6 +354,13 @@ class WorkerConfig:
         _check_protocol(self.protocol, "WorkerConfig")
         if self.data_transfer_protocol is not None:
             _check_protocol(self.data_transfer_protocol, "WorkerConfig", "data_transfer_protocol")
+        transfer = self.data_transfer_address
+        if transfer is not None and transfer != self.worker_address:
+            raise InvalidArgumentError(
+                f"WorkerConfig.data_transfer_address {transfer!r}: a feedline worker serves "
+                "elements on its own port, at worker_address; leave data_transfer_address None "
+                "(or equal to worker_address)"
+            )
         _check_ms(self.heartbeat_interval_ms, "WorkerConfig", "heartbeat_interval_ms")
         _check_ms(self.dispatcher_timeout_ms, "WorkerConfig", "dispatcher_timeout_ms")
         tags = self.worker_tags

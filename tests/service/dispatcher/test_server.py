@@ -195,6 +195,7 @@ def test_dispatcher_config_is_validated(config: dict[str, Any], match: str) -> N
         ({"dispatcher_address": "h:1", "heartbeat_interval_ms": -5}, "heartbeat"),
         ({"dispatcher_address": "h:1", "worker_tags": "gpu"}, "worker_tags"),
         ({"dispatcher_address": "h:1", "data_transfer_protocol": "udp"}, "data_transfer"),
+        ({"dispatcher_address": "h:1", "data_transfer_address": "h:2"}, "its own port"),
     ],
 )
 def test_worker_config_is_validated(config: dict[str, Any], match: str) -> None:
@@ -210,6 +211,12 @@ def test_configs_keep_tensorflows_positions_and_take_the_rest_by_keyword() -> No
     assert config.worker_addresses == ("127.0.0.1:1",) and config.worker_timeout_ms == 700
     worker = service.WorkerConfig("127.0.0.1:1", None, 0, "grpc", 250, 900)
     assert worker.heartbeat_interval_ms == 250 and worker.dispatcher_timeout_ms == 900
+    worker = service.WorkerConfig(
+        "127.0.0.1:1", "w:%port%", 0, "grpc", 250, 900, "grpc", "w:%port%"
+    )
+    assert worker.data_transfer_address == worker.worker_address
+    with pytest.raises(TypeError):  # feedline's own fields are keyword-only
+        service.WorkerConfig("h:1", None, 0, "grpc", 1, 1, None, None, ("tag",))  # type: ignore[misc]
     with pytest.raises(TypeError):
         service.DispatcherConfig(0, "grpc", None, False, None, 1, 1, 1, "normal")  # type: ignore[misc]
 
