@@ -22,6 +22,7 @@ def _history() -> list[st.Update]:
         st.CreateTask(3, 1, "127.0.0.1:2", 1, 2),
         st.AcquireClient(4, 1),
         st.MoveSplitCursor(1, 0, {"num_units": 10, "split_size": 1, "position": 3, "seed": None}),
+        st.EndTaskSplits(3),
         st.FinishTask(2),
         st.RemoveWorker("127.0.0.1:2"),
         st.ReleaseClient(4),
@@ -61,6 +62,7 @@ def test_what_the_updates_did() -> None:
     assert state.jobs[1].finished and not state.jobs[5].finished
     assert state.job_by_key == {("job", 0): 1}
     assert all(state.tasks[t].finished for t in (2, 3))  # finished, and on a removed worker
+    assert state.tasks[3].splits_ended and not state.tasks[2].splits_ended
     assert set(state.workers) == {"127.0.0.1:1"}
     assert state.active_clients(1) == []
     assert state.split_cursors == {}  # a finished job's cursors go with it
