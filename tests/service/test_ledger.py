@@ -383,10 +383,9 @@ def test_a_trainer_that_first_joins_after_a_worker_was_lost_gets_its_done_splits
     assert not ledger.open and not ledger.replay and not ledger.settled
 
 
-def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position_lacks() -> None:
-    """A restored trainer is counted as having what its position says it returned, not what
-    it had received before it was killed: a done split of a lost task that it lacks since is
-    open again."""
+def _two_splits_both_trainers_have() -> SplitLedger:
+    """A cross-trainer ledger: trainers a (consumer 1) and b (consumer 2) each received all of
+    splits 0 and 4 (4 elements each), which task 7 made."""
     ledger = SplitLedger(per_trainer=True)
     ledger.joined(1, "a")
     ledger.joined(2, "b")
@@ -395,6 +394,14 @@ def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position
         ledger.count(key, 4)
         for client in (1, 2):
             ledger.receive(key, [[0, 4]], client_id=client)
+    return ledger
+
+
+def test_a_trainer_restored_from_before_a_worker_was_lost_gets_what_its_position_lacks() -> None:
+    """A restored trainer is counted as having what its position says it returned, not what
+    it had received before it was killed: a done split of a lost task that it lacks since is
+    open again."""
+    ledger = _two_splits_both_trainers_have()
     ledger.client_gone(2)  # b is killed; its checkpoint had all of 0 and half of 4
     ledger.holder_lost(7, consumers=[1])
     assert ledger.done == {0: 4, 4: 4} and ledger.settled
@@ -439,14 +446,7 @@ def test_the_splits_do_not_end_while_a_trainer_reading_the_job_lacks_a_done_spli
     dispatcher knows: the job's splits are not settled (its tasks are not told they ended)
     until it has received that split from the task's cache, or the task is lost and the split
     runs again for it."""
-    ledger = SplitLedger(per_trainer=True)
-    ledger.joined(1, "a")
-    ledger.joined(2, "b")
-    for key in (0, 4):
-        ledger.grant(key, task_id=7)
-        ledger.count(key, 4)
-        for client in (1, 2):
-            ledger.receive(key, [[0, 4]], client_id=client)
+    ledger = _two_splits_both_trainers_have()
     assert ledger.settled
     ledger.client_gone(2)
     ledger.joined(3, "b", restored={0: [[0, 4]]})  # its checkpoint had split 0 only
