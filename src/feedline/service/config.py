@@ -76,8 +76,18 @@ def _check_protocol(protocol: Any, what: str, field: str = "protocol") -> None:
 def _check_ms(value: Any, what: str, field: str) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(f"{what}.{field} must be a positive int (ms), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(
+            f"{what}.{field} must be an int >= 0 (ms; None: the default), got {value!r}"
+        )
+
+
+def _seconds(ms: int | None, default_ms: int) -> float:
+    """A time field in seconds: ``default_ms`` for None, and 1 ms for 0 (as TensorFlow reads
+    an explicit 0: a very small time, not the default)."""
+    if ms is None:
+        return default_ms / 1000
+    return max(ms, 1) / 1000
 
 
 def _check_status_port(port: Any, service_port: int, what: str) -> None:
@@ -121,7 +131,8 @@ JOURNAL_SYNC = ("full", "normal")
 @dataclasses.dataclass(frozen=True)
 class DispatcherConfig:
     """Configuration of a ``DispatchServer``. TensorFlow's fields come first, in its order; from
-    ``journal_sync`` on they are keyword-only.
+    ``journal_sync`` on they are keyword-only. A time in ms that is None takes its default; 0
+    is 1 ms, as in TensorFlow.
 
     Attributes:
       port: the port to listen on; 0 picks a free one.
@@ -241,28 +252,29 @@ class DispatcherConfig:
 
     @property
     def gc_check_interval_s(self) -> float:
-        return (self.job_gc_check_interval_ms or 1000) / 1000
+        return _seconds(self.job_gc_check_interval_ms, 1000)
 
     @property
     def gc_timeout_s(self) -> float:
         """``job_gc_timeout_ms`` in seconds (``inf`` for -1)."""
         if self.job_gc_timeout_ms == -1:
             return math.inf
-        return (self.job_gc_timeout_ms or 300_000) / 1000
+        return _seconds(self.job_gc_timeout_ms, 300_000)
 
     @property
     def worker_timeout_s(self) -> float:
-        return (self.worker_timeout_ms or 10_000) / 1000
+        return _seconds(self.worker_timeout_ms, 10_000)
 
     @property
     def client_timeout_s(self) -> float:
-        return (self.client_timeout_ms or 10_000) / 1000
+        return _seconds(self.client_timeout_ms, 10_000)
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """Configuration of a ``WorkerServer``. TensorFlow's fields come first, in its order; from
-    ``worker_tags`` on they are keyword-only.
+    ``worker_tags`` on they are keyword-only. A time in ms that is None takes its default; 0 is
+    1 ms, as in TensorFlow.
 
     Attributes:
       dispatcher_address: the dispatcher's ``host:port`` (a ``grpc://`` prefix is accepted).
@@ -387,11 +399,11 @@ class WorkerConfig:
 
     @property
     def heartbeat_interval_s(self) -> float:
-        return (self.heartbeat_interval_ms or 1000) / 1000
+        return _seconds(self.heartbeat_interval_ms, 1000)
 
     @property
     def dispatcher_timeout_s(self) -> float:
-        return (self.dispatcher_timeout_ms or 60_000) / 1000
+        return _seconds(self.dispatcher_timeout_ms, 60_000)
 
 
 def local_token() -> str | None:

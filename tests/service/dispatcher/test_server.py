@@ -178,7 +178,8 @@ def test_a_named_job_without_consumers_is_collected_after_the_timeout(make_clust
         ({"fault_tolerant_mode": True}, "work_dir"),
         ({"worker_addresses": "a:1"}, "worker_addresses"),
         ({"worker_addresses": ["a:1", "a:1"]}, "duplicates"),
-        ({"job_gc_timeout_ms": 0}, "job_gc_timeout_ms"),
+        ({"job_gc_timeout_ms": -2}, "job_gc_timeout_ms"),
+        ({"worker_timeout_ms": 1.5}, "worker_timeout_ms"),
         ({"token": ""}, "token"),
     ],
 )
@@ -201,6 +202,26 @@ def test_dispatcher_config_is_validated(config: dict[str, Any], match: str) -> N
 def test_worker_config_is_validated(config: dict[str, Any], match: str) -> None:
     with pytest.raises(errors.InvalidArgumentError, match=match):
         service.WorkerConfig(**config)
+
+
+def test_a_time_of_0_ms_is_1_ms_and_none_the_default_as_in_tensorflow() -> None:
+    config = service.DispatcherConfig(job_gc_timeout_ms=0, worker_timeout_ms=0)
+    assert config.gc_timeout_s == config.worker_timeout_s == 0.001
+    assert service.DispatcherConfig(job_gc_timeout_ms=-1).gc_timeout_s == float("inf")
+    assert service.DispatcherConfig().client_timeout_s == 10.0
+    worker = service.WorkerConfig("h:1", heartbeat_interval_ms=0)
+    assert worker.heartbeat_interval_s == 0.001 and worker.dispatcher_timeout_s == 60.0
+
+
+def test_a_job_gc_timeout_of_0_collects_a_named_job_once_its_consumers_left(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(1, job_gc_timeout_ms=0, job_gc_check_interval_ms=50)
+    dataset = Dataset.range(3).apply(
+        service.distribute("parallel_epochs", cluster.target, job_name="j")
+    )
+    assert [int(x) for x in dataset] == [0, 1, 2]
+    wait_until(lambda: not cluster.dispatcher._core.state.jobs)
 
 
 def test_configs_keep_tensorflows_positions_and_take_the_rest_by_keyword() -> None:
