@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import feedline.distribute as fdist
-from feedline.distribute import strategy as strategy_module
 from feedline.distribute import MirroredStrategy, OneDeviceStrategy, PerReplica, ReduceOp
+from feedline.distribute import strategy as strategy_module
 from feedline.errors import InvalidArgumentError
 
 
