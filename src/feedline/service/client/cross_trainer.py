@@ -14,7 +14,9 @@ Under a fault-tolerant dispatcher (``ledger``, ``per_trainer``) each element als
 has of each split (``SplitReceipts``) and drops those it gets again when the split of a lost
 worker runs again elsewhere. Its position then also saves, per split, the offsets ``next``
 returned, so that a trainer restored from its checkpoint drops what it returned before it and
-takes the rest, in whichever task's stream the split comes again.
+takes the rest, in whichever task's stream the split comes again. Its epoch ends once the
+dispatcher says that it has every element, not when the tasks it knows of end: a split of a
+lost worker may run again for it in a task that a live worker gets later.
 """
 
 from __future__ import annotations
