@@ -57,6 +57,19 @@ with strategy.scope():
     mean = feedline.metrics.Mean()
 mean.update_state(torch.tensor([float(rank + 1)] * (rank + 1)))
 out["metric"] = mean.result().item()
+
+class Positives(feedline.metrics.Metric):  # written as Keras writes its metrics
+    def __init__(self):
+        super().__init__()
+        self.count = self.add_weight(name="count", shape=(2,))
+    def update_state(self, values):
+        self.count.assign_add(torch.stack([(values > 0).sum(), (values <= 0).sum()]))
+    def result(self):
+        return self.count
+with strategy.scope():
+    positives = Positives()
+positives.update_state(torch.tensor([1.0, -1.0, 2.0]) * (1 if rank == 0 else -1))
+out["weights"] = [positives.result().tolist(), positives.count.value.tolist()]
 out["local"] = [t.tolist() for t in strategy.experimental_local_results(value)]
 
 # Gradient buckets start their all-reduce during backward, in order, before the step.
@@ -91,6 +104,8 @@ report(out)
         assert w["mean"] == pytest.approx((1 + 2 + 2 + 4) / 4)
         assert w["gather"] == [0.0, 1.0, 2.0]
         assert w["metric"] == pytest.approx((1 + 2 + 2) / 3)
+        assert w["weights"][0] == [3.0, 3.0]  # summed over the workers when read
+    assert w0["weights"][1] == [2.0, 1.0] and w1["weights"][1] == [1.0, 2.0]  # each its own
     assert w0["local"] == [[1.0, 2.0]] and w1["local"] == [[2.0, 4.0]]
     # Linear(4, 8) and Linear(8, 2) in 64-byte buckets: [b2], [w2], [b1], [w1]; all four were
     # sent while backward ran. The last bias's gradient is the sum over workers: 2 rows each.

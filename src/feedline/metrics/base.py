@@ -15,8 +15,11 @@ nothing more. The state read is the same, exactly: counts are integers, summed e
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ import torch
 
 from feedline.distribute import context
 from feedline.errors import FailedPreconditionError, InvalidArgumentError
+from feedline.metrics.weights import MetricWeight, values_of
 from feedline.nn.losses import broadcasts_to, match_weight_rank, to_tensor
 
 # Counts (``_add_count``) held before they join the state: a bound on what a metric that is
@@ -38,22 +42,129 @@ class Metric:
     to ``_accumulate``; they say what the result is in ``_result``. Updates from several threads
     (the replicas of a ``MirroredStrategy``) are safe; an empty batch changes nothing.
 
+    A subclass may instead keep its state as Keras' own metrics do: weights made with
+    ``add_weight`` in ``__init__``, changed in ``update_state`` (``assign_add``...) and read
+    in its own ``result()`` (``feedline.metrics.weights``). Its state is then its weights, which
+    add up across workers as Keras' metric variables do.
+
     Args:
-      name: the metric's name, as in Keras.
+      name: the metric's name, as in Keras; None: the class name in snake case.
       dtype: the dtype of ``result()`` (a torch or NumPy dtype, or its name); float32 by
         default. The state is float64 whatever it is.
     """
 
-    def __init__(self, name: str, dtype: Any = None) -> None:
-        self.name = name
+    def __init__(self, name: str | None = None, dtype: Any = None) -> None:
+        self.name = _snake_case(type(self).__name__) if name is None else name
         self.dtype = result_dtype(dtype)
         self._lock = threading.RLock()
         self._state = torch.zeros(2, dtype=torch.float64)
         self._placed = False  # whether an update has chosen the state's device
         self._counts: list[torch.Tensor] = []  # counts of matches not in the state yet
         self._counted = 0  # the examples they were counted over
+        self._weights: list[MetricWeight] = []  # ``add_weight``'s, in the order made
+        self._summing = False  # ``result()`` reads the weights' sums over workers
         # A metric made under a multi-worker strategy's scope reads the sum over workers.
         self._strategy = context.get_strategy() if context.has_strategy() else None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``result()`` reads its weights summed over the workers (a metric
+        made under a multi-worker strategy's scope), as Keras' metric variables are read; a
+        weight it returns comes back as its value then."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("result")
+        if own is None or getattr(own, "_reads_sums", False):
+            return
+
+        @functools.wraps(own)
+        def result(self: Metric, *args: Any, **kwargs: Any) -> Any:
+            with self._reading_sums():  # a weight returned as it is: its value now
+                return values_of(own(self, *args, **kwargs))
+
+        result._reads_sums = True  # type: ignore[attr-defined]
+        cls.result = result  # type: ignore[method-assign]
+
+    # -- Keras' weights ----------------------------------------------------------------------
+    def add_weight(
+        self,
+        name: str | None = None,
+        shape: Sequence[int] = (),
+        dtype: Any = None,
+        initializer: Any = "zeros",
+        aggregation: str | None = "sum",
+        synchronization: Any = None,
+    ) -> MetricWeight:
+        """A new state variable of this metric (Keras' ``Metric.add_weight``): ``name``,
+        ``shape``, ``dtype`` (the metric's by default) and ``initializer`` (``"zeros"``,
+        ``"ones"``, a number or a function ``(shape, dtype)``). ``reset_state()`` sets it to
+        zeros, as Keras does. The arguments are in tf.keras' order (Keras 3 takes the shape
+        first: pass them by keyword).
+
+        Raises:
+          InvalidArgumentError: a name taken, or an ``aggregation`` other than ``"sum"``
+            (feedline adds a metric's weights up across workers, as Keras' metric variables).
+        """
+        if isinstance(shape, int):
+            shape = (shape,)
+        aggregation = getattr(aggregation, "name", aggregation)
+        if aggregation is not None and str(aggregation).lower() != "sum":
+            raise InvalidArgumentError(
+                f"metric weights add up across replicas and workers (aggregation 'sum'), as "
+                f"Keras' do; got aggregation={aggregation!r}"
+            )
+        name = name or f"weight_{len(self._weights)}"
+        if any(w.name == name for w in self._weights):
+            raise InvalidArgumentError(f"metric {self.name!r} has a weight {name!r} already")
+        weight = MetricWeight(
+            self, name, shape, self.dtype if dtype is None else result_dtype(dtype), initializer
+        )
+        with self._lock:
+            self._weights.append(weight)
+        return weight
+
+    @property
+    def variables(self) -> list[MetricWeight]:
+        """The weights ``add_weight`` made, in order (Keras' ``variables``)."""
+        return list(self._weights)
+
+    @property
+    def weights(self) -> list[MetricWeight]:
+        """``variables``."""
+        return self.variables
+
+    @contextmanager
+    def _reading_sums(self) -> Iterator[None]:
+        """While it lasts, the weights read their sums over the workers (under a multi-worker
+        strategy; a collective: every worker reads the result at the same point)."""
+        strategy = self._strategy
+        if not self._weights or self._summing or strategy is None:
+            yield
+            return
+        if strategy.extended.num_workers <= 1:
+            yield
+            return
+        summed = strategy._sum_across_workers(self.get_state())
+        with self._lock:
+            self._summing = True
+            for weight, part in zip(self._weights, self._split(summed), strict=True):
+                weight._read = part
+            try:
+                yield
+            finally:
+                for weight in self._weights:
+                    weight._read = None
+                self._summing = False
+
+    def _split(self, state: torch.Tensor) -> list[torch.Tensor]:
+        """A flat state as the values of the weights, each of its shape and dtype."""
+        parts, offset = [], 0
+        for weight in self._weights:
+            size = weight.shape.numel()
+            parts.append(state[offset : offset + size].reshape(weight.shape).to(weight.dtype))
+            offset += size
+        return parts
+
+    def _state_size(self) -> int:
+        return sum(w.shape.numel() for w in self._weights) if self._weights else 2
 
     def update_state(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement update_state")
@@ -76,8 +187,10 @@ class Metric:
         return self._result(total, count).to(self.dtype)
 
     def reset_state(self) -> None:
-        """Forgets every update."""
+        """Forgets every update (a weight of ``add_weight`` is zeros again, as in Keras)."""
         with self._lock:
+            for weight in self._weights:
+                weight.assign(torch.zeros(weight.shape, dtype=weight.dtype))
             self._state = torch.zeros(2, dtype=torch.float64)
             self._placed = False
             self._counts, self._counted = [], 0
@@ -103,19 +216,33 @@ class Metric:
             return self.result()
 
     def get_state(self) -> torch.Tensor:
-        """A copy of the state ``[total, count]`` (float64), for all-reducing or saving."""
+        """A copy of the state ``[total, count]`` (float64), for all-reducing or saving; of a
+        metric with weights (``add_weight``), their values one after another."""
         with self._lock:
+            if self._weights:
+                device = self._weights[0].value.device
+                return torch.cat(
+                    [w._tensor.reshape(-1).to(device, torch.float64) for w in self._weights]
+                )
             self._fold()
             return self._state.clone()
 
     def set_state(self, state: Any) -> None:
-        """Replaces the state with ``[total, count]`` (for example after an all-reduce)."""
+        """Replaces the state with ``[total, count]`` (for example after an all-reduce), or a
+        metric's weights with the values ``get_state()`` gives."""
         tensor = to_tensor(state, "state").detach().to(torch.float64)
-        if tensor.shape != (2,):
+        size = self._state_size()
+        if tensor.shape != (size,):
+            what = "its weights' values" if self._weights else "[total, count]"
             raise InvalidArgumentError(
-                f"a metric's state is [total, count] of shape (2,), got shape {tuple(tensor.shape)}"
+                f"the state of metric {self.name!r} is {what} of shape ({size},), got shape "
+                f"{tuple(tensor.shape)}"
             )
         with self._lock:
+            if self._weights:
+                for weight, part in zip(self._weights, self._split(tensor), strict=True):
+                    weight.assign(part)
+                return
             self._state = tensor.clone()
             self._placed = True
             self._counts, self._counted = [], 0
@@ -135,7 +262,7 @@ class Metric:
         the chief holds it and the others start from zero, as the result sums them."""
         strategy = self._strategy
         if strategy is not None and strategy.extended.worker_index != 0:
-            state = torch.zeros(2, dtype=torch.float64)
+            state = torch.zeros(self._state_size(), dtype=torch.float64)
         self.set_state(state)
 
     def check_restorable(self, state: Any) -> str | None:
@@ -152,8 +279,13 @@ class Metric:
             self._accumulate(other.get_state())
 
     def _accumulate(self, delta: torch.Tensor) -> None:
-        """Adds ``delta = [total, count]`` (float64) to the state."""
+        """Adds ``delta = [total, count]`` (float64) to the state (the weights' values one
+        after another, for a metric with weights)."""
         with self._lock:
+            if self._weights:
+                for weight, part in zip(self._weights, self._split(delta), strict=True):
+                    weight.assign_add(part)
+                return
             self._fold()
             self._add(delta)
 
@@ -214,10 +346,17 @@ class Metric:
         self.__dict__.update(state)
         self.__dict__.setdefault("_counts", [])
         self.__dict__.setdefault("_counted", 0)
+        self.__dict__.setdefault("_weights", [])
+        self.__dict__.setdefault("_summing", False)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _snake_case(name: str) -> str:
+    """``"TruePositives"`` -> ``"true_positives"`` (Keras' default name of a metric)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def result_dtype(dtype: Any) -> torch.dtype:
