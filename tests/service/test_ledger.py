@@ -466,6 +466,74 @@ def test_the_splits_do_not_end_while_a_trainer_reading_the_job_lacks_a_done_spli
     assert ledger.settled
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_what_the_ledger_keeps_of_each_trainers_lacks_is_what_its_splits_say(seed: int) -> None:
+    """``settled`` and ``complete_for`` read the done splits each trainer lacks, which the
+    ledger keeps as trainers join, report and leave and as splits open again: after every step
+    of random traffic they answer as a look at every split would, and so does a ledger read
+    back from its JSON."""
+    rng = random.Random(seed)
+    ledger = SplitLedger(per_trainer=True)
+    clients: dict[int, str] = {}
+    next_client, next_task = 1, 100
+
+    def looked_at(client: int | None = None) -> bool:
+        reading = ledger.reading() if client is None else {ledger.trainer_of[client]}
+        splits = list(ledger.finished.values())
+        if client is not None:
+            splits += list(ledger.open.values())
+        return all(
+            split.count is not None and covers(split.trainers.get(t, []), split.count)
+            for split in splits
+            for t in reading
+        )
+
+    for _ in range(300):
+        action = rng.choice(
+            ["join", "grant", "count", "receive", "receive", "receive", "leave", "lose", "regrant"]
+        )
+        live = [c for c in clients if c not in ledger.left]
+        if action == "join" or not live:
+            trainer = rng.choice("abc")
+            restored = None
+            if rng.random() < 0.5:
+                keys = rng.sample(
+                    sorted({*ledger.open, *ledger.finished}), k=min(2, len(ledger.done))
+                )
+                restored = {key: [[0, rng.randint(1, 4)]] for key in keys}
+            ledger.joined(next_client, trainer, restored)
+            clients[next_client] = trainer
+            next_client += 1
+        elif action == "grant":
+            ledger.grant(rng.randrange(0, 12), next_task)
+        elif action == "count":
+            for key, split in list(ledger.open.items()):
+                if split.count is None and split.holder is not None:
+                    ledger.count(key, 4)
+                    break
+        elif action == "receive":
+            keys = sorted({*ledger.open, *ledger.finished})
+            if keys:
+                start = rng.randrange(0, 4)
+                ledger.receive(
+                    rng.choice(keys), [[start, rng.randint(start + 1, 4)]], rng.choice(live)
+                )
+        elif action == "leave":
+            ledger.client_gone(rng.choice(live))
+        elif action == "lose":
+            ledger.holder_lost(next_task, consumers=live)
+            next_task += 1
+        elif ledger.replay:
+            ledger.regrant(ledger.replay[0], next_task)
+        assert ledger.settled == (not ledger.open and not ledger.replay and looked_at())
+        again = SplitLedger.from_json(ledger.to_json())
+        assert again.settled == ledger.settled
+        for client in ledger.trainer_of:
+            if client not in ledger.left:
+                assert ledger.complete_for(client) == looked_at(client)
+                assert again.complete_for(client) == ledger.complete_for(client)
+
+
 def _cross_trainer_job() -> tuple[st.DispatcherState, int, int]:
     """A dispatcher state with a fault-tolerant cross-trainer job and its task on worker w:1:
     the state, the job's id and the task's."""

@@ -369,6 +369,21 @@ class SplitLedger:
 
     #: (``per_trainer``) The tasks lost, whose done splits a trainer joining later lacks.
     lost: list[int] = dataclasses.field(default_factory=list)
+    #: (``per_trainer``; derived, not saved) The done splits each trainer lacks part of:
+    #: counted when it joins and kept as its receipts come, so that ``settled`` and
+    #: ``complete_for`` need not look at every done split.
+    _lacks: dict[str, set[int]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        for trainer in set(self.trainer_of.values()):
+            self._count_lacks(trainer)
+
+    def _count_lacks(self, trainer: str) -> None:
+        self._lacks[trainer] = {
+            key for key, split in self.finished.items() if not _received_by(split, (trainer,))
+        }
 
     def joined(
         self,
@@ -392,6 +407,7 @@ class SplitLedger:
                 had = self._reported(int(key))
                 if had is not None:
                     had.trainers[trainer_id] = add_ranges([], ranges)
+        self._count_lacks(trainer_id)
         self._reopen_lacking()
 
     def _reopen_lacking(self) -> None:
@@ -404,6 +420,8 @@ class SplitLedger:
                 split, reading
             ):
                 del self.finished[key], self.done[key]
+                for lacking in self._lacks.values():
+                    lacking.discard(key)
                 self.open[key] = split
                 if split.holder is not None:
                     split.lost_holder = split.holder
@@ -463,6 +481,9 @@ class SplitLedger:
             if trainer is None:
                 return
             split.trainers[trainer] = add_ranges(split.trainers.get(trainer, []), ranges)
+            lacking = self._lacks.get(trainer)
+            if lacking and key in lacking and _received_by(split, (trainer,)):
+                lacking.discard(key)
         elif self.commits:
             if client_id is None or client_id not in self.consumers:
                 return  # a consumer that left: what it held goes back (client_gone)
@@ -676,9 +697,9 @@ class SplitLedger:
         trainer = self.trainer_of.get(client_id)
         if not self.per_trainer or trainer is None:
             return False
-        return all(
+        return not self._lacks.get(trainer) and all(
             split.count is not None and covers(split.trainers.get(trainer, []), split.count)
-            for split in (*self.open.values(), *self.finished.values())
+            for split in self.open.values()
         )
 
     def lacking(
@@ -749,8 +770,7 @@ class SplitLedger:
         again."""
         if self.open or self.replay:
             return False
-        reading = self.reading() if self.per_trainer else set()
-        return all(_received_by(split, reading) for split in self.finished.values())
+        return not self.per_trainer or not any(self._lacks.get(t) for t in self.reading())
 
     def _release(self, key: int) -> None:
         split = self.open[key]
