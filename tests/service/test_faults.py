@@ -387,6 +387,40 @@ def test_a_killed_workers_port_taken_by_another_server_is_a_lost_worker(
     assert len(received) == len(set(received)) and len(received) > 1000
 
 
+@pytest.mark.parametrize("when", ["at-once", "after-the-drop"])
+def test_a_worker_killed_and_restarted_at_its_address_is_a_new_worker(
+    cluster: ServiceProcesses, tmp_path: Path, when: str
+) -> None:
+    """The only worker, on a fixed port, is killed (kill -9) and started again on that port, at
+    once (before the dispatcher's worker_timeout_ms) or once the dispatcher dropped it. The new
+    process is a new worker: the old one's tasks are lost and the new one gets tasks of the
+    running jobs, so the exactly-once epoch reaches every element once."""
+    dispatcher = cluster.start_dispatcher(
+        "--work-dir", str(tmp_path), "--fault-tolerant", "--worker-timeout-ms", "1000"
+    )
+    port = free_port()
+    worker = cluster.start_worker(port=port)
+    dataset = with_timeout(
+        Dataset.range(3000)
+        .map(slowly)
+        .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=16)),
+        30_000,
+    )
+    iterator = iter(dataset)
+    got = [int(next(iterator)) for _ in range(300)]
+    cluster.send(worker, signal.SIGKILL)
+    assert cluster.wait_exit(worker, timeout=30) == -signal.SIGKILL
+    if when == "after-the-drop":
+        deadline = time.monotonic() + 30
+        while "missed heartbeats" not in cluster.output(dispatcher):
+            assert time.monotonic() < deadline, "the dispatcher did not drop the dead worker"
+            time.sleep(0.05)
+    cluster.start_worker(port=port)
+    rest, raised = read_in_thread(iterator, timeout=90)
+    assert raised is None, raised
+    assert sorted(got + rest) == list(range(3000))  # nothing lost, nothing twice
+
+
 def test_round_robin_consumers_get_an_error_naming_a_worker_that_died(
     cluster: ServiceProcesses,
 ) -> None:

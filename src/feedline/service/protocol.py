@@ -672,6 +672,9 @@ class WorkerHeartbeatRequest:
       task_stats: what each task served (``[task_id, elements, bytes]``), for the status page.
       task_load: what each task's producer did (``TaskLoad``), for the dispatcher's estimate
         of the workers the jobs need and for ``feedline diagnose``.
+      instance: a random id of the worker's process (its ``WorkerServer``), the same in each
+        of its heartbeats: a new one at a known address is a worker that restarted there
+        (None: not said).
     """
 
     address: str
@@ -684,6 +687,7 @@ class WorkerHeartbeatRequest:
     wait_ms: int = 0
     task_stats: Any = None
     task_load: tuple[TaskLoad, ...] = ()
+    instance: int | None = None
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Self:
@@ -694,6 +698,11 @@ class WorkerHeartbeatRequest:
             with an int ``task_id``.
         """
         address = _worker_address(header)
+        instance = header.get("instance")
+        if instance is not None and (type(instance) is not int or not is_int64(instance)):
+            raise InvalidArgumentError(
+                f"malformed request: instance must be an int64, got {instance!r:.100}"
+            )
         tags = field(header, "tags", list, [])
         if len(tags) > _MAX_TAGS or not all(isinstance(tag, str) for tag in tags):
             raise InvalidArgumentError(
@@ -722,6 +731,7 @@ class WorkerHeartbeatRequest:
             field(header, "wait_ms", int, 0),
             header.get("task_stats"),
             tuple(TaskLoad.from_wire(row) for row in field(header, "task_load", list, [])),
+            instance,
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -739,6 +749,8 @@ class WorkerHeartbeatRequest:
         }
         if self.task_load:
             header["task_load"] = [load.to_wire() for load in self.task_load]
+        if self.instance is not None:
+            header["instance"] = self.instance
         return header
 
 

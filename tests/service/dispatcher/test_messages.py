@@ -30,6 +30,7 @@ WORKER_HEARTBEAT = {
     "leaving": False,
     "wait_ms": 1000,
     "task_stats": [[7, 10, 80]],
+    "instance": 123456789,
 }
 GET_OR_CREATE_JOB = {
     "dataset_id": "12",
@@ -90,6 +91,7 @@ def test_a_header_reads_back_to_itself(kind: Any, header: dict[str, Any]) -> Non
 def test_fields_are_typed() -> None:
     request = WorkerHeartbeatRequest.from_header(WORKER_HEARTBEAT)
     assert request.current_tasks == (7, 9) and request.tags == ("gpu",)
+    assert request.instance == 123456789
     assert GetSplitRequest.from_header({**GET_SPLIT, "finished": [3, 40]}).finished == (3, 40)
     # What a sender leaves out reads as its default.
     assert WorkerHeartbeatRequest.from_header({"address": "a"}) == WorkerHeartbeatRequest("a")
@@ -101,6 +103,7 @@ def test_fields_are_typed() -> None:
         (WorkerHeartbeatRequest, {"wait_ms": 0}, "field 'address' is missing"),
         (WorkerHeartbeatRequest, {"address": "a", "failed_tasks": [3]}, "a failed task is 3"),
         (WorkerHeartbeatRequest, {"address": "a", "draining": 1}, "field 'draining' must be"),
+        (WorkerHeartbeatRequest, {"address": "a", "instance": "x"}, "instance must be an int64"),
         (GetOrCreateJobRequest, {**GET_OR_CREATE_JOB, "target_workers": "X"}, "target_workers"),
         (GetOrCreateJobRequest, {**GET_OR_CREATE_JOB, "dataset_id": 12}, "must be a string"),
         (

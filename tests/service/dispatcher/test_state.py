@@ -15,7 +15,7 @@ def _history() -> list[st.Update]:
     record = st.DatasetRecord("1000", "f" * 64, b"\x00payload\xff", b"spec", "AUTO", 10, None)
     return [
         st.RegisterDataset(record),
-        st.RegisterWorker("127.0.0.1:1", ("gpu",)),
+        st.RegisterWorker("127.0.0.1:1", ("gpu",), instance=77),
         st.RegisterWorker("127.0.0.1:2"),
         st.CreateJob(1, "1000", 1, "job", 0, None, "ANY"),
         st.CreateTask(2, 1, "127.0.0.1:1", 0, 2),
@@ -64,6 +64,7 @@ def test_what_the_updates_did() -> None:
     assert all(state.tasks[t].finished for t in (2, 3))  # finished, and on a removed worker
     assert state.tasks[3].splits_ended and not state.tasks[2].splits_ended
     assert set(state.workers) == {"127.0.0.1:1"}
+    assert state.workers["127.0.0.1:1"].instance == 77
     assert state.active_clients(1) == []
     assert state.split_cursors == {}  # a finished job's cursors go with it
     assert state.new_id() == 1001  # ids are never reused (the dataset id "1000" counts too)

@@ -77,6 +77,25 @@ def test_worker_address_template(make_cluster: Any) -> None:
     assert worker.worker_address.split(":")[1].isdigit()
 
 
+def test_a_worker_whose_address_another_worker_took_stops_with_a_clear_error(
+    make_cluster: Any,
+) -> None:
+    """Two live workers given one address: the second is taken for the first restarted there
+    (the first one's tasks are lost), and the first, refused at its next heartbeat, stops with
+    an error that says what to change, rather than the two taking turns."""
+    cluster = make_cluster(0)
+    first = cluster.add_worker(worker_address="shared:%port%", heartbeat_interval_ms=50)
+    address = first.worker_address
+    second = cluster.add_worker(worker_address=address, port=0, heartbeat_interval_ms=50)
+    wait_until(lambda: first.stopped, timeout=10)
+    assert isinstance(first.error, errors.FailedPreconditionError)
+    assert f"taken the address {address}" in str(first.error)
+    assert "an address of its own" in str(first.error)
+    assert not second.stopped
+    state = cluster.dispatcher._core.state
+    assert state.workers[address].instance == second._instance  # the one registered now
+
+
 def test_an_unreachable_dispatcher_is_an_error_after_the_timeout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -86,6 +86,8 @@ class DatasetRecord:
 class WorkerRecord:
     address: str
     tags: tuple[str, ...] = ()
+    #: The id of the worker's process (``WorkerHeartbeatRequest.instance``; None: not said).
+    instance: int | None = None
 
 
 @dataclasses.dataclass
@@ -195,6 +197,7 @@ class RegisterDataset:
 class RegisterWorker:
     address: str
     tags: tuple[str, ...] = ()
+    instance: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,8 +540,8 @@ class DispatcherState:
                 self.dataset_by_fingerprint[record.fingerprint] = record.dataset_id
                 if record.dataset_id.isdigit():  # an id the dispatcher chose (new_id)
                     self._take_id(int(record.dataset_id))
-            case RegisterWorker(address, tags):
-                self.workers[address] = WorkerRecord(address, tuple(tags))
+            case RegisterWorker(address, tags, instance):
+                self.workers[address] = WorkerRecord(address, tuple(tags), instance)
             case RemoveWorker(address):
                 self.workers.pop(address, None)
                 for snapshot in self.snapshots.values():  # its streams go to other workers
@@ -750,7 +753,7 @@ def state_from_json(data: dict[str, Any]) -> DispatcherState:
             str(k): str(v) for k, v in data["dataset_by_fingerprint"].items()
         }
         for fields in data["workers"]:
-            worker = WorkerRecord(fields["address"], tuple(fields["tags"]))
+            worker = WorkerRecord(fields["address"], tuple(fields["tags"]), fields.get("instance"))
             state.workers[worker.address] = worker
         for fields in data["jobs"]:
             job = JobRecord(**fields)

@@ -63,6 +63,8 @@ class Workers:
         self._draining: set[str] = set()
         # Worker heartbeats waiting here now (at most _MAX_WAITING_WORKERS).
         self._waiting = 0
+        # The worker processes that another took the address of, by address (volatile).
+        self._replaced: dict[str, set[int]] = {}
 
     @property
     def draining(self) -> set[str]:
@@ -92,6 +94,7 @@ class Workers:
                     " a dispatcher with a fixed worker list accepts only those workers (set "
                     "WorkerConfig.worker_address to one of them)"
                 )
+            self._check_instance(address, request.instance)
             for task_id in request.finished_tasks:
                 task = state.tasks.get(task_id)
                 if task is not None and task.worker_address == address and not task.finished:
@@ -114,7 +117,7 @@ class Workers:
             if address not in state.workers:
                 if draining:  # a worker on its way out that was dropped: it stays out
                     return WorkerHeartbeatReply(core.incarnation).to_header(), ()
-                core.apply(RegisterWorker(address, request.tags))
+                core.apply(RegisterWorker(address, request.tags, request.instance))
                 self._assign_running_jobs(address)
                 logger.info("worker %s registered", address)
             if draining:
@@ -138,6 +141,33 @@ class Workers:
                     core.wait(address, remaining, ("worker", address))
                 finally:
                     self._waiting -= 1
+
+    def _check_instance(self, address: str, instance: int | None) -> None:
+        """A worker process other than the one registered at ``address`` heartbeats from it
+        (under the lock): the registered one restarted there, or died and another took its
+        address. The old worker is gone (its tasks are lost, as when it is dropped), and the
+        new one registers as a new worker. A heartbeat of a process that was replaced so is
+        refused: two live workers cannot share one address.
+
+        Raises:
+          FailedPreconditionError: ``instance`` is a process that another replaced.
+        """
+        record = self._core.state.workers.get(address)
+        if instance is None:
+            return
+        if instance in self._replaced.get(address, ()):
+            raise FailedPreconditionError(
+                f"another worker process has taken the address {address} of this worker, "
+                f"which the dispatcher dropped: give each worker an address of its own "
+                "(WorkerConfig.worker_address / --worker-address)"
+            )
+        if record is None:
+            return
+        if record.instance is None:  # registered before workers said who they are
+            self._core.apply(RegisterWorker(address, record.tags, instance))
+        elif record.instance != instance:
+            self._replaced.setdefault(address, set()).add(record.instance)
+            self.remove_worker(address, "a new worker process took its address (it restarted)")
 
     def _worker_news(self, address: str, current: set[int], draining: bool) -> WorkerHeartbeatReply:
         """What the worker at ``address`` running ``current`` must hear: ``new_tasks`` (to
@@ -246,7 +276,9 @@ class Workers:
                 continue
             if ShardingPolicy(job.mode).is_static:
                 continue
-            if any(t.worker_address == address for t in state.job_tasks(job.job_id)):
+            # A worker that comes back at the address of one that was dropped is a new worker:
+            # the tasks lost with the old one do not count.
+            if any(t.worker_address == address and not t.lost for t in state.job_tasks(job.job_id)):
                 continue
             self._add_task(job, address)
 

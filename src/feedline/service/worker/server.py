@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import secrets
 import threading
 import time
 from typing import Any
@@ -133,6 +134,8 @@ class WorkerServer:
                 f"config must be a WorkerConfig, got {type(config).__name__}"
             )
         self._config = config
+        # This worker's id in its heartbeats: a new one at the same address is a restart.
+        self._instance = secrets.randbits(62) + 1
         self._token = _rpc.resolve_token(config.token)
         self._tls = config.tls
         self._dispatcher = _rpc.RpcClient(
@@ -454,6 +457,14 @@ class WorkerServer:
                     return
                 self._stopped.wait(backoff)
                 backoff = min(2 * backoff, 1.0)
+            except FailedPreconditionError as error:
+                if self._stopped.is_set():
+                    return
+                # The dispatcher refuses this worker for good (another took its address).
+                self._error = error
+                logger.error("worker %s stops: %s", self._address, error)
+                threading.Thread(target=self.stop, name="feedline-worker-stop", daemon=True).start()
+                return
             except Exception as error:
                 if self._stopped.is_set():
                     return
@@ -515,6 +526,7 @@ class WorkerServer:
             wait_ms=int(wait_s * 1000),
             task_stats=stats,
             task_load=loads,
+            instance=self._instance,
         )
         reply, _ = self._dispatcher.call(
             "WorkerHeartbeat",
