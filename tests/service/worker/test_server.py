@@ -96,6 +96,54 @@ def test_a_worker_whose_address_another_worker_took_stops_with_a_clear_error(
     assert state.workers[address].instance == second._instance  # the one registered now
 
 
+def _slow(x: Any) -> Any:
+    time.sleep(0.002)
+    return x
+
+
+@pytest.mark.parametrize("when", ["at-once", "after-the-drop"])
+def test_a_static_worker_restarted_at_its_address_begins_its_shard_again(when: str) -> None:
+    """A fixed list of two workers, ``DATA`` sharding: worker 1 dies and a new one starts at its
+    address (before or after the dispatcher dropped it). As in TensorFlow, it begins worker
+    1's shard again from its start: the consumer gets every element, worker 0's once."""
+    ports = [free_port(), free_port()]
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    dispatcher = service.DispatchServer(
+        service.DispatcherConfig(worker_addresses=addresses, worker_timeout_ms=500)
+    )
+    target = dispatcher.target.split("://")[1]
+
+    def worker(index: int) -> service.WorkerServer:
+        config = service.WorkerConfig(
+            target, worker_address=addresses[index], port=ports[index], heartbeat_interval_ms=100
+        )
+        return service.WorkerServer(config)
+
+    workers = [worker(0), worker(1)]
+    try:
+        dataset = Dataset.range(1000).map(_slow)
+        iterator = iter(
+            dataset.apply(
+                service.distribute(
+                    ShardingPolicy.DATA, dispatcher.target, max_outstanding_requests=4
+                )
+            )
+        )
+        got = [int(next(iterator)) for _ in range(100)]
+        workers[1].stop()
+        state = dispatcher._core.state
+        if when == "after-the-drop":
+            wait_until(lambda: addresses[1] not in state.workers)
+        workers[1] = worker(1)
+        got += [int(x) for x in iterator]
+    finally:
+        for server in [*workers, dispatcher]:
+            server.stop()
+    assert set(got) == set(range(1000))
+    evens = [x for x in got if x % 2 == 0]  # worker 0's shard: each once
+    assert sorted(evens) == list(range(0, 1000, 2))
+
+
 def test_an_unreachable_dispatcher_is_an_error_after_the_timeout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

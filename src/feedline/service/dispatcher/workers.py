@@ -266,21 +266,30 @@ class Workers:
         self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
 
     def _assign_running_jobs(self, address: str) -> None:
-        """Gives a newly registered worker a task of every running OFF or DYNAMIC job (jobs of
-        static sharding and round-robin jobs keep the workers they were made with)."""
+        """Gives a newly registered worker a task of every running OFF or DYNAMIC job. Jobs of
+        static sharding and round-robin jobs keep the workers they were made with; a worker
+        that comes back at the address of one of a static job's, whose task was lost with it,
+        begins that worker's shard again from its start, as in TensorFlow."""
         state = self._core.state
         if address in self._draining:
             return
         for job in list(state.jobs.values()):
             if job.finished or job.num_consumers is not None:
                 continue
-            if ShardingPolicy(job.mode).is_static:
+            # A worker that comes back at the address of one that was dropped (or that
+            # restarted there) is a new worker: the tasks lost with the old one do not count.
+            mine = [t for t in state.job_tasks(job.job_id) if t.worker_address == address]
+            if any(not t.lost for t in mine):
                 continue
-            # A worker that comes back at the address of one that was dropped is a new worker:
-            # the tasks lost with the old one do not count.
-            if any(t.worker_address == address and not t.lost for t in state.job_tasks(job.job_id)):
-                continue
-            self._add_task(job, address)
+            if not ShardingPolicy(job.mode).is_static:
+                self._add_task(job, address)
+            elif mine:  # its shard, again
+                shard = mine[-1]
+                self._core.apply(
+                    CreateTask(
+                        state.new_id(), job.job_id, address, shard.worker_index, shard.num_workers
+                    )
+                )
 
     def _task_def(self, task: TaskRecord) -> TaskDef:
         """The definition of ``task`` that its worker runs."""
