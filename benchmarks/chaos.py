@@ -17,6 +17,8 @@ drawn in [0.05, 0.95] for each round), the scenario injects its fault:
 ======================  ====================================================================
 baseline                none
 worker-kill-9           a worker is killed (SIGKILL)
+worker-restart          a worker is killed (SIGKILL) and a new one started at once on its port
+                        (its address), as a supervisor restarts a crashed worker in place
 worker-sigterm          a worker is stopped cleanly (SIGTERM; it drains first)
 dispatcher-restart      the dispatcher is killed (SIGKILL) and started again on its port (and,
                         in a fault-tolerant mode, on its work dir) at once
@@ -66,11 +68,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.launcher import free_port  # noqa: E402
 from tests.service.procs import ServiceProcesses  # noqa: E402
 
 SCENARIOS = (
     "baseline",
     "worker-kill-9",
+    "worker-restart",
     "worker-sigterm",
     "dispatcher-restart",
     "both-kill-9",
@@ -124,6 +128,7 @@ MODES = {
         {
             "baseline": Expect(),
             "worker-kill-9": Expect(may_lose="what the killed worker held: its buffer and split"),
+            "worker-restart": Expect(may_lose="what the killed worker held: its buffer and split"),
             "worker-sigterm": Expect(),
             "dispatcher-restart": Expect(outcome="FailedPreconditionError", or_all_received=True),
             "both-kill-9": Expect(outcome="FailedPreconditionError", or_all_received=True),
@@ -139,6 +144,7 @@ MODES = {
         {
             "baseline": Expect(),
             "worker-kill-9": Expect(),
+            "worker-restart": Expect(),
             "worker-sigterm": Expect(),
             "dispatcher-restart": Expect(),
             "both-kill-9": Expect(),
@@ -320,7 +326,9 @@ def run_scenario(
     }
     with ServiceProcesses(timeout=hang_seconds + 240) as cluster:
         dispatcher = cluster.start_dispatcher(*dispatcher_args)
-        workers = [cluster.start_worker("--drain-seconds", "30") for _ in range(WORKERS)]
+        # Fixed ports: a worker restarted in place comes back at its address.
+        ports = [free_port() for _ in range(WORKERS)]
+        workers = [cluster.start_worker("--drain-seconds", "30", port=port) for port in ports]
         consumers = cluster.run(
             CONSUMER,
             [(name, {**env, "OUT": str(path)}) for name, path in outs.items()],
@@ -333,8 +341,11 @@ def run_scenario(
             count = max(1, round(elements * fault_fraction))
             _wait_for_progress(outs, count, consumers, timeout=120)
         fault_at = time.time()
-        if scenario == "worker-kill-9":
+        if scenario in ("worker-kill-9", "worker-restart"):
             cluster.send(workers[0], signal.SIGKILL)
+            if scenario == "worker-restart":
+                cluster.wait_exit(workers[0], timeout=30)
+                cluster.start_worker("--drain-seconds", "30", port=ports[0])
         elif scenario == "worker-sigterm":
             cluster.send(workers[0], signal.SIGTERM)
         elif scenario in ("dispatcher-restart", "both-kill-9"):
@@ -461,7 +472,13 @@ def _violations(row: Row, expect: Expect) -> list[str]:
 
 
 #: The processes each scenario kills with SIGKILL.
-KILLS = {"worker-kill-9": 1, "dispatcher-restart": 1, "both-kill-9": 2, "consumer-kill": 1}
+KILLS = {
+    "worker-kill-9": 1,
+    "worker-restart": 1,
+    "dispatcher-restart": 1,
+    "both-kill-9": 2,
+    "consumer-kill": 1,
+}
 
 
 def summary(rows: list[Row]) -> str:

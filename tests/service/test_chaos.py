@@ -45,6 +45,7 @@ def test_the_service_keeps_its_promise_under_one_fault(scenario: str, tmp_path: 
     [
         ("dispatcher-restart", 0.2),
         ("worker-kill-9", 0.4),
+        ("worker-restart", 0.5),
         ("both-kill-9", 0.6),
     ],
 )
