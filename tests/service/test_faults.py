@@ -400,14 +400,7 @@ def test_a_worker_killed_and_restarted_at_its_address_is_a_new_worker(
     )
     port = free_port()
     worker = cluster.start_worker(port=port)
-    dataset = with_timeout(
-        Dataset.range(3000)
-        .map(slowly)
-        .apply(distribute("distributed_epoch", cluster.target, max_outstanding_requests=16)),
-        30_000,
-    )
-    iterator = iter(dataset)
-    got = [int(next(iterator)) for _ in range(300)]
+    iterator, got = _slow_epoch(cluster)
     cluster.send(worker, signal.SIGKILL)
     assert cluster.wait_exit(worker, timeout=30) == -signal.SIGKILL
     if when == "after-the-drop":
