@@ -33,7 +33,12 @@ def test_a_retried_join_is_the_same_consumer_across_a_restart(tmp_path: Path) ->
     port = int(dispatcher.target.rsplit(":", 1)[1])
     client = _rpc.RpcClient(f"127.0.0.1:{port}", SERVICE_NAME, None)
     try:
-        client.call("WorkerHeartbeat", {"address": "127.0.0.1:1", "wait_ms": 0}, timeout=10)
+        client.call(  # the first call: a fresh port may be one another test's client last failed on
+            "WorkerHeartbeat",
+            {"address": "127.0.0.1:1", "wait_ms": 0},
+            timeout=10,
+            wait_for_ready=True,
+        )
         dataset_id = register_dataset(dispatcher.target, Dataset.range(8))
         first = _join(client, dataset_id, "join-a")
         # The reply was lost, say: the same join again is the same consumer of the same

@@ -139,7 +139,9 @@ def test_a_split_asked_for_again_is_the_same_split_across_a_restart(tmp_path: Pa
     dispatcher = service.DispatchServer(config)
     port = int(dispatcher.target.rsplit(":", 1)[1])
     client = _rpc.RpcClient(f"127.0.0.1:{port}", SERVICE_NAME, None)
-    client.call("WorkerHeartbeat", {"address": "127.0.0.1:1", "wait_ms": 0}, timeout=10)
+    client.call(  # the first call: a fresh port may be one another test's client last failed on
+        "WorkerHeartbeat", {"address": "127.0.0.1:1", "wait_ms": 0}, timeout=10, wait_for_ready=True
+    )
     job = client.call(
         "GetOrCreateJob",
         {
