@@ -1132,6 +1132,9 @@ class WorkerHeartbeatReply:
       lost_tasks: tasks of an earlier life of the dispatcher.
       retry_after_ms: the dispatcher answered at once instead of waiting for news (too many
         heartbeats wait there): the worker waits this long on its side before the next one.
+      dropped_tasks: tasks the dispatcher counts as lost with this worker, which it dropped
+        (it missed its heartbeats) while it lived on: the worker stops them and answers their
+        consumers that they are gone.
     """
 
     incarnation: int | None
@@ -1140,6 +1143,7 @@ class WorkerHeartbeatReply:
     task_errors: Mapping[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lost_tasks: tuple[int, ...] = ()
     retry_after_ms: int = 0
+    dropped_tasks: tuple[int, ...] = ()
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> WorkerHeartbeatReply:
@@ -1163,6 +1167,7 @@ class WorkerHeartbeatReply:
             task_errors=task_errors,
             lost_tasks=_ints(header, "lost_tasks"),
             retry_after_ms=field(header, "retry_after_ms", int, 0),
+            dropped_tasks=_ints(header, "dropped_tasks"),
         )
 
     def to_header(self) -> dict[str, Any]:
@@ -1180,6 +1185,8 @@ class WorkerHeartbeatReply:
             header["lost_tasks"] = list(self.lost_tasks)
         if self.retry_after_ms:
             header["retry_after_ms"] = self.retry_after_ms
+        if self.dropped_tasks:
+            header["dropped_tasks"] = list(self.dropped_tasks)
         return header
 
 

@@ -55,7 +55,8 @@ TASK = {
         (
             WorkerHeartbeatReply,
             {"incarnation": 5, "new_tasks": [], "delete_tasks": [1, 2],
-             "task_errors": {"2": {"type": "ValueError"}}, "lost_tasks": [4]},
+             "task_errors": {"2": {"type": "ValueError"}}, "lost_tasks": [4],
+             "dropped_tasks": [6]},
         ),
         (GetSplitReply, {"split": [4, 5]}),
         (GetSplitReply, {"split": None}),

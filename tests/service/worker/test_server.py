@@ -144,6 +144,37 @@ def test_a_static_worker_restarted_at_its_address_begins_its_shard_again(when: s
     assert sorted(evens) == list(range(0, 1000, 2))
 
 
+def test_a_worker_dropped_while_it_lived_on_frees_its_lost_tasks_and_takes_new_ones(
+    make_cluster: Any, tmp_path: pathlib.Path
+) -> None:
+    """The dispatcher drops a worker that lives on (as after a pause past worker_timeout_ms):
+    at its next heartbeat the worker registers again, stops the tasks lost with it (their
+    consumers hear that they are gone) and gets new tasks of the running jobs; the exactly-once
+    epoch reaches every element once."""
+    cluster = make_cluster(0, fault_tolerant_mode=True, work_dir=str(tmp_path))
+    workers = [cluster.add_worker(heartbeat_interval_ms=100) for _ in range(2)]
+    dataset = Dataset.range(2000).map(_slow)
+    iterator = iter(
+        dataset.apply(
+            service.distribute("distributed_epoch", cluster.target, max_outstanding_requests=8)
+        )
+    )
+    got = [int(next(iterator)) for _ in range(200)]
+    dispatcher = cluster.dispatcher
+    state = dispatcher._core.state
+    address = workers[0].worker_address
+    (old,) = [t.task_id for t in state.worker_tasks(address)]
+    with dispatcher._core.lock:
+        dispatcher._workers.remove_worker(address, "missed heartbeats (a test)")
+    assert state.tasks[old].lost
+    wait_until(lambda: old not in workers[0]._tasks)
+    assert workers[0]._ended[old] is worker_module._DROPPED
+    # It took a new task of the job (before the epoch ends and the job is collected).
+    assert any(not t.lost for t in state.worker_tasks(address))
+    got += [int(x) for x in iterator]
+    assert sorted(got) == list(range(2000))  # nothing lost, nothing twice
+
+
 def test_an_unreachable_dispatcher_is_an_error_after_the_timeout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -129,7 +129,9 @@ class Workers:
                     return WorkerHeartbeatReply(core.incarnation).to_header(), ()
                 core.worker_seen[address] = core.clock()
                 reply = self._worker_news(address, current, draining)
-                news = reply.new_tasks or reply.delete_tasks or reply.lost_tasks
+                news = (
+                    reply.new_tasks or reply.delete_tasks or reply.lost_tasks or reply.dropped_tasks
+                )
                 remaining = deadline - time.monotonic()
                 if news or remaining <= 0 or core.stopped.is_set():
                     return reply.to_header(), ()
@@ -172,7 +174,8 @@ class Workers:
     def _worker_news(self, address: str, current: set[int], draining: bool) -> WorkerHeartbeatReply:
         """What the worker at ``address`` running ``current`` must hear: ``new_tasks`` (to
         start), ``delete_tasks`` (their job ended; ``task_errors`` has the error of those whose
-        job failed) and ``lost_tasks`` (tasks of an earlier life of this dispatcher)."""
+        job failed), ``lost_tasks`` (tasks of an earlier life of this dispatcher) and
+        ``dropped_tasks`` (lost when the worker was dropped)."""
         state = self._core.state
         incarnation = self._core.incarnation
         tasks = state.worker_tasks(address)
@@ -186,6 +189,13 @@ class Workers:
         delete = [
             t.task_id for t in tasks if t.task_id in current and state.jobs[t.job_id].finished
         ]
+        # Lost with this worker, which was dropped while it lived on: its consumers read them no
+        # more (their splits run again elsewhere); it frees them.
+        dropped = [
+            t.task_id
+            for t in tasks
+            if t.task_id in current and t.lost and not state.jobs[t.job_id].finished
+        ]
         # A task this life does not know: from an earlier life, or already forgotten here.
         unknown = sorted(current - {t.task_id for t in tasks})
         lost = [t for t in unknown if incarnation_of(t) != incarnation]
@@ -195,7 +205,9 @@ class Workers:
             for t in delete
             if t in state.tasks and (error := state.jobs[state.tasks[t].job_id].error) is not None
         }
-        return WorkerHeartbeatReply(incarnation, new_tasks, tuple(delete), errors, tuple(lost))
+        return WorkerHeartbeatReply(
+            incarnation, new_tasks, tuple(delete), errors, tuple(lost), dropped_tasks=tuple(dropped)
+        )
 
     def _fail_job(self, address: str, report: dict[str, Any]) -> None:
         """A worker's task failed: its job ends with the task's error (the first one reported),

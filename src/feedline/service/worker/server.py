@@ -106,6 +106,11 @@ _ENDED_KEPT = 4096
 _DATASETS_KEPT = 16
 # An unpickled dataset no task here has run for this long is dropped (fetched again if needed).
 _DATASET_KEEP_S = 10.0
+#: What the consumers of a task that the dispatcher dropped with this worker hear: it is gone.
+_DROPPED: dict[str, Any] = {
+    "type": "dropped",
+    "message": "lost with this worker, which the dispatcher dropped (it missed its heartbeats)",
+}
 # The most GetElements requests that wait here at once for elements or for their task (each
 # holds one of the server's threads): past that a request is answered at once, and with nothing
 # ready its consumer waits on its side, so that waiting consumers never take every thread.
@@ -563,6 +568,8 @@ class WorkerServer:
                 self._end_task(task_id, reply.task_errors.get(task_id))
             for task_id in reply.lost_tasks:
                 self._end_task(task_id, self._lost_report(task_id))
+            for task_id in reply.dropped_tasks:
+                self._end_task(task_id, _DROPPED)
             for task in reply.new_tasks:
                 self._start_task(task)
         return reply.retry_after_ms / 1000
@@ -750,7 +757,9 @@ class WorkerServer:
             why = self._ended.get(task_id)
         if task is not None:
             return task.get_elements(request)
-        if ended:
+        if ended and why is _DROPPED:  # lost with this worker: its consumers go elsewhere
+            reply = ElementsReply(gone=True)
+        elif ended:
             reply = ElementsReply(eos=True) if why is None else ElementsReply(error=why)
         elif other_life:
             reply = ElementsReply(error=self._lost_report(task_id))
