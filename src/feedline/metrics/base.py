@@ -136,10 +136,12 @@ class Metric:
         """While it lasts, the weights read their sums over the workers (under a multi-worker
         strategy; a collective: every worker reads the result at the same point)."""
         strategy = self._strategy
-        if not self._weights or self._summing or strategy is None:
-            yield
-            return
-        if strategy.extended.num_workers <= 1:
+        if (
+            not self._weights
+            or self._summing
+            or strategy is None
+            or strategy.extended.num_workers <= 1
+        ):
             yield
             return
         summed = strategy._sum_across_workers(self.get_state())
@@ -220,7 +222,7 @@ class Metric:
         metric with weights (``add_weight``), their values one after another."""
         with self._lock:
             if self._weights:
-                device = self._weights[0].value.device
+                device = self._weights[0]._tensor.device
                 return torch.cat(
                     [w._tensor.reshape(-1).to(device, torch.float64) for w in self._weights]
                 )

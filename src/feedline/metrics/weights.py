@@ -110,16 +110,15 @@ class MetricWeight:
 
     def assign_add(self, delta: Any) -> MetricWeight:
         """Adds ``delta`` (of the weight's shape) to the value."""
-        with self._metric._lock:
-            self._set(self._tensor + self._coerce(delta, "the value added").to(self._tensor.device))
-        return self
+        return self._change(delta, operator.add, "the value added")
 
     def assign_sub(self, delta: Any) -> MetricWeight:
         """Subtracts ``delta`` (of the weight's shape) from the value."""
+        return self._change(delta, operator.sub, "the value subtracted")
+
+    def _change(self, delta: Any, op: Callable[[Any, Any], Any], what: str) -> MetricWeight:
         with self._metric._lock:
-            self._set(
-                self._tensor - self._coerce(delta, "the value subtracted").to(self._tensor.device)
-            )
+            self._set(op(self._tensor, self._coerce(delta, what).to(self._tensor.device)))
         return self
 
     def _set(self, value: torch.Tensor) -> None:

@@ -8,7 +8,6 @@ and kept here.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import time
@@ -154,7 +153,6 @@ class Workers:
         Raises:
           FailedPreconditionError: ``instance`` is a process that another replaced.
         """
-        record = self._core.state.workers.get(address)
         if instance is None:
             return
         if instance in self._replaced.get(address, ()):
@@ -163,6 +161,7 @@ class Workers:
                 f"which the dispatcher dropped: give each worker an address of its own "
                 "(WorkerConfig.worker_address / --worker-address)"
             )
+        record = self._core.state.workers.get(address)
         if record is None:
             return
         if record.instance is None:  # registered before workers said who they are
@@ -265,17 +264,24 @@ class Workers:
         tasks = state.job_tasks(job.job_id)
         if any(not t.finished and not t.splits_ended for t in tasks):
             return
-        running = collections.Counter(
-            task.worker_address for task in state.tasks.values() if not task.finished
-        )
         live = [address for address in state.workers if address not in self._draining]
-        if live:
-            self._add_task(job, min(live, key=lambda address: (running[address], address)))
+        if live:  # the one running the fewest tasks
+            self._add_task(
+                job,
+                min(
+                    live,
+                    key=lambda a: (sum(not t.finished for t in state.worker_tasks(a)), a),
+                ),
+            )
 
-    def _add_task(self, job: JobRecord, address: str) -> None:
-        """Gives the worker at ``address`` a new task of ``job``, as its last worker."""
+    def _add_task(self, job: JobRecord, address: str, shard: TaskRecord | None = None) -> None:
+        """Gives the worker at ``address`` a new task of ``job``: as the job's last worker, or
+        (a static job) as the worker of ``shard``, a task lost before it."""
         state, count = self._core.state, len(job.task_ids)
-        self._core.apply(CreateTask(state.new_id(), job.job_id, address, count, count + 1))
+        index, workers = (
+            (count, count + 1) if shard is None else (shard.worker_index, shard.num_workers)
+        )
+        self._core.apply(CreateTask(state.new_id(), job.job_id, address, index, workers))
 
     def _assign_running_jobs(self, address: str) -> None:
         """Gives a newly registered worker a task of every running OFF or DYNAMIC job. Jobs of
@@ -296,12 +302,7 @@ class Workers:
             if not ShardingPolicy(job.mode).is_static:
                 self._add_task(job, address)
             elif mine:  # its shard, again
-                shard = mine[-1]
-                self._core.apply(
-                    CreateTask(
-                        state.new_id(), job.job_id, address, shard.worker_index, shard.num_workers
-                    )
-                )
+                self._add_task(job, address, shard=mine[-1])
 
     def _task_def(self, task: TaskRecord) -> TaskDef:
         """The definition of ``task`` that its worker runs."""
